@@ -1,0 +1,253 @@
+// Package codec encodes task messages into the compact binary record the Redis
+// broker stores as one hash field per task.
+//
+// A record is a fixed 36-byte header followed by three variable sections:
+//
+//	off len field
+//	0   1   version (1)
+//	1   1   state (broker.State)
+//	2   4   token: deliveries so far, the fencing token of the current lease
+//	6   4   retried
+//	10  4   max retry
+//	14  8   process-at, Unix ms (signed)
+//	22  8   last-failed-at, Unix ms (signed, 0 = never)
+//	30  4   body length B
+//	34  2   unique-key length U
+//	36  B   body (Go only, see below)
+//	36+B U  unique key
+//	..  *   last error (to the end)
+//
+// Integers are big-endian. The header has fixed offsets so the Lua scripts can
+// read and patch state, token, retried and due time, replace the last error and
+// find the unique key without understanding the body. The body holds, in order:
+// type, payload, headers (count then key/value pairs), enqueued-at, completed-at,
+// timeout, deadline, retention and unique TTL, each a length-prefixed string or a
+// varint (times in Unix ms, durations in ms).
+//
+// The ID and queue are not stored: they are the hash field and the key.
+package codec
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/tidequeue/tide/broker"
+)
+
+// Header layout; keep in sync with the Lua scripts.
+const (
+	Version    = 1
+	HeaderSize = 36
+
+	offState     = 1
+	offToken     = 2
+	offRetried   = 6
+	offMaxRetry  = 10
+	offProcessAt = 14
+	offFailedAt  = 22
+	offBodyLen   = 30
+	offUniqLen   = 34
+)
+
+// Limits that Decode enforces so that corrupt input cannot make it allocate
+// without bound.
+const (
+	maxHeaders = 1 << 12
+)
+
+// ErrCorrupt is wrapped by every Decode error.
+var ErrCorrupt = errors.New("tide: corrupt task record")
+
+// Encode returns the record for m with the given token.
+func Encode(m *broker.Message, token uint64) []byte {
+	body := make([]byte, 0, 32+len(m.Type)+len(m.Payload))
+	body = appendString(body, m.Type)
+	body = appendBytes(body, m.Payload)
+	body = binary.AppendUvarint(body, uint64(len(m.Headers)))
+	for k, v := range m.Headers {
+		body = appendString(body, k)
+		body = appendString(body, v)
+	}
+	body = binary.AppendVarint(body, ms(m.EnqueuedAt))
+	body = binary.AppendVarint(body, ms(m.CompletedAt))
+	body = binary.AppendUvarint(body, uint64(m.Timeout/time.Millisecond))
+	body = binary.AppendVarint(body, ms(m.Deadline))
+	body = binary.AppendUvarint(body, uint64(m.Retention/time.Millisecond))
+	body = binary.AppendUvarint(body, uint64(m.UniqueTTL/time.Millisecond))
+
+	uniq := m.UniqueKey
+	if len(uniq) > 0xffff {
+		uniq = uniq[:0xffff] // keys are digests; never this long in practice
+	}
+	out := make([]byte, HeaderSize, HeaderSize+len(body)+len(uniq)+len(m.LastErr))
+	out[0] = Version
+	out[offState] = byte(m.State)
+	binary.BigEndian.PutUint32(out[offToken:], uint32(token))
+	binary.BigEndian.PutUint32(out[offRetried:], uint32(clampU32(m.Retried)))
+	binary.BigEndian.PutUint32(out[offMaxRetry:], uint32(clampU32(m.MaxRetry)))
+	binary.BigEndian.PutUint64(out[offProcessAt:], uint64(ms(m.ProcessAt)))
+	binary.BigEndian.PutUint64(out[offFailedAt:], uint64(ms(m.LastFailedAt)))
+	binary.BigEndian.PutUint32(out[offBodyLen:], uint32(len(body)))
+	binary.BigEndian.PutUint16(out[offUniqLen:], uint16(len(uniq)))
+	out = append(out, body...)
+	out = append(out, uniq...)
+	out = append(out, m.LastErr...)
+	return out
+}
+
+// Decode parses a record. queue and id are filled in from where the record
+// was found. It returns the message and its token; any malformation is
+// reported as an error wrapping ErrCorrupt, never a panic.
+func Decode(queue, id string, b []byte) (*broker.Message, uint64, error) {
+	if len(b) < HeaderSize {
+		return nil, 0, fmt.Errorf("%w: %d bytes, shorter than the %d-byte header", ErrCorrupt, len(b), HeaderSize)
+	}
+	if b[0] != Version {
+		return nil, 0, fmt.Errorf("%w: unknown version %d", ErrCorrupt, b[0])
+	}
+	st := broker.State(b[offState])
+	if st < broker.StatePending || st > broker.StateCompleted {
+		return nil, 0, fmt.Errorf("%w: unknown state %d", ErrCorrupt, b[offState])
+	}
+	bodyLen := int(binary.BigEndian.Uint32(b[offBodyLen:]))
+	uniqLen := int(binary.BigEndian.Uint16(b[offUniqLen:]))
+	if bodyLen > len(b)-HeaderSize || uniqLen > len(b)-HeaderSize-bodyLen {
+		return nil, 0, fmt.Errorf("%w: section lengths %d+%d exceed record size %d", ErrCorrupt, bodyLen, uniqLen, len(b))
+	}
+	m := &broker.Message{
+		ID:           id,
+		Queue:        queue,
+		State:        st,
+		Retried:      int(binary.BigEndian.Uint32(b[offRetried:])),
+		MaxRetry:     int(binary.BigEndian.Uint32(b[offMaxRetry:])),
+		ProcessAt:    fromMS(int64(binary.BigEndian.Uint64(b[offProcessAt:]))),
+		LastFailedAt: fromMS(int64(binary.BigEndian.Uint64(b[offFailedAt:]))),
+	}
+	token := uint64(binary.BigEndian.Uint32(b[offToken:]))
+	body := b[HeaderSize : HeaderSize+bodyLen]
+	m.UniqueKey = string(b[HeaderSize+bodyLen : HeaderSize+bodyLen+uniqLen])
+	m.LastErr = string(b[HeaderSize+bodyLen+uniqLen:])
+
+	r := reader{b: body}
+	m.Type = r.str()
+	if p := r.bytes(); len(p) > 0 {
+		m.Payload = p
+	}
+	n := r.uvarint()
+	if n > maxHeaders {
+		return nil, 0, fmt.Errorf("%w: %d headers", ErrCorrupt, n)
+	}
+	if n > 0 && r.err == nil {
+		m.Headers = make(map[string]string, n)
+		for i := uint64(0); i < n && r.err == nil; i++ {
+			k := r.str()
+			m.Headers[k] = r.str()
+		}
+	}
+	m.EnqueuedAt = fromMS(r.varint())
+	m.CompletedAt = fromMS(r.varint())
+	m.Timeout = time.Duration(r.uvarint()) * time.Millisecond
+	m.Deadline = fromMS(r.varint())
+	m.Retention = time.Duration(r.uvarint()) * time.Millisecond
+	m.UniqueTTL = time.Duration(r.uvarint()) * time.Millisecond
+	if r.err != nil {
+		return nil, 0, fmt.Errorf("%w: body: %v", ErrCorrupt, r.err)
+	}
+	if m.Type == "" {
+		return nil, 0, fmt.Errorf("%w: empty task type", ErrCorrupt)
+	}
+	return m, token, nil
+}
+
+// Token reads only the token of a record; ok is false for a record too short
+// to have one.
+func Token(b []byte) (uint64, bool) {
+	if len(b) < HeaderSize || b[0] != Version {
+		return 0, false
+	}
+	return uint64(binary.BigEndian.Uint32(b[offToken:])), true
+}
+
+func appendString(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+func appendBytes(b, p []byte) []byte {
+	b = binary.AppendUvarint(b, uint64(len(p)))
+	return append(b, p...)
+}
+
+func clampU32(n int) int {
+	if n < 0 {
+		return 0
+	}
+	if n > 1<<31 {
+		return 1 << 31
+	}
+	return n
+}
+
+// ms converts t to Unix milliseconds; the zero time is 0.
+func ms(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
+}
+
+func fromMS(v int64) time.Time {
+	if v == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(v)
+}
+
+type reader struct {
+	b   []byte
+	err error
+}
+
+func (r *reader) uvarint() uint64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(r.b)
+	if n <= 0 {
+		r.err = errors.New("truncated varint")
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) varint() int64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(r.b)
+	if n <= 0 {
+		r.err = errors.New("truncated varint")
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) bytes() []byte {
+	n := r.uvarint()
+	if r.err != nil {
+		return nil
+	}
+	if n > uint64(len(r.b)) {
+		r.err = fmt.Errorf("length %d exceeds remaining %d bytes", n, len(r.b))
+		return nil
+	}
+	p := r.b[:n:n]
+	r.b = r.b[n:]
+	return p
+}
+
+func (r *reader) str() string { return string(r.bytes()) }
