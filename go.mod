@@ -2,9 +2,10 @@ module github.com/tidequeue/tide
 
 go 1.26.0
 
+require github.com/google/uuid v1.6.0
+
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/google/uuid v1.6.0 // indirect
 	github.com/redis/go-redis/v9 v9.23.0 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
 	go.uber.org/goleak v1.3.0 // indirect

@@ -265,3 +265,19 @@ type Broker interface {
 	// caller passed in.
 	Close() error
 }
+
+// Partition maps key to one of n partitions (FNV-1a, modulo n). Brokers place a
+// task in Partition(ID, n); the client picks IDs of unique tasks so that the
+// task and its lock land in the same partition. n < 2 gives 0.
+func Partition(key string, n int) int {
+	if n < 2 {
+		return 0
+	}
+	const offset, prime = 2166136261, 16777619
+	h := uint32(offset)
+	for i := 0; i < len(key); i++ {
+		h ^= uint32(key[i])
+		h *= prime
+	}
+	return int(h % uint32(n))
+}

@@ -1,0 +1,78 @@
+package engine
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/tidequeue/tide/broker"
+)
+
+// notifier subscribes to the broker's events and turns them into wake-ups:
+// pending work wakes the processor, an earlier due time re-arms a
+// maintainer's timer. Events are hints; when the subscription breaks it
+// re-subscribes with back-off and pokes everyone once, since events may have
+// been missed.
+type notifier struct {
+	cfg       Config
+	log       *slog.Logger
+	queues    []string
+	wake      func()
+	scheduled func(broker.Event)
+	pokeAll   func()
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	g      group
+}
+
+func newNotifier(cfg Config, queues []string, wake func(), scheduled func(broker.Event), pokeAll func()) *notifier {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &notifier{cfg: cfg, log: cfg.Logger, queues: queues, wake: wake, scheduled: scheduled, pokeAll: pokeAll, ctx: ctx, cancel: cancel}
+}
+
+func (n *notifier) start() { n.g.Go(n.loop) }
+
+func (n *notifier) stop() {
+	n.cancel()
+	n.g.Wait()
+}
+
+func (n *notifier) loop() {
+	bo := backoff{min: 100 * time.Millisecond, max: 5 * time.Second}
+	first := true
+	for n.ctx.Err() == nil {
+		ch, err := n.cfg.Broker.Subscribe(n.ctx, n.queues)
+		if err != nil {
+			if n.ctx.Err() != nil {
+				return
+			}
+			n.log.Warn("tide: event subscription failed; falling back to polling until it works", "err", err)
+			if !sleep(n.ctx.Done(), bo.next()) {
+				return
+			}
+			continue
+		}
+		if !first {
+			// Events sent while we were away are lost: look now.
+			n.wake()
+			n.pokeAll()
+		}
+		first = false
+		start := time.Now()
+		for ev := range ch {
+			switch ev.Kind {
+			case broker.EventPending:
+				n.wake()
+			case broker.EventScheduled:
+				n.scheduled(ev)
+			}
+		}
+		if time.Since(start) > time.Minute {
+			bo.reset()
+		}
+		if n.ctx.Err() == nil && !sleep(n.ctx.Done(), bo.next()) {
+			return
+		}
+	}
+}

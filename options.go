@@ -1,0 +1,207 @@
+package tide
+
+import (
+	"fmt"
+	"time"
+)
+
+// Limits that Enqueue enforces. A task over a limit is rejected with an error
+// wrapping ErrInvalidTask that names the limit.
+const (
+	// MaxPayloadSize is the largest payload Enqueue accepts, in bytes (4 MiB).
+	MaxPayloadSize = 4 << 20
+	// MaxHeadersSize is the largest total size of a task's header keys and
+	// values, in bytes (64 KiB).
+	MaxHeadersSize = 64 << 10
+	// MaxDelay is the furthest in the future a task may be scheduled (10 years).
+	MaxDelay = 10 * 365 * 24 * time.Hour
+	// MaxRetryLimit is the largest MaxRetry accepted.
+	MaxRetryLimit = 10000
+	// MaxIDLength is the longest task ID, type or queue name accepted, in bytes.
+	MaxIDLength = 256
+)
+
+// DefaultMaxRetry is the number of retries a task gets when MaxRetry is not given.
+const DefaultMaxRetry = 25
+
+// DefaultQueue is the queue a task goes to when Queue is not given.
+const DefaultQueue = "default"
+
+// Option configures how a task is enqueued. Options given to NewTask are
+// defaults; options given to Enqueue override them. An Option is immutable and
+// safe to share between goroutines.
+type Option interface {
+	apply(*enqueueOptions) error
+}
+
+type optionFunc func(*enqueueOptions) error
+
+func (f optionFunc) apply(o *enqueueOptions) error { return f(o) }
+
+type enqueueOptions struct {
+	queue     string
+	id        string
+	maxRetry  int
+	processAt time.Time // zero: now
+	processIn time.Duration
+	hasIn     bool
+	timeout   time.Duration
+	deadline  time.Time
+	uniqueTTL time.Duration
+	retention time.Duration
+}
+
+// ProcessIn delays the task by d from the moment of Enqueue. d must be
+// between 0 and MaxDelay.
+func ProcessIn(d time.Duration) Option {
+	return optionFunc(func(o *enqueueOptions) error {
+		if d < 0 {
+			return fmt.Errorf("ProcessIn(%v): negative delay", d)
+		}
+		if d > MaxDelay {
+			return fmt.Errorf("ProcessIn(%v): delay over the %v limit", d, MaxDelay)
+		}
+		o.processIn, o.hasIn, o.processAt = d, true, time.Time{}
+		return nil
+	})
+}
+
+// ProcessAt makes the task due at t. A time in the past means now; a time
+// more than MaxDelay ahead, or the zero time, is rejected.
+func ProcessAt(t time.Time) Option {
+	return optionFunc(func(o *enqueueOptions) error {
+		if t.IsZero() {
+			return fmt.Errorf("ProcessAt: zero time")
+		}
+		if time.Until(t) > MaxDelay {
+			return fmt.Errorf("ProcessAt(%s): more than %v ahead", t.Format(time.RFC3339), MaxDelay)
+		}
+		o.processAt, o.hasIn = t, false
+		return nil
+	})
+}
+
+// Queue sends the task to the named queue (default "default"). A name is 1 to
+// MaxIDLength bytes of letters, digits and . _ - :
+func Queue(name string) Option {
+	return optionFunc(func(o *enqueueOptions) error {
+		if err := ValidateQueueName(name); err != nil {
+			return err
+		}
+		o.queue = name
+		return nil
+	})
+}
+
+// MaxRetry sets how many times a failed task is retried before it is
+// archived (default DefaultMaxRetry). 0 means no retry.
+func MaxRetry(n int) Option {
+	return optionFunc(func(o *enqueueOptions) error {
+		if n < 0 || n > MaxRetryLimit {
+			return fmt.Errorf("MaxRetry(%d): must be between 0 and %d", n, MaxRetryLimit)
+		}
+		o.maxRetry = n
+		return nil
+	})
+}
+
+// TaskID sets the task's ID (default: a random UUID). Enqueue returns
+// ErrTaskIDConflict while the queue holds a task with that ID in any state,
+// which makes the ID a natural idempotency key ("order-cancel:42").
+// An ID is 1 to MaxIDLength bytes with no control characters.
+func TaskID(id string) Option {
+	return optionFunc(func(o *enqueueOptions) error {
+		if err := validateName("TaskID", id); err != nil {
+			return err
+		}
+		o.id = id
+		return nil
+	})
+}
+
+// Timeout bounds each attempt: the handler's context is cancelled d after the
+// attempt starts. 0 (the default) means no per-attempt timeout.
+func Timeout(d time.Duration) Option {
+	return optionFunc(func(o *enqueueOptions) error {
+		if d < 0 {
+			return fmt.Errorf("Timeout(%v): negative", d)
+		}
+		o.timeout = d
+		return nil
+	})
+}
+
+// Deadline bounds every attempt by an absolute time: the handler's context is
+// cancelled at t. The zero time is rejected.
+func Deadline(t time.Time) Option {
+	return optionFunc(func(o *enqueueOptions) error {
+		if t.IsZero() {
+			return fmt.Errorf("Deadline: zero time")
+		}
+		o.deadline = t
+		return nil
+	})
+}
+
+// Unique refuses (with ErrDuplicateTask) a second task with the same queue,
+// type and payload while the first is unfinished or until ttl has passed,
+// whichever comes first. The lock is released when the task finishes in any
+// way (done, archived, deleted). ttl must be at least one second.
+func Unique(ttl time.Duration) Option {
+	return optionFunc(func(o *enqueueOptions) error {
+		if ttl < time.Second {
+			return fmt.Errorf("Unique(%v): ttl must be at least 1s", ttl)
+		}
+		o.uniqueTTL = ttl
+		return nil
+	})
+}
+
+// Retention keeps a successfully processed task as StateCompleted, with its
+// result, for d. The default 0 deletes it at once.
+func Retention(d time.Duration) Option {
+	return optionFunc(func(o *enqueueOptions) error {
+		if d < 0 {
+			return fmt.Errorf("Retention(%v): negative", d)
+		}
+		o.retention = d
+		return nil
+	})
+}
+
+// ValidateQueueName reports whether name is a valid queue name: 1 to
+// MaxIDLength bytes of ASCII letters, digits and . _ - :
+// The error wraps ErrInvalidTask.
+func ValidateQueueName(name string) error {
+	if name == "" {
+		return fmt.Errorf("%w: empty queue name", ErrInvalidTask)
+	}
+	if len(name) > MaxIDLength {
+		return fmt.Errorf("%w: queue name is %d bytes, over the %d limit", ErrInvalidTask, len(name), MaxIDLength)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-' || c == ':' {
+			continue
+		}
+		return fmt.Errorf("%w: queue name %q has invalid character %q at byte %d (allowed: letters, digits, . _ - :)", ErrInvalidTask, name, c, i)
+	}
+	return nil
+}
+
+// validateName checks task IDs and types: non-empty, bounded, no control
+// characters (valid UTF-8 is not required: IDs are opaque bytes).
+func validateName(what, s string) error {
+	if s == "" {
+		return fmt.Errorf("%w: empty %s", ErrInvalidTask, what)
+	}
+	if len(s) > MaxIDLength {
+		return fmt.Errorf("%w: %s is %d bytes, over the %d limit", ErrInvalidTask, what, len(s), MaxIDLength)
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] == 0x7f {
+			return fmt.Errorf("%w: %s %q has a control character at byte %d", ErrInvalidTask, what, s, i)
+		}
+	}
+	return nil
+}

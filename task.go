@@ -1,0 +1,121 @@
+package tide
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"time"
+
+	"github.com/tidequeue/tide/broker"
+)
+
+// Task is a unit of work: a type that selects the handler, a payload and
+// headers carried with it. A Task is not safe for concurrent mutation; build
+// it, then hand it to Client.Enqueue.
+type Task struct {
+	typ     string
+	payload []byte
+	headers map[string]string
+	opts    []Option
+}
+
+// NewTask returns a task of the given type with payload. The options are
+// defaults for every Enqueue of this task; options given to Enqueue override
+// them. NewTask does not validate: Enqueue reports an empty type or an
+// over-size payload.
+func NewTask(typ string, payload []byte, opts ...Option) *Task {
+	return &Task{typ: typ, payload: payload, opts: opts}
+}
+
+// Type returns the task type.
+func (t *Task) Type() string { return t.typ }
+
+// Payload returns the payload. The slice is shared; do not modify it.
+func (t *Task) Payload() []byte { return t.payload }
+
+// Headers returns the headers carried with the task (trace context, ...).
+// The map is the task's own: writing to it before Enqueue adds headers.
+// It is never nil.
+func (t *Task) Headers() map[string]string {
+	if t.headers == nil {
+		t.headers = make(map[string]string)
+	}
+	return t.headers
+}
+
+// TaskState is where a task is in its life.
+type TaskState int
+
+// Task states.
+const (
+	StatePending   TaskState = TaskState(broker.StatePending)
+	StateActive    TaskState = TaskState(broker.StateActive)
+	StateScheduled TaskState = TaskState(broker.StateScheduled)
+	StateRetry     TaskState = TaskState(broker.StateRetry)
+	StateArchived  TaskState = TaskState(broker.StateArchived)
+	StateCompleted TaskState = TaskState(broker.StateCompleted)
+)
+
+// String returns the lower-case state name ("pending", "active", ...).
+func (s TaskState) String() string { return broker.State(s).String() }
+
+// TaskInfo describes a stored task. Enqueue and Inspector return it.
+type TaskInfo struct {
+	ID       string
+	Queue    string
+	Type     string
+	Payload  []byte
+	Headers  map[string]string
+	State    TaskState
+	MaxRetry int
+	Retried  int
+	LastErr  string
+
+	NextProcessAt time.Time
+	LastFailedAt  time.Time
+	CompletedAt   time.Time
+
+	Timeout   time.Duration
+	Deadline  time.Time
+	Retention time.Duration
+
+	Result []byte
+}
+
+func newTaskInfo(m *broker.Message) *TaskInfo {
+	return &TaskInfo{
+		ID:            m.ID,
+		Queue:         m.Queue,
+		Type:          m.Type,
+		Payload:       m.Payload,
+		Headers:       maps.Clone(m.Headers),
+		State:         TaskState(m.State),
+		MaxRetry:      m.MaxRetry,
+		Retried:       m.Retried,
+		LastErr:       m.LastErr,
+		NextProcessAt: m.ProcessAt,
+		LastFailedAt:  m.LastFailedAt,
+		CompletedAt:   m.CompletedAt,
+		Timeout:       m.Timeout,
+		Deadline:      m.Deadline,
+		Retention:     m.Retention,
+		Result:        m.Result,
+	}
+}
+
+// TaskArgs is implemented by the argument structs of typed tasks. TaskType
+// returns the task type, and must return the same value for every value of
+// the type (it is called on the zero value to route).
+type TaskArgs interface {
+	TaskType() string
+}
+
+// NewTaskFrom returns a task whose type is args.TaskType() and whose payload
+// is args encoded as JSON. opts are the task's default options.
+func NewTaskFrom[T TaskArgs](args T, opts ...Option) (*Task, error) {
+	b, err := json.Marshal(args)
+	if err != nil {
+		return nil, fmt.Errorf("tide: encode %s args: %w", args.TaskType(), err)
+	}
+	return NewTask(args.TaskType(), b, opts...), nil
+}
