@@ -130,6 +130,11 @@ func Decode(queue, id string, b []byte) (*broker.Message, uint64, error) {
 	m.UniqueKey = string(b[HeaderSize+bodyLen : HeaderSize+bodyLen+uniqLen])
 	m.LastErr = string(b[HeaderSize+bodyLen+uniqLen:])
 
+	if len(body) == 0 {
+		// An empty body is what the scripts write for a record they had to
+		// archive as unreadable: no type, no payload.
+		return m, token, nil
+	}
 	r := reader{b: body}
 	m.Type = r.str()
 	if p := r.bytes(); len(p) > 0 {
@@ -154,9 +159,6 @@ func Decode(queue, id string, b []byte) (*broker.Message, uint64, error) {
 	m.UniqueTTL = time.Duration(r.uvarint()) * time.Millisecond
 	if r.err != nil {
 		return nil, 0, fmt.Errorf("%w: body: %v", ErrCorrupt, r.err)
-	}
-	if m.Type == "" {
-		return nil, 0, fmt.Errorf("%w: empty task type", ErrCorrupt)
 	}
 	return m, token, nil
 }

@@ -1,0 +1,658 @@
+// Package redisbroker is the Redis implementation of broker.Broker.
+//
+// It takes a redis.UniversalClient, so a single node, Sentinel (failover
+// client) and Redis Cluster all work. Every state change is one Lua script
+// (embedded from scripts/*.lua) that touches the keys of a single queue
+// partition, and all keys of a partition share one hash tag:
+//
+//	<prefix>:{<queue>:<p>}:t          hash: task ID -> compact record (internal/codec)
+//	<prefix>:{<queue>:<p>}:pending    list of IDs (pushed left, popped right)
+//	<prefix>:{<queue>:<p>}:active     zset: ID -> lease expiry (ms, Redis clock)
+//	<prefix>:{<queue>:<p>}:scheduled  zset: ID -> due time (ms)
+//	<prefix>:{<queue>:<p>}:retry      zset: ID -> retry time (ms)
+//	<prefix>:{<queue>:<p>}:archived   zset: ID -> archive time (ms)
+//	<prefix>:{<queue>:<p>}:completed  zset: ID -> expiry of retention (ms)
+//	<prefix>:{<queue>:<p>}:result     hash: task ID -> result bytes
+//	<prefix>:{<queue>:<p>}:paused     flag
+//	<prefix>:{<queue>:<p>}:owner      the server maintaining the partition
+//	<prefix>:{<queue>:<p>}:u:<digest> unique lock, value = task ID
+//	<prefix>:queues                   set of known queue names
+//
+// A task lives in partition broker.Partition(ID, P), so a lookup or Delete by
+// ID goes straight to it. With P at least the number of cluster masters a
+// single queue spreads over the whole cluster. Every process using a queue
+// must be configured with the same number of partitions for it.
+//
+// Work events are published on <prefix>:ev:<queue> from inside the scripts.
+package redisbroker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/internal/codec"
+)
+
+// Defaults of the options.
+const (
+	DefaultPrefix      = "tide"
+	DefaultMaxArchived = 10000
+	DefaultArchiveTTL  = 90 * 24 * time.Hour
+	maxPartitions      = 1024
+	maintainLimit      = 2000 // tasks per step of one maintain call
+)
+
+// Option configures a Broker.
+type Option func(*Broker) error
+
+// WithPrefix sets the key prefix (default "tide"). It must be non-empty and
+// must not contain '{' or '}'.
+func WithPrefix(p string) Option {
+	return func(b *Broker) error {
+		if p == "" || strings.ContainsAny(p, "{}") {
+			return fmt.Errorf("prefix %q must be non-empty and free of '{' and '}'", p)
+		}
+		b.prefix = p
+		return nil
+	}
+}
+
+// WithPartitions sets the number of partitions of every queue not named by
+// WithQueuePartitions (default 1, at most 1024).
+func WithPartitions(n int) Option {
+	return func(b *Broker) error {
+		if n < 1 || n > maxPartitions {
+			return fmt.Errorf("partitions %d out of range 1..%d", n, maxPartitions)
+		}
+		b.defaultParts = n
+		return nil
+	}
+}
+
+// WithQueuePartitions sets the number of partitions of one queue.
+func WithQueuePartitions(queue string, n int) Option {
+	return func(b *Broker) error {
+		if n < 1 || n > maxPartitions {
+			return fmt.Errorf("partitions %d for queue %q out of range 1..%d", n, queue, maxPartitions)
+		}
+		b.parts[queue] = n
+		return nil
+	}
+}
+
+// WithMaxArchived bounds the number of archived tasks kept per partition
+// (default 10000); the oldest are deleted first.
+func WithMaxArchived(n int) Option {
+	return func(b *Broker) error {
+		if n < 0 {
+			return fmt.Errorf("max archived %d is negative", n)
+		}
+		b.maxArchived = n
+		return nil
+	}
+}
+
+// WithArchiveTTL sets how long archived tasks are kept (default 90 days).
+func WithArchiveTTL(d time.Duration) Option {
+	return func(b *Broker) error {
+		if d <= 0 {
+			return fmt.Errorf("archive TTL %v must be positive", d)
+		}
+		b.archiveTTL = d
+		return nil
+	}
+}
+
+// Broker is a broker.Broker on Redis. It is safe for concurrent use.
+type Broker struct {
+	rdb          redis.UniversalClient
+	prefix       string
+	defaultParts int
+	parts        map[string]int
+	maxArchived  int
+	archiveTTL   time.Duration
+	err          error // invalid options, reported by every method
+	s            *scripts
+
+	closed    atomic.Bool
+	known     sync.Map // queue name -> struct{}: registered in <prefix>:queues
+	nextStart atomic.Uint32
+}
+
+var _ broker.Broker = (*Broker)(nil)
+
+// New returns a Broker on rdb. The broker does not own rdb: Close leaves it
+// open. An invalid option is reported by every method of the broker. New
+// panics if rdb is nil.
+func New(rdb redis.UniversalClient, opts ...Option) *Broker {
+	if rdb == nil {
+		panic("tide: redisbroker.New: nil client")
+	}
+	b := &Broker{
+		rdb: rdb, prefix: DefaultPrefix, defaultParts: 1, parts: map[string]int{},
+		maxArchived: DefaultMaxArchived, archiveTTL: DefaultArchiveTTL, s: loadScripts(),
+	}
+	var errs []error
+	for _, o := range opts {
+		if o == nil {
+			errs = append(errs, errors.New("nil option"))
+			continue
+		}
+		if err := o(b); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		b.err = fmt.Errorf("tide: redisbroker: invalid option: %w", errors.Join(errs...))
+	}
+	return b
+}
+
+// keys names the keys of one partition.
+type keys struct {
+	base    string // "<prefix>:{<queue>:<p>}:"
+	queue   string
+	part    int
+	channel string
+}
+
+func (b *Broker) keysFor(queue string, p int) keys {
+	return keys{
+		base:    b.prefix + ":{" + queue + ":" + strconv.Itoa(p) + "}:",
+		queue:   queue,
+		part:    p,
+		channel: b.channel(queue),
+	}
+}
+
+func (b *Broker) channel(queue string) string { return b.prefix + ":ev:" + queue }
+
+func (k keys) k(name string) string { return k.base + name }
+
+func (b *Broker) check() error {
+	if b.err != nil {
+		return b.err
+	}
+	if b.closed.Load() {
+		return broker.ErrClosed
+	}
+	return nil
+}
+
+// Partitions implements broker.Broker.
+func (b *Broker) Partitions(queue string) int {
+	if n, ok := b.parts[queue]; ok {
+		return n
+	}
+	return b.defaultParts
+}
+
+func (b *Broker) partOf(queue, id string) int { return broker.Partition(id, b.Partitions(queue)) }
+
+// Close implements broker.Broker. It does not close the Redis client.
+func (b *Broker) Close() error {
+	b.closed.Store(true)
+	return nil
+}
+
+func validMessage(m *broker.Message) error {
+	switch {
+	case m == nil:
+		return errors.New("tide: redisbroker: nil message")
+	case m.ID == "":
+		return errors.New("tide: redisbroker: message has an empty ID")
+	case m.Queue == "" || strings.ContainsAny(m.Queue, "{}"):
+		return fmt.Errorf("tide: redisbroker: invalid queue name %q", m.Queue)
+	case m.Type == "":
+		return errors.New("tide: redisbroker: message has an empty type")
+	case m.State != broker.StatePending && m.State != broker.StateScheduled:
+		return fmt.Errorf("tide: redisbroker: cannot enqueue a message in state %s", m.State)
+	}
+	return nil
+}
+
+// group collects the indexes of elements bound for one partition.
+type group struct {
+	k   keys
+	idx []int
+}
+
+func groupBy[T any](b *Broker, items []T, loc func(T) (string, string)) []*group {
+	byKey := map[string]*group{}
+	var order []*group
+	for i, it := range items {
+		q, id := loc(it)
+		p := b.partOf(q, id)
+		key := q + "\x00" + strconv.Itoa(p)
+		g := byKey[key]
+		if g == nil {
+			g = &group{k: b.keysFor(q, p)}
+			byKey[key] = g
+			order = append(order, g)
+		}
+		g.idx = append(g.idx, i)
+	}
+	return order
+}
+
+// Enqueue implements broker.Broker: one script call per partition, all in
+// one pipeline.
+func (b *Broker) Enqueue(ctx context.Context, msgs []*broker.Message) ([]error, error) {
+	if err := b.check(); err != nil {
+		return nil, err
+	}
+	for _, m := range msgs {
+		if err := validMessage(m); err != nil {
+			return nil, err
+		}
+	}
+	if err := b.register(ctx, msgs); err != nil {
+		return nil, err
+	}
+	groups := groupBy(b, msgs, func(m *broker.Message) (string, string) { return m.Queue, m.ID })
+	calls := make([]*call, len(groups))
+	for gi, g := range groups {
+		args := make([]any, 0, 3+6*len(g.idx))
+		args = append(args, g.k.channel, g.k.part, g.k.k("u:"))
+		for _, i := range g.idx {
+			m := msgs[i]
+			kind := "p"
+			if m.State == broker.StateScheduled {
+				kind = "s"
+			}
+			args = append(args, m.ID, codec.Encode(m, 0), kind, m.ProcessAt.UnixMilli(), m.UniqueKey, m.UniqueTTL.Milliseconds())
+		}
+		calls[gi] = &call{script: b.s.enqueue, keys: []string{g.k.k("t"), g.k.k("pending"), g.k.k("scheduled"), g.k.k("retry")}, args: args}
+	}
+	if err := runAll(ctx, b.rdb, calls); err != nil {
+		return nil, err
+	}
+	errs := make([]error, len(msgs))
+	for gi, g := range groups {
+		codes, err := calls[gi].cmd.Int64Slice()
+		if err != nil {
+			return nil, fmt.Errorf("tide: redisbroker: enqueue: %w", err)
+		}
+		if len(codes) != len(g.idx) {
+			return nil, fmt.Errorf("tide: redisbroker: enqueue: %d replies for %d tasks", len(codes), len(g.idx))
+		}
+		for j, i := range g.idx {
+			switch codes[j] {
+			case 1:
+				errs[i] = broker.ErrTaskIDConflict
+			case 2:
+				errs[i] = broker.ErrDuplicateTask
+			}
+		}
+	}
+	return errs, nil
+}
+
+// register adds unseen queue names to the queue set (once per process).
+func (b *Broker) register(ctx context.Context, msgs []*broker.Message) error {
+	var fresh []any
+	for _, m := range msgs {
+		if _, ok := b.known.Load(m.Queue); !ok {
+			fresh = append(fresh, m.Queue)
+		}
+	}
+	if len(fresh) == 0 {
+		return nil
+	}
+	if err := b.rdb.SAdd(ctx, b.prefix+":queues", fresh...).Err(); err != nil {
+		return fmt.Errorf("tide: redisbroker: register queue: %w", err)
+	}
+	for _, q := range fresh {
+		b.known.Store(q, struct{}{})
+	}
+	return nil
+}
+
+// Dequeue implements broker.Broker. Queues are tried in order; the
+// partitions of a queue from a rotating start, so that all get served.
+func (b *Broker) Dequeue(ctx context.Context, queues []string, n int, lease time.Duration) ([]*broker.Delivery, error) {
+	if err := b.check(); err != nil {
+		return nil, err
+	}
+	if n <= 0 {
+		return nil, nil
+	}
+	var out []*broker.Delivery
+	start := int(b.nextStart.Add(1))
+	for _, q := range queues {
+		parts := b.Partitions(q)
+		for i := 0; i < parts && len(out) < n; i++ {
+			k := b.keysFor(q, (start+i)%parts)
+			res, err := b.s.dequeue.Run(ctx, b.rdb,
+				[]string{k.k("t"), k.k("pending"), k.k("active"), k.k("paused"), k.k("archived"), k.k("result")},
+				n-len(out), lease.Milliseconds()).Slice()
+			if err != nil && !errors.Is(err, redis.Nil) {
+				return out, fmt.Errorf("tide: redisbroker: dequeue %s: %w", q, err)
+			}
+			for j := 0; j+1 < len(res); j += 2 {
+				id, _ := res[j].(string)
+				rec, _ := res[j+1].(string)
+				m, tok, derr := codec.Decode(q, id, []byte(rec))
+				if derr == nil && m.Type == "" {
+					derr = fmt.Errorf("%w: empty task type", codec.ErrCorrupt)
+				}
+				if derr != nil {
+					b.archiveUndecodable(ctx, k, id, []byte(rec), derr)
+					continue
+				}
+				out = append(out, &broker.Delivery{Message: m, Token: tok, LeaseFor: lease})
+			}
+		}
+		if len(out) >= n {
+			break
+		}
+	}
+	return out, nil
+}
+
+// archiveUndecodable archives a leased task whose body could not be decoded.
+func (b *Broker) archiveUndecodable(ctx context.Context, k keys, id string, rec []byte, derr error) {
+	tok, _ := codec.Token(rec)
+	now := time.Now().UnixMilli()
+	_ = b.s.settle.Run(ctx, b.rdb, b.settleKeys(k),
+		k.channel, k.part, k.k("u:"), "a", id, tok, "", now, "tide: undecodable task record: "+derr.Error()).Err()
+}
+
+func (b *Broker) settleKeys(k keys) []string {
+	return []string{k.k("t"), k.k("active"), k.k("pending"), k.k("retry"), k.k("archived"), k.k("completed"), k.k("result"), k.k("scheduled")}
+}
+
+// Extend implements broker.Broker: one script call per partition.
+func (b *Broker) Extend(ctx context.Context, leases []broker.LeaseRef, d time.Duration) ([]error, error) {
+	if err := b.check(); err != nil {
+		return nil, err
+	}
+	groups := groupBy(b, leases, func(l broker.LeaseRef) (string, string) { return l.Queue, l.ID })
+	calls := make([]*call, len(groups))
+	for gi, g := range groups {
+		args := []any{d.Milliseconds()}
+		for _, i := range g.idx {
+			args = append(args, leases[i].ID, leases[i].Token)
+		}
+		calls[gi] = &call{script: b.s.extend, keys: []string{g.k.k("t"), g.k.k("active")}, args: args}
+	}
+	return b.codes(ctx, "extend", calls, groups, len(leases))
+}
+
+// codes runs the calls and maps each reply code 1 to ErrLeaseLost.
+func (b *Broker) codes(ctx context.Context, op string, calls []*call, groups []*group, n int) ([]error, error) {
+	if len(calls) == 0 {
+		return make([]error, n), nil
+	}
+	if err := runAll(ctx, b.rdb, calls); err != nil {
+		return nil, err
+	}
+	errs := make([]error, n)
+	for gi, g := range groups {
+		codes, err := calls[gi].cmd.Int64Slice()
+		if err != nil {
+			return nil, fmt.Errorf("tide: redisbroker: %s: %w", op, err)
+		}
+		if len(codes) != len(g.idx) {
+			return nil, fmt.Errorf("tide: redisbroker: %s: %d replies for %d items", op, len(codes), len(g.idx))
+		}
+		for j, i := range g.idx {
+			if codes[j] == 1 {
+				errs[i] = broker.ErrLeaseLost
+			}
+		}
+	}
+	return errs, nil
+}
+
+// Settle implements broker.Broker: one script call per partition.
+func (b *Broker) Settle(ctx context.Context, ss []broker.Settlement) ([]error, error) {
+	if err := b.check(); err != nil {
+		return nil, err
+	}
+	groups := groupBy(b, ss, func(s broker.Settlement) (string, string) { return s.Lease.Queue, s.Lease.ID })
+	calls := make([]*call, len(groups))
+	for gi, g := range groups {
+		args := make([]any, 0, 3+6*len(g.idx))
+		args = append(args, g.k.channel, g.k.part, g.k.k("u:"))
+		for _, i := range g.idx {
+			s := ss[i]
+			at := s.At
+			if at.IsZero() {
+				at = time.Now()
+			}
+			id, tok := s.Lease.ID, s.Lease.Token
+			switch s.Outcome {
+			case broker.OutcomeDone:
+				if s.Message != nil && s.Message.Retention > 0 {
+					m := *s.Message
+					m.State, m.CompletedAt = broker.StateCompleted, at
+					args = append(args, "c", id, tok, codec.Encode(&m, tok), at.Add(m.Retention).UnixMilli(), "")
+				} else {
+					args = append(args, "d", id, tok, "", "", "")
+				}
+			case broker.OutcomeRetry:
+				args = append(args, "r", id, tok, s.RetryAt.UnixMilli(), at.UnixMilli(), s.Err)
+			case broker.OutcomeArchive:
+				args = append(args, "a", id, tok, "", at.UnixMilli(), s.Err)
+			case broker.OutcomeRequeue:
+				args = append(args, "q", id, tok, "", "", "")
+			default:
+				return nil, fmt.Errorf("tide: redisbroker: settle %s: unknown outcome %d", id, s.Outcome)
+			}
+		}
+		calls[gi] = &call{script: b.s.settle, keys: b.settleKeys(g.k), args: args}
+	}
+	return b.codes(ctx, "settle", calls, groups, len(ss))
+}
+
+// SetResult implements broker.Broker.
+func (b *Broker) SetResult(ctx context.Context, l broker.LeaseRef, data []byte) error {
+	if err := b.check(); err != nil {
+		return err
+	}
+	k := b.keysFor(l.Queue, b.partOf(l.Queue, l.ID))
+	code, err := b.s.setResult.Run(ctx, b.rdb, []string{k.k("t"), k.k("result")}, l.ID, l.Token, data).Int64()
+	if err != nil {
+		return fmt.Errorf("tide: redisbroker: set result: %w", err)
+	}
+	if code == 1 {
+		return broker.ErrLeaseLost
+	}
+	return nil
+}
+
+// Maintain implements broker.Broker.
+func (b *Broker) Maintain(ctx context.Context, req broker.MaintainRequest) (broker.MaintainResult, error) {
+	if err := b.check(); err != nil {
+		return broker.MaintainResult{}, err
+	}
+	k := b.keysFor(req.Queue, req.Partition)
+	ttl := max(req.OwnerTTL.Milliseconds(), 1)
+	res, err := b.s.maintain.Run(ctx, b.rdb,
+		[]string{k.k("owner"), k.k("t"), k.k("pending"), k.k("active"), k.k("scheduled"), k.k("retry"), k.k("archived"), k.k("completed"), k.k("result")},
+		req.Owner, ttl, req.Now.UnixMilli(), k.channel, k.part, k.k("u:"), b.maxArchived, b.archiveTTL.Milliseconds(), maintainLimit,
+	).Int64Slice()
+	if err != nil {
+		return broker.MaintainResult{}, fmt.Errorf("tide: redisbroker: maintain %s/%d: %w", req.Queue, req.Partition, err)
+	}
+	if len(res) != 7 {
+		return broker.MaintainResult{}, fmt.Errorf("tide: redisbroker: maintain: unexpected reply of %d values", len(res))
+	}
+	out := broker.MaintainResult{
+		Owned:     res[0] == 1,
+		RetryIn:   time.Duration(max(res[1], 0)) * time.Millisecond,
+		Pending:   int(res[2]),
+		Forwarded: int(res[3]),
+		Recovered: int(res[4]),
+	}
+	if res[5] >= 0 {
+		out.NextDue = time.UnixMilli(res[5])
+	}
+	if res[6] >= 0 {
+		out.NextLeaseIn = time.Duration(res[6]) * time.Millisecond
+	}
+	return out, nil
+}
+
+// GetTask implements broker.Broker.
+func (b *Broker) GetTask(ctx context.Context, queue, id string) (*broker.Message, error) {
+	if err := b.check(); err != nil {
+		return nil, err
+	}
+	k := b.keysFor(queue, b.partOf(queue, id))
+	pipe := b.rdb.Pipeline()
+	rec := pipe.HGet(ctx, k.k("t"), id)
+	result := pipe.HGet(ctx, k.k("result"), id)
+	_, _ = pipe.Exec(ctx)
+	raw, err := rec.Bytes()
+	if errors.Is(err, redis.Nil) {
+		return nil, broker.ErrTaskNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("tide: redisbroker: get task: %w", err)
+	}
+	m, _, err := codec.Decode(queue, id, raw)
+	if err != nil {
+		return nil, fmt.Errorf("tide: redisbroker: task %s/%s: %w", queue, id, err)
+	}
+	if r, err := result.Bytes(); err == nil {
+		m.Result = r
+	} else if !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("tide: redisbroker: get result: %w", err)
+	}
+	return m, nil
+}
+
+// Delete implements broker.Broker.
+func (b *Broker) Delete(ctx context.Context, queue, id string) error {
+	if err := b.check(); err != nil {
+		return err
+	}
+	k := b.keysFor(queue, b.partOf(queue, id))
+	code, err := b.s.delete.Run(ctx, b.rdb,
+		[]string{k.k("t"), k.k("pending"), k.k("scheduled"), k.k("retry"), k.k("archived"), k.k("completed"), k.k("result"), k.k("active")},
+		id, k.k("u:")).Int64()
+	if err != nil {
+		return fmt.Errorf("tide: redisbroker: delete: %w", err)
+	}
+	switch code {
+	case 0:
+		return broker.ErrTaskNotFound
+	case 2:
+		return broker.ErrTaskActive
+	}
+	return nil
+}
+
+// Pause implements broker.Broker.
+func (b *Broker) Pause(ctx context.Context, queue string) error { return b.setPaused(ctx, queue, true) }
+
+// Unpause implements broker.Broker.
+func (b *Broker) Unpause(ctx context.Context, queue string) error {
+	return b.setPaused(ctx, queue, false)
+}
+
+func (b *Broker) setPaused(ctx context.Context, queue string, on bool) error {
+	if err := b.check(); err != nil {
+		return err
+	}
+	pipe := b.rdb.Pipeline()
+	for p := range b.Partitions(queue) {
+		k := b.keysFor(queue, p).k("paused")
+		if on {
+			pipe.Set(ctx, k, "1", 0)
+		} else {
+			pipe.Del(ctx, k)
+		}
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("tide: redisbroker: pause %s: %w", queue, err)
+	}
+	if !on {
+		// Wake idle servers: the queue may hold work.
+		for p := range b.Partitions(queue) {
+			b.rdb.Publish(ctx, b.channel(queue), "p"+strconv.Itoa(p))
+		}
+	}
+	return nil
+}
+
+// Subscribe implements broker.Broker with Redis pub/sub.
+func (b *Broker) Subscribe(ctx context.Context, queues []string) (<-chan broker.Event, error) {
+	if err := b.check(); err != nil {
+		return nil, err
+	}
+	chans := make([]string, len(queues))
+	byChan := make(map[string]string, len(queues))
+	for i, q := range queues {
+		chans[i] = b.channel(q)
+		byChan[chans[i]] = q
+	}
+	ps := b.rdb.Subscribe(ctx, chans...)
+	if _, err := ps.Receive(ctx); err != nil {
+		ps.Close()
+		return nil, fmt.Errorf("tide: redisbroker: subscribe: %w", err)
+	}
+	out := make(chan broker.Event, 64)
+	go func() {
+		defer close(out)
+		defer ps.Close()
+		in := ps.Channel()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case msg, ok := <-in:
+				if !ok {
+					return
+				}
+				ev, ok := parseEvent(byChan[msg.Channel], msg.Payload)
+				if !ok {
+					continue
+				}
+				select {
+				case out <- ev:
+				default: // hints; the consumer is busy anyway
+				}
+			}
+		}
+	}()
+	return out, nil
+}
+
+// parseEvent reads "p<partition>" or "s<partition>:<ms>".
+func parseEvent(queue, s string) (broker.Event, bool) {
+	if queue == "" || len(s) < 2 {
+		return broker.Event{}, false
+	}
+	switch s[0] {
+	case 'p':
+		p, err := strconv.Atoi(s[1:])
+		if err != nil {
+			return broker.Event{}, false
+		}
+		return broker.Event{Kind: broker.EventPending, Queue: queue, Partition: p}, true
+	case 's':
+		ps, ms, ok := strings.Cut(s[1:], ":")
+		if !ok {
+			return broker.Event{}, false
+		}
+		p, err1 := strconv.Atoi(ps)
+		at, err2 := strconv.ParseInt(ms, 10, 64)
+		if err1 != nil || err2 != nil {
+			return broker.Event{}, false
+		}
+		return broker.Event{Kind: broker.EventScheduled, Queue: queue, Partition: p, At: time.UnixMilli(at)}, true
+	}
+	return broker.Event{}, false
+}

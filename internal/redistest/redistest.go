@@ -1,0 +1,130 @@
+// Package redistest starts real redis-server processes for tests: each on a
+// free loopback port in the test's temp dir, stopped by t.Cleanup. When
+// TIDE_REDIS_ADDR is set, that server is used instead and isolation comes
+// from a unique key prefix per test (see Prefix).
+package redistest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Server is a redis-server process started for a test.
+type Server struct {
+	Addr string
+	Dir  string
+	cmd  *exec.Cmd
+}
+
+// Start starts a redis-server for t with the extra config arguments (for
+// example "--appendonly", "yes") and stops it when t ends. It fails t when
+// redis-server is not installed.
+func Start(t testing.TB, extra ...string) *Server {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatalf("redis-server not found on PATH (install it, e.g. apt-get install -y redis-server, or set TIDE_REDIS_ADDR): %v", err)
+	}
+	dir := t.TempDir()
+	var lastErr error
+	for attempt := 0; attempt < 5; attempt++ {
+		port, err := freePort()
+		if err != nil {
+			t.Fatalf("free port: %v", err)
+		}
+		s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Dir: dir}
+		args := append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
+			"--save", "", "--appendonly", "no", "--logfile", filepath.Join(dir, "redis.log"),
+			"--protected-mode", "no"}, extra...)
+		s.cmd = exec.Command(bin, args...)
+		if err := s.cmd.Start(); err != nil {
+			t.Fatalf("start redis-server: %v", err)
+		}
+		if err := s.waitReady(5 * time.Second); err != nil {
+			lastErr = err
+			_ = s.cmd.Process.Kill()
+			_ = s.cmd.Wait()
+			continue
+		}
+		t.Cleanup(s.Stop)
+		return s
+	}
+	log, _ := os.ReadFile(filepath.Join(dir, "redis.log"))
+	t.Fatalf("redis-server did not start: %v\n%s", lastErr, log)
+	return nil
+}
+
+// Stop kills the server and waits for it to exit. It is idempotent.
+func (s *Server) Stop() {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+	s.cmd = nil
+}
+
+func (s *Server) waitReady(limit time.Duration) error {
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	defer rdb.Close()
+	deadline := time.Now().Add(limit)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		err := rdb.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Addr returns the address of a Redis for t: TIDE_REDIS_ADDR when set,
+// otherwise a server started for t.
+func Addr(t testing.TB) string {
+	t.Helper()
+	if a := os.Getenv("TIDE_REDIS_ADDR"); a != "" {
+		return a
+	}
+	return Start(t).Addr
+}
+
+// Client returns a client of addr closed when t ends.
+func Client(t testing.TB, addr string) *redis.Client {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}
+
+var seq atomic.Int64
+
+// Prefix returns a key prefix unique to t within this process and run, so
+// tests sharing one Redis do not see each other's keys.
+func Prefix(t testing.TB) string {
+	name := strings.NewReplacer("/", ".", " ", "_", "{", "(", "}", ")").Replace(t.Name())
+	return fmt.Sprintf("tt:%s:%d:%d", name, os.Getpid(), seq.Add(1))
+}
