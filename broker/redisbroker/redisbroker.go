@@ -521,7 +521,7 @@ func (b *Broker) GetTask(ctx context.Context, queue, id string) (*broker.Message
 	if err != nil {
 		return nil, fmt.Errorf("tide: redisbroker: get task: %w", err)
 	}
-	m, _, err := codec.Decode(queue, id, raw)
+	m, err := codec.DecodeHeader(queue, id, raw)
 	if err != nil {
 		return nil, fmt.Errorf("tide: redisbroker: task %s/%s: %w", queue, id, err)
 	}

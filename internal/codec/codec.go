@@ -136,13 +136,50 @@ func Decode(queue, id string, b []byte) (*broker.Message, uint64, error) {
 		return m, token, nil
 	}
 	r := reader{b: body}
+	if err := decodeBody(&r, m); err != nil {
+		return nil, 0, err
+	}
+	return m, token, nil
+}
+
+// DecodeHeader parses only the header, unique key and last error of a
+// record: what is left to show of a record whose body is corrupt (the
+// scripts archive such records, and an operator still needs to see them).
+func DecodeHeader(queue, id string, b []byte) (*broker.Message, error) {
+	m, _, err := Decode(queue, id, b)
+	if err == nil {
+		return m, nil
+	}
+	m, _, herr := Decode(queue, id, headerOnly(b))
+	if herr != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// headerOnly returns b with its body cut out (body length set to 0).
+func headerOnly(b []byte) []byte {
+	if len(b) < HeaderSize {
+		return b
+	}
+	bodyLen := int(binary.BigEndian.Uint32(b[offBodyLen:]))
+	if bodyLen > len(b)-HeaderSize {
+		return b
+	}
+	out := make([]byte, 0, len(b)-bodyLen)
+	out = append(out, b[:HeaderSize]...)
+	binary.BigEndian.PutUint32(out[offBodyLen:], 0)
+	return append(out, b[HeaderSize+bodyLen:]...)
+}
+
+func decodeBody(r *reader, m *broker.Message) error {
 	m.Type = r.str()
 	if p := r.bytes(); len(p) > 0 {
 		m.Payload = p
 	}
 	n := r.uvarint()
 	if n > maxHeaders {
-		return nil, 0, fmt.Errorf("%w: %d headers", ErrCorrupt, n)
+		return fmt.Errorf("%w: %d headers", ErrCorrupt, n)
 	}
 	if n > 0 && r.err == nil {
 		m.Headers = make(map[string]string, n)
@@ -158,9 +195,9 @@ func Decode(queue, id string, b []byte) (*broker.Message, uint64, error) {
 	m.Retention = time.Duration(r.uvarint()) * time.Millisecond
 	m.UniqueTTL = time.Duration(r.uvarint()) * time.Millisecond
 	if r.err != nil {
-		return nil, 0, fmt.Errorf("%w: body: %v", ErrCorrupt, r.err)
+		return fmt.Errorf("%w: body: %v", ErrCorrupt, r.err)
 	}
-	return m, token, nil
+	return nil
 }
 
 // Token reads only the token of a record; ok is false for a record too short
