@@ -3,6 +3,7 @@ package tide
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/tidequeue/tide/broker"
 )
@@ -13,6 +14,7 @@ type taskCtxKey struct{}
 type taskMeta struct {
 	id, queue         string
 	retried, maxRetry int
+	due               time.Time
 	lease             broker.LeaseRef
 	b                 broker.Broker
 }
@@ -62,6 +64,17 @@ func GetMaxRetry(ctx context.Context) (n int, ok bool) {
 		return 0, false
 	}
 	return m.maxRetry, true
+}
+
+// GetDueTime returns when the task a handler is processing was due: its
+// ProcessAt, retry time, or enqueue time for an immediate task. Handler start
+// minus due time is the task's lateness.
+func GetDueTime(ctx context.Context) (due time.Time, ok bool) {
+	m, ok := metaFrom(ctx)
+	if !ok {
+		return time.Time{}, false
+	}
+	return m.due, true
 }
 
 // WriteResult stores data as the result of the task a handler is processing;

@@ -225,7 +225,7 @@ func (s *Server) run(ctx context.Context, d *broker.Delivery) broker.Settlement 
 	m := d.Message
 	t := &Task{typ: m.Type, payload: m.Payload, headers: m.Headers}
 	ctx = withTaskMeta(ctx, &taskMeta{
-		id: m.ID, queue: m.Queue, retried: m.Retried, maxRetry: m.MaxRetry, b: s.b,
+		id: m.ID, queue: m.Queue, retried: m.Retried, maxRetry: m.MaxRetry, due: m.ProcessAt, b: s.b,
 		lease: broker.LeaseRef{Queue: m.Queue, ID: m.ID, Token: d.Token},
 	})
 	if m.Timeout > 0 {
