@@ -38,23 +38,24 @@ type env struct {
 	rdb    *redis.Client
 	b      *redisbroker.Broker
 	c      *tide.Client
+	opts   []redisbroker.Option
 }
 
 func setup(t *testing.T, opts ...redisbroker.Option) *env {
 	t.Helper()
 	addr := redistest.Addr(t)
-	e := &env{t: t, addr: addr, prefix: redistest.Prefix(t)}
+	e := &env{t: t, addr: addr, prefix: redistest.Prefix(t), opts: opts}
 	e.rdb = redistest.Client(t, addr)
-	e.b = e.broker(opts...)
+	e.b = e.broker()
 	e.c = tide.NewClient(e.b)
 	return e
 }
 
-// broker returns another broker on the same Redis and prefix (another
-// process's view).
-func (e *env) broker(opts ...redisbroker.Option) *redisbroker.Broker {
+// broker returns another broker on the same Redis, prefix and options
+// (another process's view).
+func (e *env) broker() *redisbroker.Broker {
 	rdb := redistest.Client(e.t, e.addr)
-	return redisbroker.New(rdb, append([]redisbroker.Option{redisbroker.WithPrefix(e.prefix)}, opts...)...)
+	return redisbroker.New(rdb, append([]redisbroker.Option{redisbroker.WithPrefix(e.prefix)}, e.opts...)...)
 }
 
 // server starts a server on the env's broker with cfg and h; it is shut down

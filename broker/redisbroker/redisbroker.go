@@ -17,11 +17,14 @@
 //	<prefix>:{<queue>:<p>}:owner      the server maintaining the partition
 //	<prefix>:{<queue>:<p>}:u:<digest> unique lock, value = task ID
 //	<prefix>:queues                   set of known queue names
+//	<prefix>:partitions               hash: queue -> partition count
 //
 // A task lives in partition broker.Partition(ID, P), so a lookup or Delete by
 // ID goes straight to it. With P at least the number of cluster masters a
 // single queue spreads over the whole cluster. Every process using a queue
-// must be configured with the same number of partitions for it.
+// must be configured with the same number of partitions for it; the first
+// to use a queue records its count, and a broker configured otherwise gets a
+// clear error from Enqueue and Maintain instead of losing track of tasks.
 //
 // Work events are published on <prefix>:ev:<queue> from inside the scripts.
 package redisbroker
@@ -297,23 +300,40 @@ func (b *Broker) Enqueue(ctx context.Context, msgs []*broker.Message) ([]error, 
 	return errs, nil
 }
 
-// register adds unseen queue names to the queue set (once per process).
+// register records unseen queues (once per process): their names in
+// <prefix>:queues and their partition counts in <prefix>:partitions. A queue
+// whose recorded partition count differs from this broker's is refused: tasks
+// would be looked for in the wrong partitions and never found.
 func (b *Broker) register(ctx context.Context, msgs []*broker.Message) error {
-	var fresh []any
+	seen := map[string]bool{}
 	for _, m := range msgs {
-		if _, ok := b.known.Load(m.Queue); !ok {
-			fresh = append(fresh, m.Queue)
+		if seen[m.Queue] {
+			continue
+		}
+		seen[m.Queue] = true
+		if err := b.registerQueue(ctx, m.Queue); err != nil {
+			return err
 		}
 	}
-	if len(fresh) == 0 {
+	return nil
+}
+
+func (b *Broker) registerQueue(ctx context.Context, queue string) error {
+	if _, ok := b.known.Load(queue); ok {
 		return nil
 	}
-	if err := b.rdb.SAdd(ctx, b.prefix+":queues", fresh...).Err(); err != nil {
-		return fmt.Errorf("tide: redisbroker: register queue: %w", err)
+	want := b.Partitions(queue)
+	pipe := b.rdb.Pipeline()
+	pipe.SAdd(ctx, b.prefix+":queues", queue)
+	pipe.HSetNX(ctx, b.prefix+":partitions", queue, want)
+	got := pipe.HGet(ctx, b.prefix+":partitions", queue)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("tide: redisbroker: register queue %q: %w", queue, err)
 	}
-	for _, q := range fresh {
-		b.known.Store(q, struct{}{})
+	if n, err := got.Int(); err != nil || n != want {
+		return fmt.Errorf("tide: redisbroker: queue %q has %s partitions in Redis but this broker is configured with %d; configure every process the same (WithPartitions / WithQueuePartitions)", queue, got.Val(), want)
 	}
+	b.known.Store(queue, struct{}{})
 	return nil
 }
 
@@ -474,6 +494,9 @@ func (b *Broker) SetResult(ctx context.Context, l broker.LeaseRef, data []byte) 
 // Maintain implements broker.Broker.
 func (b *Broker) Maintain(ctx context.Context, req broker.MaintainRequest) (broker.MaintainResult, error) {
 	if err := b.check(); err != nil {
+		return broker.MaintainResult{}, err
+	}
+	if err := b.registerQueue(ctx, req.Queue); err != nil {
 		return broker.MaintainResult{}, err
 	}
 	k := b.keysFor(req.Queue, req.Partition)

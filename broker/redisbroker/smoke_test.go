@@ -2,6 +2,7 @@ package redisbroker_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -66,5 +67,25 @@ func TestSmoke(t *testing.T) {
 	}
 	if _, err := b.GetTask(ctx, "q", "a"); err != broker.ErrTaskNotFound {
 		t.Fatal(err)
+	}
+}
+
+func TestPartitionMismatchIsRefused(t *testing.T) {
+	addr := redistest.Addr(t)
+	prefix := redistest.Prefix(t)
+	ctx := context.Background()
+	a := redisbroker.New(redistest.Client(t, addr), redisbroker.WithPrefix(prefix), redisbroker.WithPartitions(4))
+	b := redisbroker.New(redistest.Client(t, addr), redisbroker.WithPrefix(prefix))
+	m := func(id string) []*broker.Message {
+		return []*broker.Message{{ID: id, Queue: "q", Type: "t", State: broker.StatePending, ProcessAt: time.Now()}}
+	}
+	if _, err := a.Enqueue(ctx, m("1")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Enqueue(ctx, m("2")); err == nil || !strings.Contains(err.Error(), "4 partitions") {
+		t.Fatalf("mismatched Enqueue = %v", err)
+	}
+	if _, err := b.Maintain(ctx, broker.MaintainRequest{Queue: "q", Owner: "x", OwnerTTL: time.Second, Now: time.Now()}); err == nil {
+		t.Fatal("mismatched Maintain succeeded")
 	}
 }

@@ -1,0 +1,279 @@
+package tide_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/broker/redisbroker"
+)
+
+func TestEnqueueRejectsBadInput(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	cases := []struct {
+		name string
+		task *tide.Task
+		opts []tide.Option
+		want string
+	}{
+		{"nil task", nil, nil, "nil task"},
+		{"empty type", tide.NewTask("", nil), nil, "empty task type"},
+		{"control char in type", tide.NewTask("a\nb", nil), nil, "control character"},
+		{"long type", tide.NewTask(strings.Repeat("x", 300), nil), nil, "over the 256 limit"},
+		{"negative delay", tide.NewTask("t", nil), []tide.Option{tide.ProcessIn(-time.Second)}, "negative delay"},
+		{"absurd delay", tide.NewTask("t", nil), []tide.Option{tide.ProcessIn(20 * 365 * 24 * time.Hour)}, "over the"},
+		{"absurd process-at", tide.NewTask("t", nil), []tide.Option{tide.ProcessAt(time.Now().AddDate(50, 0, 0))}, "ahead"},
+		{"zero process-at", tide.NewTask("t", nil), []tide.Option{tide.ProcessAt(time.Time{})}, "zero time"},
+		{"bad queue chars", tide.NewTask("t", nil), []tide.Option{tide.Queue("orders {eu}")}, "invalid character"},
+		{"empty queue", tide.NewTask("t", nil), []tide.Option{tide.Queue("")}, "empty queue name"},
+		{"negative max retry", tide.NewTask("t", nil), []tide.Option{tide.MaxRetry(-1)}, "MaxRetry(-1)"},
+		{"empty task id", tide.NewTask("t", nil), []tide.Option{tide.TaskID("")}, "empty TaskID"},
+		{"negative timeout", tide.NewTask("t", nil), []tide.Option{tide.Timeout(-1)}, "Timeout"},
+		{"zero deadline", tide.NewTask("t", nil), []tide.Option{tide.Deadline(time.Time{})}, "Deadline"},
+		{"short unique", tide.NewTask("t", nil), []tide.Option{tide.Unique(time.Millisecond)}, "at least 1s"},
+		{"negative retention", tide.NewTask("t", nil), []tide.Option{tide.Retention(-time.Hour)}, "Retention"},
+		{"nil option", tide.NewTask("t", nil), []tide.Option{nil}, "nil Option"},
+		{"payload too big", tide.NewTask("t", bytes.Repeat([]byte{1}, tide.MaxPayloadSize+1)), nil, "MaxPayloadSize"},
+		{"bad default option", tide.NewTask("t", nil, tide.MaxRetry(-5)), nil, "MaxRetry(-5)"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := e.c.Enqueue(ctx, tc.task, tc.opts...)
+			if !errors.Is(err, tide.ErrInvalidTask) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Enqueue error = %v, want ErrInvalidTask mentioning %q", err, tc.want)
+			}
+			if !strings.HasPrefix(err.Error(), "tide: ") {
+				t.Fatalf("error %q lacks the tide: prefix", err)
+			}
+		})
+	}
+	t.Run("headers too big", func(t *testing.T) {
+		task := tide.NewTask("t", nil)
+		task.Headers()["big"] = strings.Repeat("h", tide.MaxHeadersSize)
+		if _, err := e.c.Enqueue(ctx, task); !errors.Is(err, tide.ErrInvalidTask) {
+			t.Fatalf("err = %v", err)
+		}
+	})
+	t.Run("max payload is accepted", func(t *testing.T) {
+		if _, err := e.c.Enqueue(ctx, tide.NewTask("t", bytes.Repeat([]byte{1}, tide.MaxPayloadSize))); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("past process-at means now", func(t *testing.T) {
+		info, err := e.c.Enqueue(ctx, tide.NewTask("t", nil), tide.ProcessAt(time.Now().Add(-time.Hour)))
+		if err != nil || info.State != tide.StatePending {
+			t.Fatalf("info=%+v err=%v", info, err)
+		}
+	})
+}
+
+func TestEnqueueOptionsOverrideTaskDefaults(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	task := tide.NewTask("t", nil, tide.Queue("a"), tide.MaxRetry(3), tide.Timeout(time.Minute))
+	info, err := e.c.Enqueue(context.Background(), task, tide.Queue("b"), tide.ProcessIn(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Queue != "b" || info.MaxRetry != 3 || info.Timeout != time.Minute || info.State != tide.StateScheduled {
+		t.Fatalf("info = %+v", info)
+	}
+	if d := time.Until(info.NextProcessAt); d < 59*time.Minute || d > time.Hour {
+		t.Fatalf("NextProcessAt in %v, want about 1h", d)
+	}
+	got := e.info("b", info.ID)
+	if got.Timeout != time.Minute || got.MaxRetry != 3 || got.State != tide.StateScheduled {
+		t.Fatalf("stored = %+v", got)
+	}
+}
+
+func TestTaskIDConflictAndDelete(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	id := tide.TaskID("order-cancel:42")
+	if _, err := e.c.Enqueue(ctx, tide.NewTask("order:cancel", nil), id, tide.ProcessIn(15*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.Enqueue(ctx, tide.NewTask("order:cancel", nil), id); !errors.Is(err, tide.ErrTaskIDConflict) {
+		t.Fatalf("second enqueue = %v, want ErrTaskIDConflict", err)
+	}
+	if err := e.c.Delete(ctx, "default", "order-cancel:42"); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	if err := e.c.Delete(ctx, "default", "order-cancel:42"); !errors.Is(err, tide.ErrTaskNotFound) {
+		t.Fatalf("second Delete = %v, want ErrTaskNotFound", err)
+	}
+	if _, err := e.c.Enqueue(ctx, tide.NewTask("order:cancel", nil), id); err != nil {
+		t.Fatalf("enqueue after delete: %v", err)
+	}
+	if err := e.c.Delete(ctx, "bad queue", "x"); !errors.Is(err, tide.ErrInvalidTask) {
+		t.Fatalf("Delete with a bad queue name = %v", err)
+	}
+}
+
+func TestDeleteActiveIsRefused(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	started, release := make(chan struct{}), make(chan struct{})
+	e.server(tide.Config{}, tide.HandlerFunc(func(context.Context, *tide.Task) error {
+		close(started)
+		<-release
+		return nil
+	}))
+	info, err := e.c.Enqueue(ctx, tide.NewTask("t", nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	err = e.c.Delete(ctx, "default", info.ID)
+	close(release)
+	if !errors.Is(err, tide.ErrTaskActive) || !strings.Contains(err.Error(), "cancel") {
+		t.Fatalf("Delete(active) = %v, want ErrTaskActive naming the alternative", err)
+	}
+}
+
+func TestUnique(t *testing.T) {
+	t.Parallel()
+	for _, parts := range []int{1, 4} {
+		t.Run(map[int]string{1: "one partition", 4: "four partitions"}[parts], func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, redisbroker.WithPartitions(parts))
+			ctx := context.Background()
+			mk := func() *tide.Task { return tide.NewTask("report", []byte("2026-11"), tide.Unique(time.Hour)) }
+			first, err := e.c.Enqueue(ctx, mk(), tide.ProcessIn(time.Hour))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range 10 {
+				if _, err := e.c.Enqueue(ctx, mk()); !errors.Is(err, tide.ErrDuplicateTask) {
+					t.Fatalf("duplicate = %v, want ErrDuplicateTask", err)
+				}
+			}
+			// A different payload or queue is not a duplicate.
+			if _, err := e.c.Enqueue(ctx, tide.NewTask("report", []byte("2026-12"), tide.Unique(time.Hour))); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.c.Enqueue(ctx, mk(), tide.Queue("other")); err != nil {
+				t.Fatal(err)
+			}
+			// Deleting releases the lock.
+			if err := e.c.Delete(ctx, "default", first.ID); err != nil {
+				t.Fatal(err)
+			}
+			second, err := e.c.Enqueue(ctx, mk())
+			if err != nil {
+				t.Fatalf("enqueue after delete: %v", err)
+			}
+			// Finishing releases it too.
+			e.server(tide.Config{}, tide.HandlerFunc(func(context.Context, *tide.Task) error { return nil }))
+			e.waitGone("default", second.ID)
+			if _, err := e.c.Enqueue(ctx, mk()); err != nil {
+				t.Fatalf("enqueue after the task finished: %v", err)
+			}
+			if parts > 1 {
+				_, err := e.c.Enqueue(ctx, mk(), tide.TaskID("x"), tide.Queue("q2"))
+				if !errors.Is(err, tide.ErrInvalidTask) {
+					t.Fatalf("Unique+TaskID on a partitioned queue = %v, want ErrInvalidTask", err)
+				}
+			}
+		})
+	}
+}
+
+func TestEnqueueMany(t *testing.T) {
+	t.Parallel()
+	e := setup(t, redisbroker.WithPartitions(3))
+	ctx := context.Background()
+	ts := make([]*tide.Task, 100)
+	for i := range ts {
+		ts[i] = tide.NewTask("bulk", []byte{byte(i)})
+	}
+	ts[50] = tide.NewTask("bulk", nil, tide.TaskID("fixed"))
+	infos, err := e.c.EnqueueMany(ctx, ts, tide.Queue("bulk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(infos) != 100 || infos[50].ID != "fixed" {
+		t.Fatalf("infos: %d, [50]=%+v", len(infos), infos[50])
+	}
+	// A second batch with a conflicting ID stores the rest and names the index.
+	again := []*tide.Task{tide.NewTask("bulk", nil), tide.NewTask("bulk", nil, tide.TaskID("fixed"))}
+	infos, err = e.c.EnqueueMany(ctx, again, tide.Queue("bulk"))
+	if !errors.Is(err, tide.ErrTaskIDConflict) || !strings.Contains(err.Error(), "task 1") {
+		t.Fatalf("err = %v", err)
+	}
+	if infos[0] == nil || infos[1] != nil {
+		t.Fatalf("infos = %v", infos)
+	}
+	// Invalid tasks reject the whole batch before anything is stored.
+	_, err = e.c.EnqueueMany(ctx, []*tide.Task{tide.NewTask("ok", nil), tide.NewTask("", nil)})
+	if !errors.Is(err, tide.ErrInvalidTask) || !strings.Contains(err.Error(), "task 1") {
+		t.Fatalf("err = %v", err)
+	}
+	var n int
+	done := make(chan struct{})
+	e.server(tide.Config{Queues: map[string]int{"bulk": 1}, Concurrency: 1}, tide.HandlerFunc(func(context.Context, *tide.Task) error {
+		n++
+		if n == 101 {
+			close(done)
+		}
+		return nil
+	}))
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("processed %d of 101 tasks", n)
+	}
+}
+
+func TestClosedClient(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	c := tide.NewClient(e.b)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Enqueue(context.Background(), tide.NewTask("t", nil)); !errors.Is(err, tide.ErrClientClosed) {
+		t.Fatalf("Enqueue after Close = %v", err)
+	}
+}
+
+func TestPauseQueue(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	in := tide.NewInspector(e.b)
+	if err := in.PauseQueue(ctx, "default"); err != nil {
+		t.Fatal(err)
+	}
+	ran := make(chan struct{}, 1)
+	e.server(tide.Config{}, tide.HandlerFunc(func(context.Context, *tide.Task) error { ran <- struct{}{}; return nil }))
+	info, err := e.c.Enqueue(ctx, tide.NewTask("t", nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ran:
+		t.Fatal("a paused queue's task ran")
+	case <-time.After(300 * time.Millisecond):
+	}
+	if st := e.info("default", info.ID); st.State != tide.StatePending {
+		t.Fatalf("state = %v", st.State)
+	}
+	if err := in.UnpauseQueue(ctx, "default"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ran:
+	case <-time.After(10 * time.Second):
+		t.Fatal("task did not run after unpause")
+	}
+}
