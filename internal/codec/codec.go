@@ -31,6 +31,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/tidequeue/tide/broker"
@@ -125,6 +126,9 @@ func Decode(queue, id string, b []byte) (*broker.Message, uint64, error) {
 		ProcessAt:    fromMS(int64(binary.BigEndian.Uint64(b[offProcessAt:]))),
 		LastFailedAt: fromMS(int64(binary.BigEndian.Uint64(b[offFailedAt:]))),
 	}
+	if m.Retried > math.MaxInt32 || m.MaxRetry > math.MaxInt32 {
+		return nil, 0, fmt.Errorf("%w: retry counts %d/%d out of range", ErrCorrupt, m.Retried, m.MaxRetry)
+	}
 	token := uint64(binary.BigEndian.Uint32(b[offToken:]))
 	body := b[HeaderSize : HeaderSize+bodyLen]
 	m.UniqueKey = string(b[HeaderSize+bodyLen : HeaderSize+bodyLen+uniqLen])
@@ -190,10 +194,10 @@ func decodeBody(r *reader, m *broker.Message) error {
 	}
 	m.EnqueuedAt = fromMS(r.varint())
 	m.CompletedAt = fromMS(r.varint())
-	m.Timeout = time.Duration(r.uvarint()) * time.Millisecond
+	m.Timeout = r.dur()
 	m.Deadline = fromMS(r.varint())
-	m.Retention = time.Duration(r.uvarint()) * time.Millisecond
-	m.UniqueTTL = time.Duration(r.uvarint()) * time.Millisecond
+	m.Retention = r.dur()
+	m.UniqueTTL = r.dur()
 	if r.err != nil {
 		return fmt.Errorf("%w: body: %v", ErrCorrupt, r.err)
 	}
@@ -223,8 +227,8 @@ func clampU32(n int) int {
 	if n < 0 {
 		return 0
 	}
-	if n > 1<<31 {
-		return 1 << 31
+	if n > math.MaxInt32 {
+		return math.MaxInt32
 	}
 	return n
 }
@@ -273,6 +277,18 @@ func (r *reader) varint() int64 {
 	}
 	r.b = r.b[n:]
 	return v
+}
+
+// dur reads a duration in ms, refusing values that overflow time.Duration.
+func (r *reader) dur() time.Duration {
+	v := r.uvarint()
+	if v > math.MaxInt64/uint64(time.Millisecond) {
+		if r.err == nil {
+			r.err = fmt.Errorf("duration %dms out of range", v)
+		}
+		return 0
+	}
+	return time.Duration(v) * time.Millisecond
 }
 
 func (r *reader) bytes() []byte {

@@ -1,0 +1,121 @@
+package codec
+
+import (
+	"bytes"
+	"errors"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/tidequeue/tide/broker"
+)
+
+func sample() *broker.Message {
+	now := time.UnixMilli(1_790_000_000_123)
+	return &broker.Message{
+		ID: "id-1", Queue: "q", Type: "order:cancel", Payload: []byte{0, 1, 2, 0xff},
+		Headers:  map[string]string{"traceparent": "00-abc-def-01", "k": ""},
+		State:    broker.StateRetry, MaxRetry: 25, Retried: 3, LastErr: "boom\nstack",
+		ProcessAt: now.Add(time.Minute), EnqueuedAt: now, LastFailedAt: now.Add(time.Second),
+		CompletedAt: now.Add(2 * time.Second), Timeout: 30 * time.Second, Deadline: now.Add(time.Hour),
+		Retention: 24 * time.Hour, UniqueKey: "digest", UniqueTTL: time.Hour,
+	}
+}
+
+func TestRoundTrip(t *testing.T) {
+	m := sample()
+	b := Encode(m, 7)
+	got, tok, err := Decode("q", "id-1", b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tok != 7 {
+		t.Fatalf("token = %d", tok)
+	}
+	if !reflect.DeepEqual(got, m) {
+		t.Fatalf("round trip:\n got %+v\nwant %+v", got, m)
+	}
+	min := &broker.Message{Type: "t", State: broker.StatePending}
+	got, _, err = Decode("", "", Encode(min, 0))
+	if err != nil || got.Type != "t" || got.Payload != nil || got.Headers != nil || !got.ProcessAt.IsZero() {
+		t.Fatalf("minimal: %+v, %v", got, err)
+	}
+}
+
+func TestCompact(t *testing.T) {
+	m := &broker.Message{Type: "order:cancel", Payload: bytes.Repeat([]byte{'x'}, 64), State: broker.StateScheduled,
+		MaxRetry: 25, ProcessAt: time.Now(), EnqueuedAt: time.Now()}
+	n := len(Encode(m, 0))
+	// header + type + payload + a handful of varint bytes
+	if limit := HeaderSize + len(m.Type) + len(m.Payload) + 16; n > limit {
+		t.Fatalf("record is %d bytes, over %d", n, limit)
+	}
+}
+
+func TestDecodeRejectsCorruptInput(t *testing.T) {
+	good := Encode(sample(), 1)
+	cases := map[string][]byte{
+		"empty":         nil,
+		"short":         good[:10],
+		"bad version":   append([]byte{9}, good[1:]...),
+		"bad state":     append([]byte{1, 99}, good[2:]...),
+		"body too long": func() []byte { b := bytes.Clone(good); b[30], b[31] = 0xff, 0xff; return b }(),
+		"truncated":     good[:HeaderSize+5],
+	}
+	for name, b := range cases {
+		if _, _, err := Decode("q", "id", b); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("%s: err = %v, want ErrCorrupt", name, err)
+		}
+	}
+}
+
+func TestDecodeHeaderOfCorruptBody(t *testing.T) {
+	b := Encode(sample(), 1)
+	bl := int(b[30])<<24 | int(b[31])<<16 | int(b[32])<<8 | int(b[33])
+	for i := HeaderSize; i < HeaderSize+bl; i++ {
+		b[i] = 0xff
+	}
+	m, err := DecodeHeader("q", "id", b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.State != broker.StateRetry || m.Retried != 3 || m.LastErr != "boom\nstack" || m.Type != "" {
+		t.Fatalf("header view = %+v", m)
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	f.Add(Encode(sample(), 1))
+	f.Add(Encode(&broker.Message{Type: "t", State: broker.StatePending}, 0))
+	f.Add([]byte("not a record"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, tok, err := Decode("q", "id", b)
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("error does not wrap ErrCorrupt: %v", err)
+			}
+			_, _ = DecodeHeader("q", "id", b)
+			return
+		}
+		// What decodes must survive a round trip unchanged.
+		again, tok2, err := Decode("q", "id", Encode(m, tok))
+		if err != nil || tok2 != tok {
+			t.Fatalf("re-decode: %v", err)
+		}
+		if !reflect.DeepEqual(normalize(again), normalize(m)) {
+			t.Fatalf("round trip changed the message:\n%+v\n%+v", m, again)
+		}
+	})
+}
+
+// normalize maps empty collections to nil for comparison.
+func normalize(m *broker.Message) *broker.Message {
+	c := *m
+	if len(c.Payload) == 0 {
+		c.Payload = nil
+	}
+	if len(c.Headers) == 0 {
+		c.Headers = nil
+	}
+	return &c
+}
