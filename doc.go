@@ -1,0 +1,50 @@
+// Package tide runs background and delayed tasks on Redis.
+//
+// An application enqueues typed tasks with a Client ("cancel order 42 in 15
+// minutes unless it is paid"); a Server runs workers that dispatch each task
+// through a handler registry (ServeMux) and a middleware chain. Storage is a
+// broker.Broker: broker/redisbroker for production (single node, Sentinel or
+// Cluster through a redis.UniversalClient) and broker/membroker in process,
+// for demos and unit tests.
+//
+// # Enqueueing
+//
+//	c := tide.NewClient(redisbroker.New(rdb))
+//	info, err := c.Enqueue(ctx, tide.NewTask("order:cancel", payload),
+//		tide.TaskID("order-cancel:42"), tide.ProcessIn(15*time.Minute))
+//	...
+//	err = c.Delete(ctx, "default", "order-cancel:42") // the order was paid
+//
+// Options given to NewTask are defaults for the task; options given to Enqueue
+// override them. Invalid input (an empty type, a negative delay, a queue name
+// with spaces, a payload over MaxPayloadSize) is rejected by Enqueue with an
+// error wrapping ErrInvalidTask that names the problem.
+//
+// # Processing
+//
+//	mux := tide.NewServeMux()
+//	mux.HandleFunc("order:cancel", cancelOrder)
+//	tide.HandleArgs(mux, sendEmail) // typed: func(ctx, EmailArgs) error
+//	srv := tide.NewServer(b, tide.Config{Concurrency: 20})
+//	err := srv.Run(mux) // until SIGINT/SIGTERM
+//
+// # Guarantees
+//
+// Delivery is at least once. A task is handed to a worker together with a
+// lease that the server renews while the handler runs; if the worker dies,
+// hangs or loses Redis, the lease runs out and the task is retried (the lost
+// attempt counts as one). Every acknowledgement carries the lease's fencing
+// token, so a worker that comes back late cannot overwrite the newer
+// delivery's outcome. There is no state in which a task is active without a
+// lease. Handlers should therefore be idempotent.
+//
+// A failed task is retried after Config.RetryDelayFunc (exponential back-off
+// with jitter by default) until MaxRetry is used up; then, or at once when the
+// error wraps SkipRetry, it is archived with its last error. Handler panics
+// are recovered and become errors with the stack.
+//
+// Due times are kept in milliseconds. Servers do not poll on a fixed interval:
+// a per-partition timer fires at the next due time and is re-armed early when
+// an earlier task arrives; idle workers wait for a wake-up that enqueueing
+// publishes.
+package tide
