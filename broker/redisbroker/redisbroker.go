@@ -126,6 +126,7 @@ type Broker struct {
 	err          error // invalid options, reported by every method
 	s            *scripts
 
+	batch     batcher
 	closed    atomic.Bool
 	known     sync.Map // queue name -> struct{}: registered in <prefix>:queues
 	nextStart atomic.Uint32
@@ -144,6 +145,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Broker {
 		rdb: rdb, prefix: DefaultPrefix, defaultParts: 1, parts: map[string]int{},
 		maxArchived: DefaultMaxArchived, archiveTTL: DefaultArchiveTTL, s: loadScripts(),
 	}
+	b.batch.send = b.enqueueNow
 	var errs []error
 	for _, o := range opts {
 		if o == nil {
@@ -248,7 +250,10 @@ func groupBy[T any](b *Broker, items []T, loc func(T) (string, string)) []*group
 }
 
 // Enqueue implements broker.Broker: one script call per partition, all in
-// one pipeline.
+// one pipeline. Concurrent calls share round trips: calls made while another
+// is in flight are sent together when it returns. A call whose context ends
+// while it waits returns the context's error; its tasks may still have been
+// stored, as with any timeout.
 func (b *Broker) Enqueue(ctx context.Context, msgs []*broker.Message) ([]error, error) {
 	if err := b.check(); err != nil {
 		return nil, err
@@ -261,6 +266,13 @@ func (b *Broker) Enqueue(ctx context.Context, msgs []*broker.Message) ([]error, 
 	if err := b.register(ctx, msgs); err != nil {
 		return nil, err
 	}
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	return b.batch.enqueue(ctx, msgs)
+}
+
+func (b *Broker) enqueueNow(ctx context.Context, msgs []*broker.Message) ([]error, error) {
 	groups := groupBy(b, msgs, func(m *broker.Message) (string, string) { return m.Queue, m.ID })
 	calls := make([]*call, len(groups))
 	for gi, g := range groups {

@@ -1,0 +1,115 @@
+package redisbroker
+
+import (
+	"context"
+	"sync"
+
+	"github.com/tidequeue/tide/broker"
+)
+
+// maxBatchTasks caps how many tasks one shared round trip carries.
+const maxBatchTasks = 1000
+
+// batcher lets concurrent Enqueue calls share round trips (group commit).
+// A caller that finds no round trip in flight sends its own tasks at once
+// (no added latency for a lone caller). Callers that arrive while one is in
+// flight queue up; when it returns, the first of them becomes the leader and
+// sends everything queued in one pipeline. No goroutine is started, so
+// nothing outlives the callers.
+type batcher struct {
+	send func(ctx context.Context, msgs []*broker.Message) ([]error, error)
+
+	mu    sync.Mutex
+	busy  bool
+	queue []*enqReq
+}
+
+type enqReq struct {
+	ctx  context.Context
+	msgs []*broker.Message
+	errs []error
+	err  error
+	done chan struct{} // closed when errs/err are set
+	lead chan struct{} // closed when this request must lead the next batch
+}
+
+func (bt *batcher) enqueue(ctx context.Context, msgs []*broker.Message) ([]error, error) {
+	r := &enqReq{ctx: ctx, msgs: msgs, done: make(chan struct{}), lead: make(chan struct{})}
+	bt.mu.Lock()
+	bt.queue = append(bt.queue, r)
+	if bt.busy {
+		bt.mu.Unlock()
+		select {
+		case <-r.done:
+			return r.errs, r.err
+		case <-r.lead:
+		}
+		bt.mu.Lock()
+	}
+	bt.busy = true
+	batch := bt.take()
+	bt.mu.Unlock()
+
+	bt.run(batch)
+
+	bt.mu.Lock()
+	if len(bt.queue) > 0 {
+		close(bt.queue[0].lead) // hand over; busy stays true
+	} else {
+		bt.busy = false
+	}
+	bt.mu.Unlock()
+	<-r.done
+	return r.errs, r.err
+}
+
+// take removes up to maxBatchTasks worth of requests from the queue (at least
+// one). The caller holds mu.
+func (bt *batcher) take() []*enqReq {
+	n, tasks := 0, 0
+	for n < len(bt.queue) && (n == 0 || tasks+len(bt.queue[n].msgs) <= maxBatchTasks) {
+		tasks += len(bt.queue[n].msgs)
+		n++
+	}
+	batch := make([]*enqReq, n)
+	copy(batch, bt.queue[:n])
+	bt.queue = bt.queue[n:]
+	return batch
+}
+
+// run sends a batch in one call and hands each request its results. Requests
+// whose context is already done are answered with their context's error
+// without being sent.
+func (bt *batcher) run(batch []*enqReq) {
+	live := batch[:0:0]
+	var all []*broker.Message
+	for _, r := range batch {
+		if err := r.ctx.Err(); err != nil {
+			r.err = err
+			close(r.done)
+			continue
+		}
+		live = append(live, r)
+		all = append(all, r.msgs...)
+	}
+	if len(live) == 0 {
+		return
+	}
+	// The leader's context bounds the shared call; it must not be cancelled
+	// by one caller giving up while others wait, so only its values are kept.
+	ctx := live[0].ctx
+	if len(live) > 1 {
+		ctx = context.WithoutCancel(ctx)
+	}
+	errs, err := bt.send(ctx, all)
+	off := 0
+	for _, r := range live {
+		if err != nil {
+			r.err = err
+		} else {
+			r.errs = errs[off : off+len(r.msgs)]
+		}
+		off += len(r.msgs)
+		close(r.done)
+	}
+}
