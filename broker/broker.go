@@ -201,6 +201,9 @@ const (
 	// EventScheduled: a task was scheduled for At, earlier than every other
 	// scheduled or retry task of the partition.
 	EventScheduled
+	// EventCancel: an operator asked to cancel the active task ID (see
+	// Admin.CancelProcessing); the server running it cancels its handler.
+	EventCancel
 )
 
 // Event is a hint that work arrived. Events may be lost (a reconnect) or
@@ -210,6 +213,7 @@ type Event struct {
 	Queue     string
 	Partition int
 	At        time.Time
+	ID        string // EventCancel only
 }
 
 // Broker stores tasks. See the package documentation for the conventions on
