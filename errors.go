@@ -4,6 +4,7 @@ import (
 	"errors"
 
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/internal/engine"
 )
 
 // SkipRetry tells the server not to retry a failed task: wrap it in the error a
@@ -48,3 +49,12 @@ var ErrHandlerNotFound = errors.New("tide: no handler for task type")
 // ErrInvalidConfig is wrapped by the error NewServer stores and Start returns
 // for a Config with a bad value.
 var ErrInvalidConfig = errors.New("tide: invalid config")
+
+// ErrTaskCanceled is the cause (context.Cause) of a handler's context when an
+// operator cancelled the task with Inspector.CancelProcessing. A cancelled
+// task that returns an error is archived with this error.
+var ErrTaskCanceled = engine.ErrCanceled
+
+// ErrNotSupported is returned by Inspector methods when the broker does not
+// implement broker.Admin.
+var ErrNotSupported = errors.New("tide: the broker does not support inspection (broker.Admin)")

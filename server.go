@@ -144,8 +144,7 @@ func (c Config) withDefaults() (Config, error) {
 		c.Logger = slog.Default()
 	}
 	if c.ServerID == "" {
-		host, _ := os.Hostname()
-		c.ServerID = fmt.Sprintf("%s:%d:%s", host, os.Getpid(), newID()[:8])
+		c.ServerID = fmt.Sprintf("%s:%d:%s", hostname(), os.Getpid(), newID()[:8])
 	}
 	return c, errors.Join(errs...)
 }
@@ -180,6 +179,10 @@ func (s *Server) Start(h Handler) error {
 		Owner:       s.cfg.ServerID,
 		Logger:      s.log,
 		Run:         s.run,
+		Info: broker.ServerInfo{
+			Host: hostname(), PID: os.Getpid(), Concurrency: s.cfg.Concurrency,
+			Queues: s.cfg.Queues, Strict: s.cfg.StrictPriority, StartedAt: time.Now(),
+		},
 	})
 	s.eng.Start()
 	s.state = 1
@@ -289,6 +292,14 @@ func (s *Server) safely(what string, f func()) {
 		}
 	}()
 	f()
+}
+
+func hostname() string {
+	h, err := os.Hostname()
+	if err != nil {
+		return "unknown"
+	}
+	return h
 }
 
 // PanicError is the error a recovered handler panic becomes. Its message

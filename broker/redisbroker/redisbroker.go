@@ -396,7 +396,7 @@ func (b *Broker) archiveUndecodable(ctx context.Context, k keys, id string, rec 
 	tok, _ := codec.Token(rec)
 	now := time.Now().UnixMilli()
 	_ = b.s.settle.Run(ctx, b.rdb, b.settleKeys(k),
-		k.channel, k.part, k.k("u:"), "a", id, tok, "", now, "tide: undecodable task record: "+derr.Error()).Err()
+		k.channel, k.part, k.k("u:"), today(), "a", id, tok, "", now, "tide: undecodable task record: "+derr.Error()).Err()
 }
 
 func (b *Broker) settleKeys(k keys) []string {
@@ -454,8 +454,8 @@ func (b *Broker) Settle(ctx context.Context, ss []broker.Settlement) ([]error, e
 	groups := groupBy(b, ss, func(s broker.Settlement) (string, string) { return s.Lease.Queue, s.Lease.ID })
 	calls := make([]*call, len(groups))
 	for gi, g := range groups {
-		args := make([]any, 0, 3+6*len(g.idx))
-		args = append(args, g.k.channel, g.k.part, g.k.k("u:"))
+		args := make([]any, 0, 4+6*len(g.idx))
+		args = append(args, g.k.channel, g.k.part, g.k.k("u:"), today())
 		for _, i := range g.idx {
 			s := ss[i]
 			at := s.At
@@ -515,7 +515,7 @@ func (b *Broker) Maintain(ctx context.Context, req broker.MaintainRequest) (brok
 	ttl := max(req.OwnerTTL.Milliseconds(), 1)
 	res, err := b.s.maintain.Run(ctx, b.rdb,
 		[]string{k.k("owner"), k.k("t"), k.k("pending"), k.k("active"), k.k("scheduled"), k.k("retry"), k.k("archived"), k.k("completed"), k.k("result")},
-		req.Owner, ttl, req.Now.UnixMilli(), k.channel, k.part, k.k("u:"), b.maxArchived, b.archiveTTL.Milliseconds(), maintainLimit,
+		req.Owner, ttl, req.Now.UnixMilli(), k.channel, k.part, k.k("u:"), b.maxArchived, b.archiveTTL.Milliseconds(), maintainLimit, today(),
 	).Int64Slice()
 	if err != nil {
 		return broker.MaintainResult{}, fmt.Errorf("tide: redisbroker: maintain %s/%d: %w", req.Queue, req.Partition, err)
@@ -665,12 +665,17 @@ func (b *Broker) Subscribe(ctx context.Context, queues []string) (<-chan broker.
 	return out, nil
 }
 
-// parseEvent reads "p<partition>" or "s<partition>:<ms>".
+// today is the UTC day the day counters are kept under.
+func today() string { return time.Now().UTC().Format(time.DateOnly) }
+
+// parseEvent reads "p<partition>", "s<partition>:<ms>" or "c<task ID>".
 func parseEvent(queue, s string) (broker.Event, bool) {
 	if queue == "" || len(s) < 2 {
 		return broker.Event{}, false
 	}
 	switch s[0] {
+	case 'c':
+		return broker.Event{Kind: broker.EventCancel, Queue: queue, ID: s[1:]}, true
 	case 'p':
 		p, err := strconv.Atoi(s[1:])
 		if err != nil {

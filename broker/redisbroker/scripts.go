@@ -13,7 +13,7 @@ var scriptFS embed.FS
 
 // scripts holds every state-changing script, each prefixed with lib.lua.
 type scripts struct {
-	enqueue, dequeue, extend, settle, setResult, delete, maintain *redis.Script
+	enqueue, dequeue, extend, settle, setResult, delete, maintain, admin *redis.Script
 }
 
 func loadScripts() *scripts {
@@ -27,6 +27,7 @@ func loadScripts() *scripts {
 		setResult: s("setresult.lua"),
 		delete:    s("delete.lua"),
 		maintain:  s("maintain.lua"),
+		admin:     s("admin.lua"),
 	}
 }
 

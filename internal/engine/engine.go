@@ -33,7 +33,14 @@ type Config struct {
 	Owner       string        // unique server ID
 	Logger      *slog.Logger
 	Run         RunFunc
+	// Info describes the server in the broker's server registry (when the
+	// broker implements broker.Admin); Active is filled in by the engine.
+	Info broker.ServerInfo
 }
+
+// ErrCanceled is the cause of the context cancellation a handler sees when an
+// operator cancelled its task; the task is archived with this error.
+var ErrCanceled = errors.New("tide: task cancelled by an operator")
 
 // ErrShutdown is the cause of the context cancellation a handler sees when the
 // server's shutdown grace period ran out; such tasks are requeued.
@@ -45,6 +52,7 @@ type Engine struct {
 	proc       *processor
 	notifier   *notifier
 	maintainer []*maintainer
+	heartbeat  *heartbeat
 	log        *slog.Logger
 }
 
@@ -65,7 +73,8 @@ func New(cfg Config) *Engine {
 			byQP[q] = append(byQP[q], m)
 		}
 	}
-	e.notifier = newNotifier(cfg, names, e.proc.wake, func(ev broker.Event) {
+	e.heartbeat = newHeartbeat(cfg, e.proc.snapshot)
+	e.notifier = newNotifier(cfg, names, e.proc.wake, e.proc.cancelTask, func(ev broker.Event) {
 		ms := byQP[ev.Queue]
 		if ev.Partition >= 0 && ev.Partition < len(ms) {
 			ms[ev.Partition].hint(ev.At)
@@ -85,6 +94,7 @@ func (e *Engine) Start() {
 	}
 	e.notifier.start()
 	e.proc.start()
+	e.heartbeat.start()
 }
 
 // Stop stops fetching, lets in-flight tasks finish within the shutdown grace
@@ -92,6 +102,7 @@ func (e *Engine) Start() {
 // services. It returns when no goroutine of the engine is left.
 func (e *Engine) Stop() {
 	e.proc.stop()
+	e.heartbeat.stop()
 	e.notifier.stop()
 	for _, m := range e.maintainer {
 		m.stop()

@@ -18,23 +18,24 @@ type notifier struct {
 	log       *slog.Logger
 	queues    []string
 	wake      func()
+	cancel    func(queue, id string)
 	scheduled func(broker.Event)
 	pokeAll   func()
 
-	ctx    context.Context
-	cancel context.CancelFunc
-	g      group
+	ctx       context.Context
+	cancelCtx context.CancelFunc
+	g         group
 }
 
-func newNotifier(cfg Config, queues []string, wake func(), scheduled func(broker.Event), pokeAll func()) *notifier {
+func newNotifier(cfg Config, queues []string, wake func(), cancelTask func(queue, id string), scheduled func(broker.Event), pokeAll func()) *notifier {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &notifier{cfg: cfg, log: cfg.Logger, queues: queues, wake: wake, scheduled: scheduled, pokeAll: pokeAll, ctx: ctx, cancel: cancel}
+	return &notifier{cfg: cfg, log: cfg.Logger, queues: queues, wake: wake, cancel: cancelTask, scheduled: scheduled, pokeAll: pokeAll, ctx: ctx, cancelCtx: cancel}
 }
 
 func (n *notifier) start() { n.g.Go(n.loop) }
 
 func (n *notifier) stop() {
-	n.cancel()
+	n.cancelCtx()
 	n.g.Wait()
 }
 
@@ -66,6 +67,8 @@ func (n *notifier) loop() {
 				n.wake()
 			case broker.EventScheduled:
 				n.scheduled(ev)
+			case broker.EventCancel:
+				n.cancel(ev.Queue, ev.ID)
 			}
 		}
 		if time.Since(start) > time.Minute {

@@ -50,6 +50,8 @@ type processor struct {
 type inflight struct {
 	cancel   context.CancelCauseFunc
 	extended time.Time // last time the lease was known good
+	typ      string
+	started  time.Time
 }
 
 func newProcessor(cfg Config) *processor {
@@ -98,6 +100,28 @@ func (p *processor) start() {
 	p.fetcher.Go(p.fetchLoop)
 	p.background.Go(p.ackLoop)
 	p.background.Go(p.keepLoop)
+}
+
+// cancelTask cancels the handler running queue/id, if this server runs it.
+func (p *processor) cancelTask(queue, id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for ref, f := range p.active {
+		if ref.Queue == queue && ref.ID == id {
+			f.cancel(ErrCanceled)
+		}
+	}
+}
+
+// snapshot lists the tasks being processed.
+func (p *processor) snapshot() []broker.ActiveTask {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]broker.ActiveTask, 0, len(p.active))
+	for ref, f := range p.active {
+		out = append(out, broker.ActiveTask{Queue: ref.Queue, ID: ref.ID, Type: f.typ, StartedAt: f.started})
+	}
+	return out
 }
 
 func (p *processor) activeCount() int {
@@ -186,7 +210,7 @@ func (p *processor) fetchLoop() {
 			ref := broker.LeaseRef{Queue: d.Message.Queue, ID: d.Message.ID, Token: d.Token}
 			ctx, cancel := context.WithCancelCause(p.hardCtx)
 			p.mu.Lock()
-			p.active[ref] = &inflight{cancel: cancel, extended: now}
+			p.active[ref] = &inflight{cancel: cancel, extended: now, typ: d.Message.Type, started: now}
 			p.mu.Unlock()
 			p.workers.Go(func() { p.work(ctx, cancel, ref, d) })
 		}
@@ -215,6 +239,10 @@ func (p *processor) work(ctx context.Context, cancel context.CancelCauseFunc, re
 	}
 	if errors.Is(cause, ErrShutdown) && s.Outcome != broker.OutcomeDone {
 		s.Outcome = broker.OutcomeRequeue
+	}
+	if errors.Is(cause, ErrCanceled) && s.Outcome != broker.OutcomeDone {
+		s.Outcome, s.Err = broker.OutcomeArchive, ErrCanceled.Error()
+		p.log.Info("tide: task cancelled by an operator; archived", "queue", ref.Queue, "id", ref.ID, "type", d.Message.Type)
 	}
 	s.Lease = ref
 	s.Message = d.Message

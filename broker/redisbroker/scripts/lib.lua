@@ -70,3 +70,25 @@ local function earliest(sched, retry)
   end
   return best
 end
+
+-- count_day adds to the partition's day counters <base>stat:p:<day> and
+-- <base>stat:f:<day>, which expire after 90 days. tkey is the records key,
+-- "<base>t", from which the base is taken.
+local function count_day(tkey, day, processed, failed)
+  local base = string.sub(tkey, 1, -2)
+  for name, n in pairs({p = processed, f = failed}) do
+    if n > 0 then
+      local k = base .. 'stat:' .. name .. ':' .. day
+      redis.call('INCRBY', k, n)
+      redis.call('EXPIRE', k, 7776000)
+    end
+  end
+end
+
+-- zset_of names the sorted set holding tasks in state st (nil for pending
+-- and active, which live elsewhere); keys are the admin scripts' KEYS.
+local function zset_of(st, keys)
+  if st == 3 then return keys[3] elseif st == 4 then return keys[4]
+  elseif st == 5 then return keys[5] elseif st == 6 then return keys[6] end
+  return nil
+end

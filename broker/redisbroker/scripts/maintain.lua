@@ -5,6 +5,7 @@
 -- ARGV[1] owner  ARGV[2] owner TTL ms  ARGV[3] now ms (caller's clock, for due times)
 -- ARGV[4] event channel  ARGV[5] partition  ARGV[6] unique-lock key prefix
 -- ARGV[7] max archived  ARGV[8] archive TTL ms  ARGV[9] per-step limit
+-- ARGV[10] today (UTC, YYYY-MM-DD): recovered tasks count as failed attempts
 -- Returns {owned, retry-in ms, pending, forwarded, recovered, next due ms or -1,
 --          next lease expiry in ms or -1}.
 -- When owned it forwards scheduled and retry tasks due by ARGV[3] to pending,
@@ -56,6 +57,8 @@ for _, id in ipairs(expired) do
     recovered = recovered + 1
   end
 end
+
+count_day(KEYS[2], ARGV[10], recovered, recovered)
 
 local function drop(z, ids)
   for _, id in ipairs(ids) do

@@ -1,0 +1,112 @@
+-- admin.lua: operator actions on tasks of one partition.
+-- KEYS[1] records hash  KEYS[2] pending list  KEYS[3] scheduled zset
+-- KEYS[4] retry zset    KEYS[5] archived zset KEYS[6] completed zset
+-- KEYS[7] results hash  KEYS[8] active zset
+-- ARGV[1] op: 'run' | 'archive' (one task) or 'runall' | 'archiveall' | 'deleteall'
+-- ARGV[2] task ID (one task) or state number (bulk)
+-- ARGV[3] limit (bulk)  ARGV[4] now ms  ARGV[5] event channel  ARGV[6] partition
+-- ARGV[7] unique-lock key prefix
+-- Returns, for one task: 1 done, 0 not found, -state when the task's state
+-- does not allow the action; for bulk: the number of tasks handled (at most
+-- the limit; call again until 0).
+-- 'run' makes a scheduled, retry or archived task pending at the front;
+-- 'archive' archives a pending, scheduled or retry task (its unique lock is
+-- released); 'deleteall' deletes tasks that are not active.
+local op, now = ARGV[1], tonumber(ARGV[4])
+local was_empty = redis.call('LLEN', KEYS[2]) == 0
+
+local function run(id, rec, st)
+  redis.call('ZREM', zset_of(st, KEYS), id)
+  redis.call('HSET', KEYS[1], id, rec_patch(rec, 1, nil, nil, now, nil, nil))
+  redis.call('RPUSH', KEYS[2], id)
+end
+
+-- archive moves a task to the archive; in_list says the caller removes a
+-- pending task from the list itself.
+local function archive(id, rec, st, in_list)
+  if st ~= 1 then redis.call('ZREM', zset_of(st, KEYS), id)
+  elseif not in_list then redis.call('LREM', KEYS[2], 1, id) end
+  release_uniq(rec, ARGV[7], id)
+  redis.call('HSET', KEYS[1], id, rec_patch(rec, 5, nil, nil, nil, now, nil))
+  redis.call('ZADD', KEYS[5], now, id)
+end
+
+local function remove(id, rec)
+  if rec_ok(rec) then release_uniq(rec, ARGV[7], id) end
+  redis.call('HDEL', KEYS[1], id)
+  redis.call('HDEL', KEYS[7], id)
+end
+
+local function done(n)
+  if was_empty and redis.call('LLEN', KEYS[2]) > 0 then
+    redis.call('PUBLISH', ARGV[5], 'p' .. ARGV[6])
+  end
+  return n
+end
+
+if op == 'run' or op == 'archive' then
+  local id = ARGV[2]
+  local rec = redis.call('HGET', KEYS[1], id)
+  if not rec then return 0 end
+  if not rec_ok(rec) then return -99 end
+  local st = rec_state(rec)
+  if op == 'run' then
+    if st ~= 3 and st ~= 4 and st ~= 5 then return -st end
+    run(id, rec, st)
+  else
+    if st ~= 1 and st ~= 3 and st ~= 4 then return -st end
+    archive(id, rec, st, false)
+  end
+  return done(1)
+end
+
+local st, limit = tonumber(ARGV[2]), tonumber(ARGV[3])
+local ids
+if st == 1 then
+  if op == 'runall' then return 0 end
+  -- Take the oldest (right-hand) end of the list and cut it off in one step.
+  local len = redis.call('LLEN', KEYS[2])
+  ids = redis.call('LRANGE', KEYS[2], math.max(len - limit, 0), -1)
+  if #ids >= len then
+    redis.call('DEL', KEYS[2]) -- LTRIM 0 -1 would keep everything
+  else
+    redis.call('LTRIM', KEYS[2], 0, len - #ids - 1)
+  end
+  local n = 0
+  for _, id in ipairs(ids) do
+    local rec = redis.call('HGET', KEYS[1], id)
+    if op == 'deleteall' then
+      if rec then remove(id, rec) end
+    elseif rec_ok(rec) then
+      archive(id, rec, 1, true)
+    elseif rec then
+      redis.call('HSET', KEYS[7], id, rec)
+      redis.call('HSET', KEYS[1], id, rec_corrupt(now, 'tide: undecodable task record; archived by an operator'))
+      redis.call('ZADD', KEYS[5], now, id)
+    end
+    n = n + 1
+  end
+  return n
+else
+  local z = zset_of(st, KEYS)
+  if not z then return 0 end
+  ids = redis.call('ZRANGE', z, 0, limit - 1)
+end
+local n = 0
+for _, id in ipairs(ids) do
+  local rec = redis.call('HGET', KEYS[1], id)
+  if op == 'deleteall' then
+    redis.call('ZREM', zset_of(st, KEYS), id)
+    if rec then remove(id, rec) end
+    n = n + 1
+  elseif rec_ok(rec) then
+    if op == 'runall' and (st == 3 or st == 4 or st == 5) then
+      run(id, rec, st)
+      n = n + 1
+    elseif op == 'archiveall' and (st == 3 or st == 4) then
+      archive(id, rec, st, false)
+      n = n + 1
+    end
+  end
+end
+return done(n)
