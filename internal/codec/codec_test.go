@@ -14,8 +14,8 @@ func sample() *broker.Message {
 	now := time.UnixMilli(1_790_000_000_123)
 	return &broker.Message{
 		ID: "id-1", Queue: "q", Type: "order:cancel", Payload: []byte{0, 1, 2, 0xff},
-		Headers:  map[string]string{"traceparent": "00-abc-def-01", "k": ""},
-		State:    broker.StateRetry, MaxRetry: 25, Retried: 3, LastErr: "boom\nstack",
+		Headers: map[string]string{"traceparent": "00-abc-def-01", "k": ""},
+		State:   broker.StateRetry, MaxRetry: 25, Retried: 3, LastErr: "boom\nstack",
 		ProcessAt: now.Add(time.Minute), EnqueuedAt: now, LastFailedAt: now.Add(time.Second),
 		CompletedAt: now.Add(2 * time.Second), Timeout: 30 * time.Second, Deadline: now.Add(time.Hour),
 		Retention: 24 * time.Hour, UniqueKey: "digest", UniqueTTL: time.Hour,
