@@ -36,6 +36,8 @@ type Config struct {
 	// Info describes the server in the broker's server registry (when the
 	// broker implements broker.Admin); Active is filled in by the engine.
 	Info broker.ServerInfo
+
+	health *health // shared by the services; set by New
 }
 
 // ErrCanceled is the cause of the context cancellation a handler sees when an
@@ -58,6 +60,7 @@ type Engine struct {
 
 // New builds an engine; Start runs it.
 func New(cfg Config) *Engine {
+	cfg.health = newHealth(cfg.Logger)
 	e := &Engine{cfg: cfg, log: cfg.Logger}
 	e.proc = newProcessor(cfg)
 	names := make([]string, 0, len(cfg.Queues))

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -70,7 +71,6 @@ func (m *maintainer) stop() {
 func (m *maintainer) loop() {
 	renew := m.ownerTTL / 3
 	bo := backoff{min: 100 * time.Millisecond, max: 5 * time.Second}
-	failing := false
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	var target time.Time // when the timer fires
@@ -100,19 +100,19 @@ func (m *maintainer) loop() {
 		})
 		cancel()
 		if err != nil {
-			if !failing {
-				m.log.Error("tide: queue maintenance failed; retrying with back-off", "queue", m.queue, "partition", m.partition, "err", err)
-				failing = true
+			if errors.Is(err, context.DeadlineExceeded) || isTransport(err) {
+				m.cfg.health.fail("maintenance", err)
+			} else {
+				// Not a connectivity problem (a misconfiguration such as a
+				// partition-count mismatch): say so every time.
+				m.log.Error("tide: queue maintenance failed", "queue", m.queue, "partition", m.partition, "err", err)
 			}
 			d := bo.next()
 			target = time.Now().Add(d)
 			resetTimer(timer, d)
 			continue
 		}
-		if failing {
-			m.log.Info("tide: queue maintenance recovered", "queue", m.queue, "partition", m.partition)
-			failing = false
-		}
+		m.cfg.health.ok()
 		bo.reset()
 		owned = res.Owned
 		if res.Pending > 0 {

@@ -48,7 +48,7 @@ func (n *notifier) loop() {
 			if n.ctx.Err() != nil {
 				return
 			}
-			n.log.Warn("tide: event subscription failed; falling back to polling until it works", "err", err)
+			n.cfg.health.fail("event subscription", err)
 			if !sleep(n.ctx.Done(), bo.next()) {
 				return
 			}

@@ -166,7 +166,6 @@ func (p *processor) stop() {
 func (p *processor) fetchLoop() {
 	r := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 	bo := backoff{min: 50 * time.Millisecond, max: 5 * time.Second}
-	failing := false
 	for {
 		select {
 		case <-p.fetchStop:
@@ -191,19 +190,13 @@ func (p *processor) fetchLoop() {
 			p.slots <- struct{}{}
 		}
 		if err != nil {
-			if !failing {
-				p.log.Error("tide: dequeue failed; retrying with back-off", "err", err)
-				failing = true
-			}
+			p.cfg.health.fail("dequeue", err)
 			if !sleep(p.fetchStop, bo.next()) {
 				return
 			}
 			continue
 		}
-		if failing {
-			p.log.Info("tide: dequeue recovered")
-			failing = false
-		}
+		p.cfg.health.ok()
 		bo.reset()
 		now := time.Now()
 		for _, d := range ds {
@@ -306,6 +299,7 @@ func (p *processor) settle(batch []broker.Settlement) {
 		errs, err := p.cfg.Broker.Settle(ctx, batch)
 		cancel()
 		if err == nil {
+			p.cfg.health.ok()
 			for i, e := range errs {
 				if e == nil {
 					continue
@@ -323,7 +317,7 @@ func (p *processor) settle(batch []broker.Settlement) {
 			p.log.Error("tide: could not write task outcomes before their leases ran out; the tasks return through lease recovery", "tasks", len(batch), "err", err)
 			return
 		}
-		p.log.Warn("tide: writing task outcomes failed; retrying", "tasks", len(batch), "err", err)
+		p.cfg.health.fail("acknowledge", err)
 		time.Sleep(bo.next())
 	}
 }
@@ -371,7 +365,9 @@ func (p *processor) keepLoop() {
 		}
 		p.mu.Unlock()
 		if err != nil {
-			p.log.Warn("tide: lease renewal failed", "tasks", len(refs), "err", err)
+			p.cfg.health.fail("lease renewal", err)
+		} else {
+			p.cfg.health.ok()
 		}
 	}
 }
