@@ -179,6 +179,7 @@ func (s *Server) Start(h Handler) error {
 		Owner:       s.cfg.ServerID,
 		Logger:      s.log,
 		Run:         s.run,
+		Now:         clockOf(s.b),
 		Info: broker.ServerInfo{
 			Host: hostname(), PID: os.Getpid(), Concurrency: s.cfg.Concurrency,
 			Queues: s.cfg.Queues, Strict: s.cfg.StrictPriority, StartedAt: time.Now(),

@@ -128,6 +128,9 @@ type Broker struct {
 
 	batch     batcher
 	closed    atomic.Bool
+	subsMu    sync.Mutex
+	subs      map[int]context.CancelFunc // open subscriptions, ended by Close
+	subSeq    int
 	known     sync.Map // queue name -> struct{}: registered in <prefix>:queues
 	nextStart atomic.Uint32
 }
@@ -203,9 +206,18 @@ func (b *Broker) Partitions(queue string) int {
 
 func (b *Broker) partOf(queue, id string) int { return broker.Partition(id, b.Partitions(queue)) }
 
-// Close implements broker.Broker. It does not close the Redis client.
+// Close implements broker.Broker: later calls fail with broker.ErrClosed and
+// open subscriptions end. It does not close the Redis client.
 func (b *Broker) Close() error {
-	b.closed.Store(true)
+	if b.closed.Swap(true) {
+		return broker.ErrClosed
+	}
+	b.subsMu.Lock()
+	defer b.subsMu.Unlock()
+	for _, cancel := range b.subs {
+		cancel()
+	}
+	b.subs = nil
 	return nil
 }
 
@@ -523,9 +535,11 @@ func (b *Broker) Maintain(ctx context.Context, req broker.MaintainRequest) (brok
 	if len(res) != 7 {
 		return broker.MaintainResult{}, fmt.Errorf("tide: redisbroker: maintain: unexpected reply of %d values", len(res))
 	}
+	// A refused claim in its last millisecond reports 0 left; round up so
+	// callers never spin.
 	out := broker.MaintainResult{
 		Owned:     res[0] == 1,
-		RetryIn:   time.Duration(max(res[1], 0)) * time.Millisecond,
+		RetryIn:   time.Duration(max(res[1], 1)) * time.Millisecond,
 		Pending:   int(res[2]),
 		Forwarded: int(res[3]),
 		Recovered: int(res[4]),
@@ -633,14 +647,36 @@ func (b *Broker) Subscribe(ctx context.Context, queues []string) (<-chan broker.
 		chans[i] = b.channel(q)
 		byChan[chans[i]] = q
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	b.subsMu.Lock()
+	if b.closed.Load() {
+		b.subsMu.Unlock()
+		cancel()
+		return nil, broker.ErrClosed
+	}
+	if b.subs == nil {
+		b.subs = map[int]context.CancelFunc{}
+	}
+	b.subSeq++
+	seq := b.subSeq
+	b.subs[seq] = cancel
+	b.subsMu.Unlock()
+	done := func() {
+		cancel()
+		b.subsMu.Lock()
+		delete(b.subs, seq)
+		b.subsMu.Unlock()
+	}
 	ps := b.rdb.Subscribe(ctx, chans...)
 	if _, err := ps.Receive(ctx); err != nil {
 		ps.Close()
+		done()
 		return nil, fmt.Errorf("tide: redisbroker: subscribe: %w", err)
 	}
 	out := make(chan broker.Event, 64)
 	go func() {
 		defer close(out)
+		defer done()
 		defer ps.Close()
 		in := ps.Channel()
 		for {

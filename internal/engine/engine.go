@@ -36,6 +36,9 @@ type Config struct {
 	// Info describes the server in the broker's server registry (when the
 	// broker implements broker.Admin); Active is filled in by the engine.
 	Info broker.ServerInfo
+	// Now is the clock due times are compared with (the broker's clock when
+	// it has one, e.g. a membroker with a fake clock). Default time.Now.
+	Now func() time.Time
 
 	health *health // shared by the services; set by New
 }
@@ -61,6 +64,9 @@ type Engine struct {
 // New builds an engine; Start runs it.
 func New(cfg Config) *Engine {
 	cfg.health = newHealth(cfg.Logger)
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	e := &Engine{cfg: cfg, log: cfg.Logger}
 	e.proc = newProcessor(cfg)
 	names := make([]string, 0, len(cfg.Queues))

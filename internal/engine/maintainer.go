@@ -93,7 +93,7 @@ func (m *maintainer) loop() {
 			}
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), brokerCallTimeout)
-		now := time.Now()
+		now := m.cfg.Now()
 		res, err := m.cfg.Broker.Maintain(ctx, broker.MaintainRequest{
 			Queue: m.queue, Partition: m.partition,
 			Owner: m.cfg.Owner, OwnerTTL: m.ownerTTL, Now: now,
@@ -121,7 +121,7 @@ func (m *maintainer) loop() {
 		wait := renew
 		if res.Owned {
 			if !res.NextDue.IsZero() {
-				wait = min(wait, max(time.Until(res.NextDue), 0))
+				wait = min(wait, max(res.NextDue.Sub(now), 0))
 			}
 			if res.NextLeaseIn > 0 {
 				// Recover just after the lease runs out.

@@ -1,0 +1,767 @@
+package membroker
+
+import (
+	"bytes"
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/tidequeue/tide/broker"
+)
+
+// Defaults of the options.
+const (
+	DefaultMaxArchived = 10000
+	DefaultArchiveTTL  = 90 * 24 * time.Hour
+)
+
+// leaseExpiredErr is the LastErr of a task recovered after its lease expired.
+const leaseExpiredErr = "tide: lease expired (worker died or stalled)"
+
+// eventBuffer is the capacity of a Subscribe channel; events beyond it are
+// dropped (they are hints).
+const eventBuffer = 64
+
+// Clock tells the time. The Broker asks it for every time decision.
+type Clock interface {
+	Now() time.Time
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+// Option configures a Broker.
+type Option func(*Broker)
+
+// WithClock makes the broker use c instead of the real clock. A nil c keeps
+// the real clock.
+func WithClock(c Clock) Option {
+	return func(b *Broker) {
+		if c != nil {
+			b.clock = c
+		}
+	}
+}
+
+// WithMaxArchived bounds how many archived tasks a queue keeps; Maintain
+// deletes the oldest beyond n. The default is DefaultMaxArchived; n <= 0
+// removes the bound.
+func WithMaxArchived(n int) Option {
+	return func(b *Broker) { b.maxArchived = n }
+}
+
+// WithArchiveTTL sets how long an archived task is kept; Maintain deletes
+// older ones. The default is DefaultArchiveTTL; d <= 0 keeps them regardless
+// of age.
+func WithArchiveTTL(d time.Duration) Option {
+	return func(b *Broker) { b.archiveTTL = d }
+}
+
+// Broker is an in-memory broker.Broker. Create it with New; it is safe for
+// concurrent use.
+type Broker struct {
+	clock       Clock
+	maxArchived int
+	archiveTTL  time.Duration
+
+	mu     sync.Mutex
+	closed bool
+	queues map[string]*queue
+	subs   map[*subscription]struct{}
+	seq    uint64 // orders heap entries with equal keys
+}
+
+var _ broker.Broker = (*Broker)(nil)
+
+// New returns an empty broker.
+func New(opts ...Option) *Broker {
+	b := &Broker{
+		clock:       realClock{},
+		maxArchived: DefaultMaxArchived,
+		archiveTTL:  DefaultArchiveTTL,
+		queues:      make(map[string]*queue),
+		subs:        make(map[*subscription]struct{}),
+	}
+	for _, o := range opts {
+		if o != nil {
+			o(b)
+		}
+	}
+	return b
+}
+
+// task is one stored message and its bookkeeping. A task is in exactly one
+// place besides the queue's map: the pending list or one of the heaps,
+// according to msg.State.
+type task struct {
+	msg   broker.Message // owned copy; msg.State is the task's state
+	token uint64         // deliveries so far; the current lease's token
+
+	// key orders the heap the task is in: ProcessAt (scheduled, retry), lease
+	// expiry (active), archive time (archived), removal time (completed).
+	key time.Time
+	seq uint64
+	idx int // index in that heap
+
+	prev, next *task // pending list
+}
+
+type uniqueLock struct {
+	id      string
+	expires time.Time
+}
+
+type queue struct {
+	tasks map[string]*task
+	locks map[string]uniqueLock
+
+	head, tail *task // pending FIFO
+	pending    int
+
+	sched     taskHeap // scheduled and retry, by ProcessAt
+	active    taskHeap // by lease expiry
+	archived  taskHeap // by archive time
+	completed taskHeap // by removal time
+
+	paused     bool
+	owner      string
+	ownerUntil time.Time
+
+	subs map[*subscription]struct{}
+}
+
+type subscription struct {
+	ch     chan broker.Event
+	queues []string
+	stop   func() bool
+	closed bool
+}
+
+// Now returns the time on the broker's clock (see WithClock). The root
+// package uses it, when present, to compute due times on the same clock.
+func (b *Broker) Now() time.Time { return b.clock.Now() }
+
+// ---- helpers that run with b.mu held ----
+
+func (b *Broker) queue(name string) *queue {
+	q := b.queues[name]
+	if q == nil {
+		q = &queue{
+			tasks: make(map[string]*task),
+			locks: make(map[string]uniqueLock),
+		}
+		b.queues[name] = q
+	}
+	return q
+}
+
+func (b *Broker) check(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if b.closed {
+		return broker.ErrClosed
+	}
+	return nil
+}
+
+func (b *Broker) emit(q *queue, ev broker.Event) {
+	for s := range q.subs {
+		select {
+		case s.ch <- ev:
+		default: // full: events are hints
+		}
+	}
+}
+
+// pushPending appends t (or prepends it when front) to the pending list.
+func (b *Broker) pushPending(qn string, q *queue, t *task, front bool) {
+	t.msg.State = broker.StatePending
+	t.prev, t.next = nil, nil
+	switch {
+	case q.head == nil:
+		q.head, q.tail = t, t
+	case front:
+		t.next = q.head
+		q.head.prev = t
+		q.head = t
+	default:
+		t.prev = q.tail
+		q.tail.next = t
+		q.tail = t
+	}
+	q.pending++
+	if q.pending == 1 && !q.paused {
+		b.emit(q, broker.Event{Kind: broker.EventPending, Queue: qn})
+	}
+}
+
+func (q *queue) unlinkPending(t *task) {
+	if t.prev != nil {
+		t.prev.next = t.next
+	} else {
+		q.head = t.next
+	}
+	if t.next != nil {
+		t.next.prev = t.prev
+	} else {
+		q.tail = t.prev
+	}
+	t.prev, t.next = nil, nil
+	q.pending--
+}
+
+// pushSched puts t into the scheduled/retry heap with state st.
+func (b *Broker) pushSched(qn string, q *queue, t *task, st broker.State) {
+	t.msg.State = st
+	earliest := len(q.sched) == 0 || t.msg.ProcessAt.Before(q.sched[0].key)
+	b.push(&q.sched, t, t.msg.ProcessAt)
+	if earliest {
+		b.emit(q, broker.Event{Kind: broker.EventScheduled, Queue: qn, At: t.msg.ProcessAt})
+	}
+}
+
+func (b *Broker) push(h *taskHeap, t *task, key time.Time) {
+	b.seq++
+	t.key, t.seq = key, b.seq
+	heap.Push(h, t)
+}
+
+// detach takes t out of whichever structure its state puts it in.
+func (q *queue) detach(t *task) {
+	switch t.msg.State {
+	case broker.StatePending:
+		q.unlinkPending(t)
+	case broker.StateScheduled, broker.StateRetry:
+		heap.Remove(&q.sched, t.idx)
+	case broker.StateActive:
+		heap.Remove(&q.active, t.idx)
+	case broker.StateArchived:
+		heap.Remove(&q.archived, t.idx)
+	case broker.StateCompleted:
+		heap.Remove(&q.completed, t.idx)
+	}
+}
+
+// releaseLock drops t's unique lock if t still holds it.
+func (q *queue) releaseLock(t *task) {
+	if k := t.msg.UniqueKey; k != "" {
+		if l, ok := q.locks[k]; ok && l.id == t.msg.ID {
+			delete(q.locks, k)
+		}
+	}
+}
+
+func (b *Broker) archive(q *queue, t *task, errMsg string, at, now time.Time) {
+	t.msg.LastErr = errMsg
+	t.msg.LastFailedAt = at
+	t.msg.State = broker.StateArchived
+	b.push(&q.archived, t, now)
+	q.releaseLock(t)
+}
+
+// leased returns the active task that ref names, or ErrLeaseLost.
+func (b *Broker) leased(ref broker.LeaseRef) (*queue, *task, error) {
+	q := b.queues[ref.Queue]
+	if q == nil {
+		return nil, nil, broker.ErrLeaseLost
+	}
+	t := q.tasks[ref.ID]
+	if t == nil || t.msg.State != broker.StateActive || t.token != ref.Token {
+		return nil, nil, broker.ErrLeaseLost
+	}
+	return q, t, nil
+}
+
+// ---- Broker methods ----
+
+// Enqueue implements broker.Broker.
+func (b *Broker) Enqueue(ctx context.Context, msgs []*broker.Message) ([]error, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.check(ctx); err != nil {
+		return nil, err
+	}
+	now := b.clock.Now()
+	errs := make([]error, len(msgs))
+	for i, m := range msgs {
+		errs[i] = b.enqueue(m, now)
+	}
+	return errs, nil
+}
+
+func (b *Broker) enqueue(m *broker.Message, now time.Time) error {
+	if err := validate(m); err != nil {
+		return err
+	}
+	q := b.queue(m.Queue)
+	if _, ok := q.tasks[m.ID]; ok {
+		return broker.ErrTaskIDConflict
+	}
+	if m.UniqueKey != "" {
+		if l, ok := q.locks[m.UniqueKey]; ok && now.Before(l.expires) {
+			return broker.ErrDuplicateTask
+		}
+	}
+	t := &task{msg: normalize(m), idx: -1}
+	t.msg.Result = nil
+	if t.msg.ProcessAt.IsZero() {
+		t.msg.ProcessAt = msTime(now)
+	}
+	if t.msg.EnqueuedAt.IsZero() {
+		t.msg.EnqueuedAt = msTime(now)
+	}
+	q.tasks[m.ID] = t
+	if m.UniqueKey != "" {
+		q.locks[m.UniqueKey] = uniqueLock{id: m.ID, expires: now.Add(t.msg.UniqueTTL)}
+	}
+	if m.State == broker.StateScheduled && t.msg.ProcessAt.After(now) {
+		b.pushSched(m.Queue, q, t, broker.StateScheduled)
+	} else {
+		b.pushPending(m.Queue, q, t, false)
+	}
+	return nil
+}
+
+func validate(m *broker.Message) error {
+	switch {
+	case m == nil:
+		return errors.New("membroker: nil message")
+	case m.ID == "":
+		return errors.New("membroker: message has an empty ID")
+	case m.Queue == "":
+		return fmt.Errorf("membroker: message %q has an empty queue name", m.ID)
+	case m.Type == "":
+		return fmt.Errorf("membroker: message %q has an empty type", m.ID)
+	case m.State != broker.StatePending && m.State != broker.StateScheduled:
+		return fmt.Errorf("membroker: message %q: enqueue state must be pending or scheduled, not %s", m.ID, m.State)
+	case m.State == broker.StateScheduled && m.ProcessAt.IsZero():
+		return fmt.Errorf("membroker: message %q: scheduled without ProcessAt", m.ID)
+	case m.MaxRetry < 0 || m.Retried < 0:
+		return fmt.Errorf("membroker: message %q: negative MaxRetry or Retried", m.ID)
+	case m.Timeout < 0 || m.Retention < 0 || m.UniqueTTL < 0:
+		return fmt.Errorf("membroker: message %q: negative Timeout, Retention or UniqueTTL", m.ID)
+	case m.UniqueKey != "" && m.UniqueTTL < time.Millisecond:
+		return fmt.Errorf("membroker: message %q: UniqueKey set without a UniqueTTL of at least 1ms", m.ID)
+	}
+	return nil
+}
+
+// Dequeue implements broker.Broker.
+func (b *Broker) Dequeue(ctx context.Context, queues []string, n int, lease time.Duration) ([]*broker.Delivery, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.check(ctx); err != nil {
+		return nil, err
+	}
+	if lease <= 0 {
+		return nil, fmt.Errorf("membroker: lease %v is not positive", lease)
+	}
+	for _, qn := range queues {
+		if qn == "" {
+			return nil, errors.New("membroker: empty queue name")
+		}
+	}
+	if n <= 0 {
+		return nil, nil
+	}
+	now := b.clock.Now()
+	var out []*broker.Delivery
+	for _, qn := range queues {
+		q := b.queues[qn]
+		if q == nil || q.paused {
+			continue
+		}
+		for q.head != nil && len(out) < n {
+			t := q.head
+			q.unlinkPending(t)
+			t.token++
+			t.msg.State = broker.StateActive
+			b.push(&q.active, t, now.Add(lease))
+			out = append(out, &broker.Delivery{Message: clone(&t.msg), Token: t.token, LeaseFor: lease})
+		}
+		if len(out) == n {
+			break
+		}
+	}
+	return out, nil
+}
+
+// Extend implements broker.Broker.
+func (b *Broker) Extend(ctx context.Context, leases []broker.LeaseRef, d time.Duration) ([]error, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.check(ctx); err != nil {
+		return nil, err
+	}
+	if d <= 0 {
+		return nil, fmt.Errorf("membroker: lease extension %v is not positive", d)
+	}
+	now := b.clock.Now()
+	errs := make([]error, len(leases))
+	for i, ref := range leases {
+		q, t, err := b.leased(ref)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		t.key = now.Add(d)
+		heap.Fix(&q.active, t.idx)
+	}
+	return errs, nil
+}
+
+// Settle implements broker.Broker.
+func (b *Broker) Settle(ctx context.Context, ss []broker.Settlement) ([]error, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.check(ctx); err != nil {
+		return nil, err
+	}
+	now := b.clock.Now()
+	errs := make([]error, len(ss))
+	for i := range ss {
+		errs[i] = b.settle(&ss[i], now)
+	}
+	return errs, nil
+}
+
+func (b *Broker) settle(s *broker.Settlement, now time.Time) error {
+	if s.Outcome < broker.OutcomeDone || s.Outcome > broker.OutcomeRequeue {
+		return fmt.Errorf("membroker: task %q: unknown outcome %d", s.Lease.ID, s.Outcome)
+	}
+	q, t, err := b.leased(s.Lease)
+	if err != nil {
+		return err
+	}
+	at := s.At
+	if at.IsZero() {
+		at = now
+	}
+	at = msTime(at)
+	heap.Remove(&q.active, t.idx)
+	switch s.Outcome {
+	case broker.OutcomeDone:
+		q.releaseLock(t)
+		if t.msg.Retention <= 0 {
+			delete(q.tasks, t.msg.ID)
+			return nil
+		}
+		t.msg.State = broker.StateCompleted
+		t.msg.CompletedAt = at
+		b.push(&q.completed, t, at.Add(t.msg.Retention))
+	case broker.OutcomeRetry:
+		retryAt := s.RetryAt
+		if retryAt.IsZero() {
+			retryAt = now
+		}
+		t.msg.Retried++
+		t.msg.LastErr = s.Err
+		t.msg.LastFailedAt = at
+		t.msg.ProcessAt = msTime(retryAt)
+		b.pushSched(s.Lease.Queue, q, t, broker.StateRetry)
+	case broker.OutcomeArchive:
+		b.archive(q, t, s.Err, at, now)
+	case broker.OutcomeRequeue:
+		b.pushPending(s.Lease.Queue, q, t, true)
+	}
+	return nil
+}
+
+// SetResult implements broker.Broker.
+func (b *Broker) SetResult(ctx context.Context, lease broker.LeaseRef, data []byte) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.check(ctx); err != nil {
+		return err
+	}
+	_, t, err := b.leased(lease)
+	if err != nil {
+		return err
+	}
+	t.msg.Result = bytes.Clone(data)
+	return nil
+}
+
+// Partitions implements broker.Broker: a membroker queue has one partition.
+func (b *Broker) Partitions(string) int { return 1 }
+
+// Maintain implements broker.Broker.
+func (b *Broker) Maintain(ctx context.Context, req broker.MaintainRequest) (broker.MaintainResult, error) {
+	var res broker.MaintainResult
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.check(ctx); err != nil {
+		return res, err
+	}
+	switch {
+	case req.Queue == "":
+		return res, errors.New("membroker: maintain: empty queue name")
+	case req.Partition != 0:
+		return res, fmt.Errorf("membroker: maintain: partition %d out of range (membroker has 1)", req.Partition)
+	case req.Owner == "":
+		return res, errors.New("membroker: maintain: empty owner")
+	case req.OwnerTTL <= 0:
+		return res, fmt.Errorf("membroker: maintain: owner TTL %v is not positive", req.OwnerTTL)
+	}
+	now := b.clock.Now()
+	due := req.Now
+	if due.IsZero() {
+		due = now
+	}
+	q := b.queue(req.Queue)
+	if q.owner != "" && q.owner != req.Owner && now.Before(q.ownerUntil) {
+		res.RetryIn = max(q.ownerUntil.Sub(now), time.Millisecond)
+		return res, nil
+	}
+	q.owner, q.ownerUntil = req.Owner, now.Add(req.OwnerTTL)
+	res.Owned = true
+
+	// Forward due scheduled and retry tasks, earliest first.
+	for len(q.sched) > 0 && !q.sched[0].key.After(due) {
+		t := heap.Pop(&q.sched).(*task)
+		b.pushPending(req.Queue, q, t, false)
+		res.Forwarded++
+	}
+	// Recover expired leases.
+	for len(q.active) > 0 && !q.active[0].key.After(now) {
+		t := heap.Pop(&q.active).(*task)
+		res.Recovered++
+		if t.msg.Retried < t.msg.MaxRetry {
+			t.msg.Retried++
+			t.msg.LastErr = leaseExpiredErr
+			t.msg.LastFailedAt = msTime(now)
+			t.msg.ProcessAt = msTime(now)
+			b.pushPending(req.Queue, q, t, false)
+		} else {
+			b.archive(q, t, leaseExpiredErr, msTime(now), now)
+		}
+	}
+	// Trim completed past retention and archived past count or age.
+	for len(q.completed) > 0 && !q.completed[0].key.After(now) {
+		t := heap.Pop(&q.completed).(*task)
+		delete(q.tasks, t.msg.ID)
+	}
+	for len(q.archived) > 0 && (b.maxArchived > 0 && len(q.archived) > b.maxArchived ||
+		b.archiveTTL > 0 && !q.archived[0].key.After(now.Add(-b.archiveTTL))) {
+		t := heap.Pop(&q.archived).(*task)
+		delete(q.tasks, t.msg.ID)
+	}
+
+	if len(q.sched) > 0 {
+		res.NextDue = q.sched[0].key
+	}
+	if len(q.active) > 0 {
+		res.NextLeaseIn = q.active[0].key.Sub(now)
+	}
+	res.Pending = q.pending
+	return res, nil
+}
+
+// Subscribe implements broker.Broker. The channel is buffered; events that
+// do not fit are dropped.
+func (b *Broker) Subscribe(ctx context.Context, queues []string) (<-chan broker.Event, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.check(ctx); err != nil {
+		return nil, err
+	}
+	if len(queues) == 0 {
+		return nil, errors.New("membroker: subscribe: no queues")
+	}
+	for _, qn := range queues {
+		if qn == "" {
+			return nil, errors.New("membroker: subscribe: empty queue name")
+		}
+	}
+	queues = slices.Clone(queues)
+	s := &subscription{ch: make(chan broker.Event, eventBuffer), queues: queues}
+	for _, qn := range queues {
+		q := b.queue(qn)
+		if q.subs == nil {
+			q.subs = make(map[*subscription]struct{})
+		}
+		q.subs[s] = struct{}{}
+	}
+	b.subs[s] = struct{}{}
+	s.stop = context.AfterFunc(ctx, func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		b.unsubscribe(s)
+	})
+	return s.ch, nil
+}
+
+func (b *Broker) unsubscribe(s *subscription) {
+	if s.closed {
+		return
+	}
+	s.closed = true
+	for _, qn := range s.queues {
+		if q := b.queues[qn]; q != nil {
+			delete(q.subs, s)
+		}
+	}
+	delete(b.subs, s)
+	close(s.ch)
+}
+
+// GetTask implements broker.Broker.
+func (b *Broker) GetTask(ctx context.Context, queue, id string) (*broker.Message, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.check(ctx); err != nil {
+		return nil, err
+	}
+	q := b.queues[queue]
+	if q == nil {
+		return nil, broker.ErrTaskNotFound
+	}
+	t := q.tasks[id]
+	if t == nil {
+		return nil, broker.ErrTaskNotFound
+	}
+	return clone(&t.msg), nil
+}
+
+// Delete implements broker.Broker.
+func (b *Broker) Delete(ctx context.Context, queue, id string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.check(ctx); err != nil {
+		return err
+	}
+	q := b.queues[queue]
+	if q == nil {
+		return broker.ErrTaskNotFound
+	}
+	t := q.tasks[id]
+	if t == nil {
+		return broker.ErrTaskNotFound
+	}
+	if t.msg.State == broker.StateActive {
+		return broker.ErrTaskActive
+	}
+	q.detach(t)
+	q.releaseLock(t)
+	delete(q.tasks, id)
+	return nil
+}
+
+// Pause implements broker.Broker.
+func (b *Broker) Pause(ctx context.Context, queue string) error {
+	return b.setPaused(ctx, queue, true)
+}
+
+// Unpause implements broker.Broker. It sends EventPending when tasks wait.
+func (b *Broker) Unpause(ctx context.Context, queue string) error {
+	return b.setPaused(ctx, queue, false)
+}
+
+func (b *Broker) setPaused(ctx context.Context, queue string, paused bool) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.check(ctx); err != nil {
+		return err
+	}
+	if queue == "" {
+		return errors.New("membroker: empty queue name")
+	}
+	q := b.queue(queue)
+	was := q.paused
+	q.paused = paused
+	if was && !paused && q.pending > 0 {
+		b.emit(q, broker.Event{Kind: broker.EventPending, Queue: queue})
+	}
+	return nil
+}
+
+// Close implements broker.Broker: it drops all tasks and closes every
+// Subscribe channel. Afterwards every method returns broker.ErrClosed.
+func (b *Broker) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return broker.ErrClosed
+	}
+	b.closed = true
+	for s := range b.subs {
+		s.stop()
+		b.unsubscribe(s)
+	}
+	b.queues = nil
+	return nil
+}
+
+// ---- copies ----
+
+// normalize returns a deep copy of m with times and durations truncated to
+// milliseconds.
+func normalize(m *broker.Message) broker.Message {
+	c := *clone(m)
+	c.ProcessAt = msTime(c.ProcessAt)
+	c.EnqueuedAt = msTime(c.EnqueuedAt)
+	c.LastFailedAt = msTime(c.LastFailedAt)
+	c.CompletedAt = msTime(c.CompletedAt)
+	c.Deadline = msTime(c.Deadline)
+	c.Timeout = c.Timeout.Truncate(time.Millisecond)
+	c.Retention = c.Retention.Truncate(time.Millisecond)
+	c.UniqueTTL = c.UniqueTTL.Truncate(time.Millisecond)
+	return c
+}
+
+// clone returns a deep copy of m.
+func clone(m *broker.Message) *broker.Message {
+	c := *m
+	c.Payload = bytes.Clone(m.Payload)
+	c.Headers = maps.Clone(m.Headers)
+	c.Result = bytes.Clone(m.Result)
+	return &c
+}
+
+// msTime truncates t to Unix milliseconds, dropping its monotonic reading and
+// location; the zero time stays zero.
+func msTime(t time.Time) time.Time {
+	if t.IsZero() {
+		return time.Time{}
+	}
+	return time.UnixMilli(t.UnixMilli())
+}
+
+// ---- heap ----
+
+// taskHeap is a min-heap of tasks by key, then by insertion order.
+type taskHeap []*task
+
+func (h taskHeap) Len() int { return len(h) }
+func (h taskHeap) Less(i, j int) bool {
+	if h[i].key.Equal(h[j].key) {
+		return h[i].seq < h[j].seq
+	}
+	return h[i].key.Before(h[j].key)
+}
+func (h taskHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].idx = i
+	h[j].idx = j
+}
+func (h *taskHeap) Push(x any) {
+	t := x.(*task)
+	t.idx = len(*h)
+	*h = append(*h, t)
+}
+func (h *taskHeap) Pop() any {
+	old := *h
+	n := len(old)
+	t := old[n-1]
+	old[n-1] = nil
+	t.idx = -1
+	*h = old[:n-1]
+	return t
+}
