@@ -93,6 +93,17 @@ func Run(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
 			tc.fn(t, newBroker(t))
 		})
 	}
+	for _, tc := range adminTests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := newBroker(t)
+			a, ok := b.(broker.Admin)
+			if !ok {
+				t.Skip("the broker does not implement broker.Admin")
+			}
+			tc.fn(t, b, a)
+		})
+	}
 }
 
 // ---- tests ----

@@ -75,6 +75,7 @@ type Broker struct {
 	queues map[string]*queue
 	subs   map[*subscription]struct{}
 	seq    uint64 // orders heap entries with equal keys
+	reg    map[string]*registryEntry // servers and schedulers, see registry
 }
 
 var _ broker.Broker = (*Broker)(nil)
@@ -132,6 +133,8 @@ type queue struct {
 	paused     bool
 	owner      string
 	ownerUntil time.Time
+
+	days map[string]*dayCount // UTC date -> counters, see count
 
 	subs map[*subscription]struct{}
 }
@@ -448,6 +451,12 @@ func (b *Broker) settle(s *broker.Settlement, now time.Time) error {
 	heap.Remove(&q.active, t.idx)
 	switch s.Outcome {
 	case broker.OutcomeDone:
+		q.count(now, 1, 0)
+	case broker.OutcomeRetry, broker.OutcomeArchive:
+		q.count(now, 1, 1)
+	}
+	switch s.Outcome {
+	case broker.OutcomeDone:
 		q.releaseLock(t)
 		if t.msg.Retention <= 0 {
 			delete(q.tasks, t.msg.ID)
@@ -533,6 +542,7 @@ func (b *Broker) Maintain(ctx context.Context, req broker.MaintainRequest) (brok
 	for len(q.active) > 0 && !q.active[0].key.After(now) {
 		t := heap.Pop(&q.active).(*task)
 		res.Recovered++
+		q.count(now, 1, 1)
 		if t.msg.Retried < t.msg.MaxRetry {
 			t.msg.Retried++
 			t.msg.LastErr = leaseExpiredErr
