@@ -74,6 +74,7 @@ const maxErrLen = 16 << 10
 // not restartable: after Shutdown, Start returns ErrServerClosed.
 type Server struct {
 	b      broker.Broker
+	now    func() time.Time // the broker's clock (see clockOf)
 	cfg    Config
 	cfgErr error
 	log    *slog.Logger
@@ -90,7 +91,7 @@ func NewServer(b broker.Broker, cfg Config) *Server {
 	if b == nil {
 		panic("tide: NewServer: nil broker")
 	}
-	s := &Server{b: b}
+	s := &Server{b: b, now: clockOf(b)}
 	s.cfg, s.cfgErr = cfg.withDefaults()
 	s.log = s.cfg.Logger
 	if s.log == nil {
@@ -179,7 +180,7 @@ func (s *Server) Start(h Handler) error {
 		Owner:       s.cfg.ServerID,
 		Logger:      s.log,
 		Run:         s.run,
-		Now:         clockOf(s.b),
+		Now:         s.now,
 		Info: broker.ServerInfo{
 			Host: hostname(), PID: os.Getpid(), Concurrency: s.cfg.Concurrency,
 			Queues: s.cfg.Queues, Strict: s.cfg.StrictPriority, StartedAt: time.Now(),
@@ -243,7 +244,7 @@ func (s *Server) run(ctx context.Context, d *broker.Delivery) broker.Settlement 
 		defer cancel()
 	}
 	err := s.call(ctx, t)
-	now := time.Now()
+	now := s.now()
 	if err == nil {
 		return broker.Settlement{Outcome: broker.OutcomeDone, At: now}
 	}
