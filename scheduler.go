@@ -1,0 +1,781 @@
+package tide
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/robfig/cron/v3"
+
+	"github.com/tidequeue/tide/broker"
+)
+
+// This file holds the Scheduler: cron-driven periodic tasks.
+//
+// How a tick becomes a task, and why it happens once:
+//
+//   - Every entry has an ID that is the same in every process that registers
+//     the same entry (a digest of its spec, time zone, task and options, or a
+//     name the user gives). The task of the tick at T gets the ID
+//     "cron:<entry ID>:<T in Unix ms>", so replicas that fire the same tick
+//     enqueue the same ID and the broker keeps one (ErrTaskIDConflict for the
+//     others, which the scheduler treats as success).
+//   - The ID is reserved only while the task exists, so every tick's task is
+//     kept as completed for a Retention of at least max(2×interval, 1 min),
+//     interval being the time to the entry's next tick. A scheduler enqueues
+//     tick T only while T is its latest tick, i.e. before the next one, so a
+//     late replica (or a restart that catches up) finds the ID still taken.
+//   - A single goroutine sleeps on a Go timer until the earliest tick of all
+//     entries and enqueues everything due in one broker call.
+
+// ErrSchedulerClosed is returned by Scheduler.Start, Run, Register and
+// RegisterEntry after Shutdown.
+var ErrSchedulerClosed = errors.New("tide: scheduler closed")
+
+// MisfirePolicy says what a Scheduler does with a tick it missed: one that
+// came while the scheduler was not running (before Start, during a restart,
+// while the process was suspended) or that could not be enqueued in time.
+// Whatever the policy, at most one missed tick per entry is enqueued: the
+// latest.
+type MisfirePolicy int
+
+const (
+	// MisfireDefault, the zero value, uses SchedulerOpts.Misfire in a
+	// CronEntry, and means MisfireSkip in SchedulerOpts.
+	MisfireDefault MisfirePolicy = iota
+	// MisfireSkip drops a tick that the scheduler reaches more than
+	// SchedulerOpts.MisfireGrace late. A tick reached within the grace still
+	// runs (a restart that takes a few seconds loses nothing).
+	MisfireSkip
+	// MisfireRunOnce enqueues the latest missed tick, however late, as soon
+	// as the scheduler gets to it; earlier missed ticks are dropped. At Start
+	// this is the latest tick before now (looking back at most a year),
+	// which is enqueued unless its task still exists, so a restart does not
+	// repeat a tick that ran, but an entry that never ran before also gets
+	// its latest past tick at its first Start.
+	MisfireRunOnce
+)
+
+// String returns "default", "skip", "run-once" or "MisfirePolicy(n)".
+func (p MisfirePolicy) String() string {
+	switch p {
+	case MisfireDefault:
+		return "default"
+	case MisfireSkip:
+		return "skip"
+	case MisfireRunOnce:
+		return "run-once"
+	}
+	return "MisfirePolicy(" + strconv.Itoa(int(p)) + ")"
+}
+
+// DefaultMisfireGrace is the default SchedulerOpts.MisfireGrace.
+const DefaultMisfireGrace = time.Minute
+
+const (
+	// cronMinRetention is the least Retention of a tick's task.
+	cronMinRetention = time.Minute
+	// cronLookback bounds how far back MisfireRunOnce looks for a missed tick.
+	cronLookback = 366 * 24 * time.Hour
+	// cronEnqueueTimeout bounds one enqueue call.
+	cronEnqueueTimeout = 5 * time.Second
+	// cronRetryMin and cronRetryMax bound the back-off between attempts to
+	// enqueue a tick after a broker error.
+	cronRetryMin, cronRetryMax = 100 * time.Millisecond, 30 * time.Second
+	// cronHeartbeat is how often entries are published to a broker.Admin,
+	// and cronEntryTTL how long a publication lasts.
+	cronHeartbeat, cronEntryTTL = 5 * time.Second, 15 * time.Second
+	// maxEntryIDLength leaves room in a task ID for "cron:", ":" and the tick.
+	maxEntryIDLength = MaxIDLength - 32
+)
+
+// SchedulerOpts configures a Scheduler. The zero value (or nil) is valid:
+// every field has a documented default.
+type SchedulerOpts struct {
+	// Location is the time zone of cron specs without a CRON_TZ= or TZ=
+	// prefix. Default time.UTC, so that replicas on machines with different
+	// local zones agree on the ticks. (@every is not affected: see Register.)
+	Location *time.Location
+
+	// Misfire is the policy of entries that do not choose one (every entry
+	// added with Register). Default MisfireSkip.
+	Misfire MisfirePolicy
+
+	// MisfireGrace is how late a tick may be reached and still run under
+	// MisfireSkip. Default DefaultMisfireGrace (1 minute); must not be
+	// negative.
+	MisfireGrace time.Duration
+
+	// Logger receives the scheduler's logs. Default slog.Default(). A tick
+	// another replica enqueued first is logged at debug level only.
+	Logger *slog.Logger
+
+	// EnqueueErrorHandler, when set, is called after each failed attempt to
+	// enqueue a tick's task, with a copy of the task, the options of that
+	// attempt (the entry's options followed by the TaskID and Retention the
+	// scheduler adds, so Client.Enqueue(ctx, t, opts...) repeats it
+	// faithfully) and the error. It is not called for ErrTaskIDConflict (the
+	// tick was already enqueued) nor ErrDuplicateTask (a Unique entry whose
+	// previous task is unfinished). It is called from the scheduler's
+	// goroutine, which waits for it; a panic in it is logged and dropped.
+	EnqueueErrorHandler func(t *Task, opts []Option, err error)
+
+	// SchedulerID names this scheduler in logs and in the entries it
+	// publishes for the CLI (when the broker implements broker.Admin).
+	// Default: host name, process ID and a random suffix.
+	SchedulerID string
+}
+
+// CronEntry is a periodic task for Scheduler.RegisterEntry: Register with
+// a name and a misfire policy of its own.
+type CronEntry struct {
+	// Spec is the schedule; see Scheduler.Register.
+	Spec string
+	// Task is enqueued at every tick. The scheduler keeps a copy: changing
+	// the task after registering has no effect.
+	Task *Task
+	// Options apply to every tick's task, over the task's own options.
+	Options []Option
+	// Misfire is the entry's policy; MisfireDefault uses SchedulerOpts.Misfire.
+	Misfire MisfirePolicy
+	// ID names the entry; tick tasks get the ID "cron:<ID>:<tick in Unix ms>".
+	// It must be the same in every replica and unique among the entries of
+	// the queue. Default: a digest of the spec, time zone, task type,
+	// payload, headers and options (16 hexadecimal digits). An ID is 1
+	// to 224 bytes of ASCII letters, digits and . _ - :
+	ID string
+}
+
+// Scheduler enqueues tasks on cron schedules. Several schedulers (one per
+// replica, for availability) may run the same entries on the same broker:
+// each tick is still enqueued once, because the tick's task has an ID
+// derived from the entry and the tick time, which the broker accepts only
+// once.
+//
+// # Exactly once
+//
+// A tick's task ID stays taken while the task exists: waiting, running,
+// retrying or archived, and after success for its Retention, which the
+// scheduler raises to at least max(2×interval, 1 minute), interval being
+// the time from the tick to the entry's next tick (a larger Retention given
+// by the task or its options is kept). A scheduler enqueues a tick only
+// while it is the entry's latest tick on its clock, that is before the next
+// tick, so every attempt of every replica, a MisfireRunOnce catch-up after a
+// restart included, finds the ID still taken as long as:
+//
+//   - the replicas' clocks differ by less than Retention − interval (at
+//     least 30 seconds), and no replica stalls that long between reading
+//     its clock and reaching the broker;
+//   - the task is not removed early: deleted with Client.Delete or the
+//     Inspector, an archived task trimmed by the broker's archive limits, or
+//     data lost by the store (a Redis failover that drops acknowledged
+//     writes, FLUSHALL);
+//   - the replicas register the same entry: the same spec text, time zone
+//     (and time-zone data), task and options (or the same CronEntry.ID).
+//
+// Outside these conditions a tick may be enqueued again, but at most once
+// by each Scheduler value (a process that restarts is a new one). Processing stays at least once, as for every task: a
+// handler may see a tick's task again if a worker dies mid-task.
+//
+// A tick is enqueued at least once when at least one scheduler runs it in
+// time (see MisfirePolicy) and the broker accepts an enqueue before the tick
+// is dropped: after a broker error the scheduler retries with back-off
+// (100 ms doubling up to 30 s) until the grace passes (MisfireSkip) or the
+// next tick comes (MisfireRunOnce).
+//
+// # Identifying ticks
+//
+// A handler learns the tick from its task ID (GetTaskID): "cron:<entry
+// ID>:<tick in Unix milliseconds>". Tasks are due at once when enqueued.
+//
+// A Scheduler is safe for concurrent use. Entries may be registered before
+// or after Start. It is not restartable: after Shutdown, Start returns
+// ErrSchedulerClosed. A scheduler needs no server: tasks are processed by
+// the Servers of their queues.
+type Scheduler struct {
+	b       broker.Broker
+	c       *Client
+	opts    SchedulerOpts
+	optsErr error
+	log     *slog.Logger
+	now     func() time.Time
+
+	mu      sync.Mutex
+	state   int // 0 new, 1 running, 2 closed
+	entries []*cronEntry
+	byID    map[string]*cronEntry
+	stop    chan struct{}
+	wake    chan struct{} // the loop: an entry was added
+	beat    chan struct{} // the heartbeat: an entry was added
+	wg      sync.WaitGroup
+}
+
+// NewScheduler returns a scheduler that enqueues into b. opts may be nil.
+// Invalid opts are reported by Start with an error wrapping
+// ErrInvalidConfig. The scheduler does not own b: Shutdown leaves it open.
+// NewScheduler panics if b is nil.
+func NewScheduler(b broker.Broker, opts *SchedulerOpts) *Scheduler {
+	if b == nil {
+		panic("tide: NewScheduler: nil broker")
+	}
+	s := &Scheduler{
+		b:    b,
+		c:    NewClient(b),
+		now:  time.Now,
+		byID: make(map[string]*cronEntry),
+		wake: make(chan struct{}, 1),
+		beat: make(chan struct{}, 1),
+	}
+	if opts != nil {
+		s.opts = *opts
+	}
+	s.opts, s.optsErr = s.opts.withDefaults()
+	s.log = s.opts.Logger
+	return s
+}
+
+func (o SchedulerOpts) withDefaults() (SchedulerOpts, error) {
+	var errs []error
+	if o.Location == nil {
+		o.Location = time.UTC
+	}
+	switch o.Misfire {
+	case MisfireDefault:
+		o.Misfire = MisfireSkip
+	case MisfireSkip, MisfireRunOnce:
+	default:
+		errs = append(errs, fmt.Errorf("%w: SchedulerOpts.Misfire %v is not a policy", ErrInvalidConfig, o.Misfire))
+		o.Misfire = MisfireSkip
+	}
+	switch {
+	case o.MisfireGrace == 0:
+		o.MisfireGrace = DefaultMisfireGrace
+	case o.MisfireGrace < 0:
+		errs = append(errs, fmt.Errorf("%w: SchedulerOpts.MisfireGrace %v is negative", ErrInvalidConfig, o.MisfireGrace))
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.SchedulerID == "" {
+		host, _ := os.Hostname()
+		o.SchedulerID = fmt.Sprintf("%s:%d:%s", host, os.Getpid(), newID()[:8])
+	}
+	return o, errors.Join(errs...)
+}
+
+// Register adds a periodic task: t, with opts over its own options, is
+// enqueued at every tick of cronspec, under SchedulerOpts.Misfire. It
+// returns the entry's ID, which is the same in every process that registers
+// the same spec, time zone, task (type, payload, headers) and options, and
+// appears in the ID of every tick's task; see Scheduler for the guarantee.
+//
+// cronspec is one of
+//
+//   - a crontab line with 5 fields (minute hour day-of-month month
+//     day-of-week) or 6, seconds first: "30 9 * * MON-FRI",
+//     "*/10 * * * * *";
+//   - a descriptor: @yearly (@annually), @monthly, @weekly, @daily
+//     (@midnight), @hourly;
+//   - "@every <duration>", a whole number of seconds of at least 1s
+//     ("@every 90s", "@every 1h30m"). Its ticks are the multiples of the
+//     duration since the Unix epoch, not counted from Start, so that every
+//     replica has the same ticks: "@every 1h" fires on the hour (UTC),
+//     "@every 10s" at :00, :10, ... of each minute.
+//
+// Crontab lines and descriptors are read in SchedulerOpts.Location unless
+// they start with "CRON_TZ=<zone> " or "TZ=<zone> " (an IANA name such as
+// "CRON_TZ=Europe/Berlin 0 9 * * *"); daylight-saving gaps and repeats
+// follow robfig/cron. The scheduler sets each task's ID and keeps it for a
+// while after success (see Scheduler), so TaskID, ProcessAt and ProcessIn
+// are refused. Unique works (a tick is skipped while the previous tick's
+// task is unfinished) on queues with one partition.
+//
+// Register returns an error naming the spec for a spec that does not parse
+// or never fires, an error wrapping ErrInvalidTask for a task Enqueue would
+// refuse (nil, empty type, over-size payload, bad option), an error for an
+// entry already registered with this scheduler, and ErrSchedulerClosed after
+// Shutdown. It may be called before or after Start, from any goroutine; an
+// entry added while the scheduler runs is considered at once, as at Start.
+func (s *Scheduler) Register(cronspec string, t *Task, opts ...Option) (entryID string, err error) {
+	return s.RegisterEntry(CronEntry{Spec: cronspec, Task: t, Options: opts})
+}
+
+// RegisterEntry is Register with a name and a misfire policy for the entry;
+// see CronEntry. It returns the entry's ID (e.ID when given).
+func (s *Scheduler) RegisterEntry(e CronEntry) (string, error) {
+	if e.Task == nil {
+		return "", fmt.Errorf("%w: nil task", ErrInvalidTask)
+	}
+	ce, err := s.newEntry(e)
+	if err != nil {
+		return "", err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state == 2 {
+		return "", ErrSchedulerClosed
+	}
+	if old, ok := s.byID[ce.id]; ok {
+		return "", fmt.Errorf("tide: scheduler entry %s is already registered (spec %q, task %s on queue %s)", ce.id, old.spec, old.task.typ, old.queue)
+	}
+	s.byID[ce.id] = ce
+	s.entries = append(s.entries, ce)
+	if s.state == 1 {
+		nudge(s.wake)
+		nudge(s.beat)
+	}
+	return ce.id, nil
+}
+
+// newEntry validates e and builds the entry.
+func (s *Scheduler) newEntry(e CronEntry) (*cronEntry, error) {
+	sched, locName, err := parseCronSpec(e.Spec, s.opts.Location)
+	if err != nil {
+		return nil, err
+	}
+	if first := sched.next(s.now()); first.IsZero() {
+		return nil, fmt.Errorf("tide: invalid cron spec %q: it never fires (no time matches within five years)", e.Spec)
+	}
+	misfire := e.Misfire
+	switch misfire {
+	case MisfireDefault:
+		misfire = s.opts.Misfire
+	case MisfireSkip, MisfireRunOnce:
+	default:
+		return nil, fmt.Errorf("tide: cron entry %q: invalid misfire policy %v", e.Spec, e.Misfire)
+	}
+	t := &Task{
+		typ:     e.Task.typ,
+		payload: slices.Clone(e.Task.payload),
+		headers: maps.Clone(e.Task.headers),
+		opts:    slices.Clone(e.Task.opts),
+	}
+	opts := slices.Clone(e.Options)
+	o := enqueueOptions{queue: DefaultQueue, maxRetry: DefaultMaxRetry}
+	for _, list := range [][]Option{t.opts, opts} {
+		for _, opt := range list {
+			if opt == nil {
+				return nil, fmt.Errorf("%w: nil Option", ErrInvalidTask)
+			}
+			if err := opt.apply(&o); err != nil {
+				if errors.Is(err, ErrInvalidTask) {
+					return nil, err
+				}
+				return nil, fmt.Errorf("%w: %v", ErrInvalidTask, err)
+			}
+		}
+	}
+	switch {
+	case o.id != "":
+		return nil, fmt.Errorf("%w: TaskID(%q) on a cron entry: the scheduler gives every tick's task its own ID (name the entry with CronEntry.ID instead)", ErrInvalidTask, o.id)
+	case o.hasIn || !o.processAt.IsZero():
+		return nil, fmt.Errorf("%w: ProcessIn/ProcessAt on a cron entry: a tick's task is due at the tick", ErrInvalidTask)
+	}
+	id := e.ID
+	if id == "" {
+		id = cronEntryID(e.Spec, locName, t, &o)
+	} else if err := validateEntryID(id); err != nil {
+		return nil, err
+	}
+	// Build one message as a tick would, so that whatever Enqueue would
+	// refuse (empty type, over-size payload, Unique with TaskID on a
+	// partitioned queue, ...) is refused now.
+	if _, err := s.c.message(t, append(slices.Clone(opts), TaskID(cronTaskID(id, time.Now())))); err != nil {
+		return nil, err
+	}
+	return &cronEntry{
+		id:        id,
+		spec:      e.Spec,
+		sched:     sched,
+		task:      t,
+		opts:      opts,
+		queue:     o.queue,
+		retention: o.retention,
+		misfire:   misfire,
+	}, nil
+}
+
+// Start starts enqueueing ticks and returns at once. It returns an error
+// wrapping ErrInvalidConfig for bad SchedulerOpts, ErrSchedulerClosed after
+// Shutdown, and an error when the scheduler is already running.
+//
+// At Start every entry is considered as if the scheduler had been down
+// until now: see MisfirePolicy. When the broker implements broker.Admin the
+// scheduler also publishes its entries (for the CLI) every 5 seconds; a
+// failure to publish is logged and does not stop the scheduler.
+func (s *Scheduler) Start() error {
+	if s.optsErr != nil {
+		return s.optsErr
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch s.state {
+	case 1:
+		return errors.New("tide: scheduler already started")
+	case 2:
+		return ErrSchedulerClosed
+	}
+	s.state = 1
+	s.stop = make(chan struct{})
+	s.wg.Add(1)
+	go s.loop()
+	if adm, ok := s.b.(broker.Admin); ok {
+		s.wg.Add(1)
+		go s.heartbeat(adm)
+	} else {
+		s.log.Debug("tide: broker does not implement broker.Admin; scheduler entries are not published", "scheduler", s.opts.SchedulerID)
+	}
+	s.log.Info("tide: scheduler started", "scheduler", s.opts.SchedulerID, "entries", len(s.entries))
+	return nil
+}
+
+// Run starts the scheduler, waits for SIGINT or SIGTERM, then shuts it
+// down. It returns nil after a signal, or Start's error.
+func (s *Scheduler) Run() error {
+	if err := s.Start(); err != nil {
+		return err
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sig)
+	got := <-sig
+	s.log.Info("tide: signal received; stopping scheduler", "signal", got.String())
+	s.Shutdown()
+	return nil
+}
+
+// Shutdown stops the scheduler and returns when its goroutines have
+// exited. An enqueue in flight is allowed to finish (it is bounded by a
+// 5-second timeout), and so is a call of EnqueueErrorHandler. Ticks that
+// come later are left to the other replicas, if any. Shutdown is idempotent
+// and safe to call from any goroutine, also on a scheduler that never
+// started.
+func (s *Scheduler) Shutdown() {
+	s.mu.Lock()
+	was := s.state
+	s.state = 2
+	if was == 1 {
+		close(s.stop)
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	if was == 1 {
+		s.log.Info("tide: scheduler stopped", "scheduler", s.opts.SchedulerID)
+	}
+}
+
+func nudge(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// cronEntry is a registered entry and its place in time. Fields below the
+// line are guarded by Scheduler.mu.
+type cronEntry struct {
+	id, spec  string
+	sched     cronSchedule
+	task      *Task    // private copy
+	opts      []Option // private copy
+	queue     string
+	retention time.Duration // the task's own, before the floor
+	misfire   MisfirePolicy
+
+	started bool
+	latest  time.Time // latest tick at or before the last plan; zero when none
+	next    time.Time // first tick after the last plan; zero when none
+	last    time.Time // latest tick enqueued (or found enqueued)
+	wake    time.Time // when to plan again; zero: never
+	failing time.Time // tick whose enqueue failed and is being retried
+	attempt int       // failed attempts at enqueueing failing
+}
+
+// plan advances e to now and reports the tick to enqueue, if any: the
+// latest tick at or before now, when it is not enqueued yet and either the
+// policy is MisfireRunOnce or it is at most grace old. missed reports that
+// ticks were dropped (the first one dropped is from).
+func (e *cronEntry) plan(now time.Time, grace time.Duration) (tick time.Time, fire bool, from time.Time, missed bool) {
+	expected := e.next
+	switch {
+	case e.started && now.Before(e.next):
+		// No tick since the last plan: latest stays (a retry).
+	case e.started && !e.next.IsZero() && e.sched.next(e.next).After(now):
+		e.latest, e.next = e.next, e.sched.next(e.next)
+	default:
+		lookback := cronLookback
+		if e.misfire == MisfireSkip {
+			lookback = grace
+		}
+		e.latest, _ = e.sched.prev(now, lookback)
+		e.next = e.sched.next(now)
+	}
+	e.wake = e.next
+	if !e.latest.IsZero() && e.latest.After(e.last) {
+		if e.misfire == MisfireRunOnce || now.Sub(e.latest) <= grace {
+			tick, fire = e.latest, true
+		}
+	}
+	// Ticks this scheduler was waiting for and will never enqueue.
+	if e.started && !expected.IsZero() && !expected.After(now) && expected.After(e.last) && (!fire || expected.Before(tick)) {
+		from, missed = expected, true
+	}
+	e.started = true
+	return tick, fire, from, missed
+}
+
+// retention is the Retention of the task of tick: the task's own, raised to
+// max(2×interval, cronMinRetention).
+func (e *cronEntry) retentionFor(tick time.Time) time.Duration {
+	r := cronMinRetention
+	if n := e.sched.next(tick); !n.IsZero() {
+		r = max(r, 2*n.Sub(tick))
+	}
+	return max(r, e.retention)
+}
+
+// cronTaskID is the ID of the task of an entry's tick.
+func cronTaskID(entryID string, tick time.Time) string {
+	return "cron:" + entryID + ":" + strconv.FormatInt(tick.UnixMilli(), 10)
+}
+
+// fireItem is a tick to enqueue.
+type fireItem struct {
+	e    *cronEntry
+	tick time.Time
+	opts []Option
+	m    *broker.Message
+}
+
+// loop sleeps until the earliest wake-up of all entries, plans the entries
+// due and enqueues their ticks in one call.
+func (s *Scheduler) loop() {
+	defer s.wg.Done()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		default:
+		}
+		now := s.now()
+		s.mu.Lock()
+		batch := s.collect(now)
+		var wake time.Time
+		for _, e := range s.entries {
+			if !e.wake.IsZero() && (wake.IsZero() || e.wake.Before(wake)) {
+				wake = e.wake
+			}
+		}
+		s.mu.Unlock()
+		if len(batch) > 0 {
+			s.enqueue(batch)
+			continue
+		}
+		var fired <-chan time.Time
+		if !wake.IsZero() {
+			timer.Reset(wake.Sub(now))
+			fired = timer.C
+		}
+		select {
+		case <-s.stop:
+			return
+		case <-s.wake:
+			timer.Stop()
+		case <-fired:
+		}
+	}
+}
+
+// collect plans every entry whose wake-up has come. s.mu is held.
+func (s *Scheduler) collect(now time.Time) []fireItem {
+	var batch []fireItem
+	for _, e := range s.entries {
+		if e.started && (e.wake.IsZero() || e.wake.After(now)) {
+			continue
+		}
+		tick, fire, from, missed := e.plan(now, s.opts.MisfireGrace)
+		if missed {
+			attrs := []any{"entry", e.id, "spec", e.spec, "type", e.task.typ, "first_missed", from, "policy", e.misfire.String()}
+			if fire {
+				attrs = append(attrs, "catching_up", tick)
+			}
+			s.log.Warn("tide: missed cron ticks", attrs...)
+		}
+		if !e.failing.IsZero() && (!fire || !tick.Equal(e.failing)) {
+			s.log.Error("tide: gave up enqueueing a cron tick", "entry", e.id, "type", e.task.typ, "queue", e.queue,
+				"tick", e.failing, "attempts", e.attempt, "policy", e.misfire.String())
+			e.failing, e.attempt = time.Time{}, 0
+		}
+		if fire {
+			batch = append(batch, fireItem{e: e, tick: tick})
+		}
+	}
+	return batch
+}
+
+// enqueue stores the ticks of batch and records the outcome of each.
+func (s *Scheduler) enqueue(batch []fireItem) {
+	msgs := make([]*broker.Message, 0, len(batch))
+	results := make([]error, len(batch))
+	for i := range batch {
+		it := &batch[i]
+		it.opts = append(slices.Clone(it.e.opts), TaskID(cronTaskID(it.e.id, it.tick)), Retention(it.e.retentionFor(it.tick)))
+		it.m, results[i] = s.c.message(it.e.task, it.opts)
+		if results[i] == nil {
+			msgs = append(msgs, it.m)
+		}
+	}
+	if len(msgs) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), cronEnqueueTimeout)
+		errs, err := s.b.Enqueue(ctx, msgs)
+		cancel()
+		j := 0
+		for i := range batch {
+			if results[i] != nil {
+				continue
+			}
+			switch {
+			case err != nil:
+				results[i] = err
+			case j < len(errs):
+				results[i] = errs[j]
+			}
+			j++
+		}
+	}
+
+	type report struct {
+		it  *fireItem
+		err error
+	}
+	var failed []report
+	s.mu.Lock()
+	for i := range batch {
+		it, err := &batch[i], results[i]
+		e := it.e
+		attrs := []any{"entry", e.id, "type", e.task.typ, "queue", e.queue, "tick", it.tick, "id", cronTaskID(e.id, it.tick)}
+		switch {
+		case err == nil:
+			s.log.Debug("tide: cron tick enqueued", attrs...)
+		case errors.Is(err, ErrTaskIDConflict):
+			s.log.Debug("tide: cron tick already enqueued (by another scheduler or before a restart)", attrs...)
+			err = nil
+		case errors.Is(err, ErrDuplicateTask):
+			s.log.Info("tide: cron tick skipped: the entry is Unique and its previous task is unfinished", attrs...)
+			err = nil
+		}
+		if err == nil {
+			if e.last.IsZero() {
+				nudge(s.beat) // publish the entry's first tick now, not in 5s
+			}
+			e.last, e.failing, e.attempt = it.tick, time.Time{}, 0
+			continue
+		}
+		failed = append(failed, report{it, err})
+		if errors.Is(err, ErrInvalidTask) || errors.Is(err, broker.ErrClosed) {
+			e.last, e.failing, e.attempt = it.tick, time.Time{}, 0 // retrying cannot help
+			s.log.Error("tide: cron tick not enqueued", append(attrs, "err", err)...)
+			continue
+		}
+		e.failing = it.tick
+		e.attempt++
+		retry := s.now().Add(min(cronRetryMax, cronRetryMin<<min(e.attempt-1, 20)))
+		if e.next.IsZero() || retry.Before(e.next) {
+			e.wake = retry
+		}
+		s.log.Error("tide: cron tick not enqueued; will retry", append(attrs, "attempt", e.attempt, "retry_at", e.wake, "err", err)...)
+	}
+	s.mu.Unlock()
+
+	if h := s.opts.EnqueueErrorHandler; h != nil {
+		for _, r := range failed {
+			t := r.it.e.task
+			cp := &Task{typ: t.typ, payload: t.payload, headers: maps.Clone(t.headers), opts: slices.Clone(t.opts)}
+			s.safely("EnqueueErrorHandler", func() { h(cp, slices.Clone(r.it.opts), r.err) })
+		}
+	}
+}
+
+// safely calls a user callback, logging (not propagating) a panic.
+func (s *Scheduler) safely(what string, f func()) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.log.Error("tide: "+what+" panicked", "panic", fmt.Sprint(r))
+		}
+	}()
+	f()
+}
+
+// heartbeat publishes the entries to adm until Shutdown, then withdraws
+// them.
+func (s *Scheduler) heartbeat(adm broker.Admin) {
+	defer s.wg.Done()
+	ticker := time.NewTicker(cronHeartbeat)
+	defer ticker.Stop()
+	failing := false
+	publish := func(entries []broker.SchedulerEntry, ttl time.Duration) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		err := adm.RegisterSchedulerEntries(ctx, s.opts.SchedulerID, entries, ttl)
+		switch {
+		case err != nil && !failing:
+			failing = true
+			s.log.Warn("tide: cannot publish scheduler entries (the scheduler keeps running)", "scheduler", s.opts.SchedulerID, "err", err)
+		case err != nil:
+			s.log.Debug("tide: cannot publish scheduler entries", "scheduler", s.opts.SchedulerID, "err", err)
+		case failing:
+			failing = false
+			s.log.Info("tide: publishing scheduler entries again", "scheduler", s.opts.SchedulerID)
+		}
+	}
+	for {
+		publish(s.snapshot(), cronEntryTTL)
+		select {
+		case <-s.stop:
+			publish([]broker.SchedulerEntry{}, time.Second) // withdraw
+			return
+		case <-ticker.C:
+		case <-s.beat:
+		}
+	}
+}
+
+// snapshot describes the entries for broker.Admin.
+func (s *Scheduler) snapshot() []broker.SchedulerEntry {
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]broker.SchedulerEntry, 0, len(s.entries))
+	for _, e := range s.entries {
+		next := e.next
+		if !e.started {
+			next = e.sched.next(now)
+		}
+		out = append(out, broker.SchedulerEntry{
+			SchedulerID: s.opts.SchedulerID,
+			ID:          e.id,
+			Spec:        e.spec,
+			Type:        e.task.typ,
+			Queue:       e.queue,
+			Next:        next,
+			Prev:        e.last,
+		})
+	}
+	return out
+}
+
+// cronParser reads crontab lines of 5 or 6 fields (seconds optional) and
+// descriptors.
+var cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
