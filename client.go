@@ -181,6 +181,9 @@ func (c *Client) message(t *Task, opts []Option) (*broker.Message, error) {
 		Timeout:    o.timeout,
 		Deadline:   o.deadline,
 		Retention:  o.retention,
+
+		WaitReplicas: o.replicas,
+		WaitTimeout:  o.waitFor,
 	}
 	if due.After(now) {
 		m.State = broker.StateScheduled

@@ -25,6 +25,9 @@ var (
 	ErrTaskNotFound = broker.ErrTaskNotFound
 	// ErrTaskActive is returned by Delete for a task being processed.
 	ErrTaskActive = broker.ErrTaskActive
+	// ErrNotReplicated is returned by Enqueue with WaitForReplicas when the
+	// replicas did not confirm the task in time; the task is stored.
+	ErrNotReplicated = broker.ErrNotReplicated
 	// ErrLeaseLost is reported when a worker's lease was taken from it (it
 	// expired and the task was recovered); the worker's result is discarded.
 	ErrLeaseLost = broker.ErrLeaseLost

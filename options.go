@@ -49,6 +49,8 @@ type enqueueOptions struct {
 	deadline  time.Time
 	uniqueTTL time.Duration
 	retention time.Duration
+	replicas  int
+	waitFor   time.Duration
 }
 
 // ProcessIn delays the task by d from the moment of Enqueue. d must be
@@ -204,4 +206,24 @@ func validateName(what, s string) error {
 		}
 	}
 	return nil
+}
+
+// WaitForReplicas makes Enqueue wait until n replicas of the Redis primary
+// hold the task, for at most timeout, and fail with ErrNotReplicated
+// otherwise. Redis replicates asynchronously: without this option a task
+// acknowledged by Enqueue can be lost if the primary dies before replicating
+// it (see the README's reliability section). The task is stored either way;
+// on ErrNotReplicated it is most likely safe, just not confirmed. n must be
+// 1 to 16 and timeout positive. Brokers without replicas (membroker) ignore it.
+func WaitForReplicas(n int, timeout time.Duration) Option {
+	return optionFunc(func(o *enqueueOptions) error {
+		if n < 1 || n > 16 {
+			return fmt.Errorf("WaitForReplicas(%d, %v): n must be 1 to 16", n, timeout)
+		}
+		if timeout <= 0 {
+			return fmt.Errorf("WaitForReplicas(%d, %v): timeout must be positive", n, timeout)
+		}
+		o.replicas, o.waitFor = n, timeout
+		return nil
+	})
 }

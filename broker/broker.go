@@ -38,6 +38,11 @@ var (
 	// expired and the task was recovered (and possibly handed to another
 	// worker), or the task was deleted.
 	ErrLeaseLost = errors.New("tide: lease lost (stale token)")
+	// ErrNotReplicated is returned by Enqueue for a task that asked for
+	// replica acknowledgements (WaitReplicas) and did not get them in time.
+	// The task is stored on the primary and will most likely be processed;
+	// it may be lost only if the primary fails before replicating it.
+	ErrNotReplicated = errors.New("tide: task stored but not confirmed by the requested number of replicas")
 	// ErrClosed is returned by every method after Close.
 	ErrClosed = errors.New("tide: broker closed")
 )
@@ -106,6 +111,13 @@ type Message struct {
 
 	// Result is what the handler wrote with WriteResult (read-only views).
 	Result []byte
+
+	// WaitReplicas, when positive, asks Enqueue to confirm that this many
+	// replicas have the task before reporting success, waiting at most
+	// WaitTimeout; otherwise the task's error is ErrNotReplicated. Brokers
+	// without replicas ignore it.
+	WaitReplicas int
+	WaitTimeout  time.Duration
 }
 
 // Delivery is a message handed to a worker under a lease.

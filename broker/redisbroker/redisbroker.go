@@ -300,11 +300,30 @@ func (b *Broker) enqueueNow(ctx context.Context, msgs []*broker.Message) ([]erro
 		}
 		calls[gi] = &call{script: b.s.enqueue, keys: []string{g.k.k("t"), g.k.k("pending"), g.k.k("scheduled"), g.k.k("retry")}, args: args}
 	}
-	if err := runAll(ctx, b.rdb, calls); err != nil {
+	replicas, timeout := 0, time.Duration(0)
+	for _, m := range msgs {
+		replicas, timeout = max(replicas, m.WaitReplicas), max(timeout, m.WaitTimeout)
+	}
+	var waits []*redis.Cmd
+	if replicas > 0 {
+		var err error
+		if waits, err = b.runAndWait(ctx, calls, groups, replicas, timeout); err != nil {
+			return nil, err
+		}
+	} else if err := runAll(ctx, b.rdb, calls); err != nil {
 		return nil, err
 	}
 	errs := make([]error, len(msgs))
 	for gi, g := range groups {
+		if waits != nil {
+			if n, err := waits[gi].Int64(); err != nil || int(n) < replicas {
+				for _, i := range g.idx {
+					if msgs[i].WaitReplicas > 0 && (err != nil || int(n) < msgs[i].WaitReplicas) {
+						errs[i] = broker.ErrNotReplicated
+					}
+				}
+			}
+		}
 		codes, err := calls[gi].cmd.Int64Slice()
 		if err != nil {
 			return nil, fmt.Errorf("tide: redisbroker: enqueue: %w", err)
@@ -319,9 +338,35 @@ func (b *Broker) enqueueNow(ctx context.Context, msgs []*broker.Message) ([]erro
 			case 2:
 				errs[i] = broker.ErrDuplicateTask
 			}
+			if codes[j] != 0 || errs[i] == nil {
+				continue
+			}
 		}
 	}
 	return errs, nil
+}
+
+// runAndWait runs each partition's script followed by WAIT in one pipeline
+// on that partition's primary: WAIT counts the replicas that have the
+// connection's earlier writes, so it must share the script's connection. The
+// scripts' replies land in calls; one WAIT reply per call is returned.
+func (b *Broker) runAndWait(ctx context.Context, calls []*call, groups []*group, replicas int, timeout time.Duration) ([]*redis.Cmd, error) {
+	waits := make([]*redis.Cmd, len(calls))
+	for gi, c := range calls {
+		var node redis.Cmdable = b.rdb
+		if cc, ok := b.rdb.(*redis.ClusterClient); ok {
+			m, err := cc.MasterForKey(ctx, groups[gi].k.k("t"))
+			if err != nil {
+				return nil, fmt.Errorf("tide: redisbroker: enqueue: find primary: %w", err)
+			}
+			node = m
+		}
+		pipe := node.Pipeline()
+		c.cmd = c.script.Eval(ctx, pipe, c.keys, c.args...)
+		waits[gi] = pipe.Do(ctx, "WAIT", replicas, timeout.Milliseconds())
+		_, _ = pipe.Exec(ctx) // errors are read per command
+	}
+	return waits, nil
 }
 
 // register records unseen queues (once per process): their names in
