@@ -93,6 +93,16 @@ func (s *Server) waitReady(limit time.Duration) error {
 	}
 }
 
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	p, err := freePort()
+	if err != nil {
+		t.Fatalf("free port: %v", err)
+	}
+	return p
+}
+
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
