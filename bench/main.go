@@ -1,0 +1,448 @@
+// Command bench runs the same workloads against tide and github.com/hibiken/asynq
+// on the same Redis, in the same run, and prints one table of figures.
+//
+//	cd bench && go run .            # full run (several minutes)
+//	cd bench && go run . -quick     # smoke run with small counts
+//	cd bench && go run . -only process,pickup -json out.json
+//
+// See README.md for what each figure means.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"runtime/pprof"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+func main() {
+	if kind := os.Getenv(envChild); kind != "" {
+		os.Exit(childMain(kind))
+	}
+	os.Exit(run())
+}
+
+func run() int {
+	redisAddr := flag.String("redis", "", "use the Redis at host:port instead of starting a private redis-server (its data is FLUSHALLed between runs)")
+	force := flag.Bool("force-flush", false, "with -redis: allow FLUSHALL of a database that is not empty")
+	quick := flag.Bool("quick", false, "smoke run: small counts and short caps")
+	only := flag.String("only", "", "comma-separated workloads to run (default all): "+strings.Join(workloadNames(), ","))
+	systems := flag.String("systems", sysTide+","+sysAsynq, "comma-separated systems to run")
+	jsonOut := flag.String("json", "", "also write the results as JSON to this file")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the bench process (clients and servers of both systems) to this file")
+	crashCap := flag.Duration("crash-cap", 0, "give up waiting for a crashed task after this long (default 120s, 15s with -quick)")
+	flag.Parse()
+
+	sz := fullSizes()
+	if *quick {
+		sz = quickSizes()
+	}
+	if *crashCap > 0 {
+		sz.crashCap = *crashCap
+	}
+
+	sel, err := selectWorkloads(workloads(sz), *only)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		return 2
+	}
+	kinds := splitList(*systems)
+	for _, k := range kinds {
+		if k != sysTide && k != sysAsynq {
+			fmt.Fprintf(os.Stderr, "bench: unknown system %q (want %s, %s)\n", k, sysTide, sysAsynq)
+			return 2
+		}
+	}
+
+	addr := *redisAddr
+	own := addr == ""
+	if own {
+		rs, err := startRedis()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			return 1
+		}
+		defer rs.stop()
+		addr = rs.addr
+		// Stop redis-server on Ctrl-C too.
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+		go func() { <-sig; rs.stop(); os.Exit(130) }()
+	}
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	defer admin.Close()
+	ctx := context.Background()
+	if err := admin.Ping(ctx).Err(); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: redis %s: %v\n", addr, err)
+		return 1
+	}
+	if !own && !*force {
+		if n, err := admin.DBSize(ctx).Result(); err != nil || n > 0 {
+			fmt.Fprintf(os.Stderr, "bench: redis %s holds %d keys; the bench FLUSHALLs it between runs. Pass -force-flush to allow that, or omit -redis to use a private redis-server.\n", addr, n)
+			return 2
+		}
+	}
+	redisVersion, _ := infoField(ctx, admin, "server", "redis_version")
+
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			return 1
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			return 1
+		}
+		defer pprof.StopCPUProfile()
+	}
+
+	e := &env{addr: addr, admin: admin, sz: sz}
+	out := map[string]map[string]val{sysTide: {}, sysAsynq: {}}
+	failed := map[string]map[string]string{sysTide: {}, sysAsynq: {}}
+	started := time.Now()
+	for _, w := range sel {
+		for _, k := range kinds {
+			fmt.Fprintf(os.Stderr, "[%6.1fs] %-8s %-6s ...", time.Since(started).Seconds(), w.name, k)
+			t0 := time.Now()
+			res, err := runOne(ctx, e, w, k)
+			if err != nil {
+				fmt.Fprintf(os.Stderr, " FAILED (%v): %v\n", time.Since(t0).Round(time.Millisecond), err)
+				for _, f := range w.figs {
+					failed[k][f.key] = err.Error()
+				}
+				continue
+			}
+			fmt.Fprintf(os.Stderr, " done (%v)\n", time.Since(t0).Round(time.Millisecond))
+			for _, f := range w.figs {
+				v, ok := res[f.key]
+				if !ok {
+					failed[k][f.key] = "workload returned no value"
+					continue
+				}
+				out[k][f.key] = v
+			}
+		}
+	}
+
+	// The table.
+	fmt.Println("tide vs asynq: side-by-side benchmark")
+	fmt.Printf("date: %s   go: %s   GOMAXPROCS: %d (NumCPU %d)   %s/%s\n", time.Now().Format(time.RFC3339), runtime.Version(), runtime.GOMAXPROCS(0), runtime.NumCPU(), runtime.GOOS, runtime.GOARCH)
+	where := "private redis-server started by the bench (--save \"\" --appendonly no)"
+	if !own {
+		where = "external Redis at " + addr
+	}
+	fmt.Printf("redis: %s, %s   asynq: %s   go-redis: %s\n", redisVersion, where, depVersion("github.com/hibiken/asynq"), depVersion("github.com/redis/go-redis/v9"))
+	fmt.Printf("command: %s\n", commandLine())
+	fmt.Println("ratio: > 1 means tide is better (throughput: tide ÷ asynq; latency, lateness, memory, commands: asynq ÷ tide)")
+	fmt.Println()
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "figure\ttide\tasynq\tratio")
+	fmt.Fprintln(tw, "------\t----\t-----\t-----")
+	anyFail := false
+	for _, w := range sel {
+		for _, f := range w.figs {
+			tv, tok := out[sysTide][f.key]
+			av, aok := out[sysAsynq][f.key]
+			ts, as := cell(f, tv, tok, failed[sysTide][f.key], has(kinds, sysTide)), cell(f, av, aok, failed[sysAsynq][f.key], has(kinds, sysAsynq))
+			if ts == "FAILED" || as == "FAILED" {
+				anyFail = true
+			}
+			r := "—"
+			if f.ratio && tok && aok {
+				r = ratio(f, tv, av)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", f.label, ts, as, r)
+		}
+	}
+	tw.Flush()
+	if len(e.notes) > 0 {
+		fmt.Println()
+		fmt.Println("notes:")
+		for _, n := range e.notes {
+			fmt.Println("  " + n)
+		}
+	}
+	if anyFail {
+		fmt.Println()
+		fmt.Println("FAILURES:")
+		for _, k := range kinds {
+			seen := map[string]bool{}
+			for _, w := range sel {
+				for _, f := range w.figs {
+					if msg := failed[k][f.key]; msg != "" && !seen[w.name] {
+						seen[w.name] = true
+						fmt.Printf("  %s/%s: %s\n", w.name, k, msg)
+					}
+				}
+			}
+		}
+	}
+	fmt.Printf("\ntotal time: %v\n", time.Since(started).Round(time.Second))
+
+	if *jsonOut != "" {
+		if err := writeJSON(*jsonOut, sel, out, failed, redisVersion, own); err != nil {
+			fmt.Fprintln(os.Stderr, "bench: write json:", err)
+			return 1
+		}
+	}
+	if anyFail {
+		return 1
+	}
+	return 0
+}
+
+// runOne runs one workload against one system on a flushed Redis, inside the
+// workload's time box.
+func runOne(ctx context.Context, e *env, w workload, kind string) (res results, err error) {
+	ctx, cancel := context.WithTimeout(ctx, w.limit)
+	defer cancel()
+	if err := e.flush(ctx); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic: %v\n%s", r, debug.Stack())
+		}
+		_ = e.admin.FlushAll(context.Background()).Err()
+	}()
+	type outcome struct {
+		res results
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		defer func() {
+			if r := recover(); r != nil {
+				done <- outcome{err: fmt.Errorf("panic: %v\n%s", r, debug.Stack())}
+			}
+		}()
+		r, err := w.run(ctx, e, kind)
+		done <- outcome{r, err}
+	}()
+	select {
+	case o := <-done:
+		return o.res, o.err
+	case <-time.After(w.limit + 30*time.Second):
+		return nil, fmt.Errorf("workload did not finish within its %v time box (abandoned)", w.limit)
+	}
+}
+
+func cell(f figure, v val, ok bool, fail string, ran bool) string {
+	switch {
+	case !ran:
+		return "(not run)"
+	case fail != "":
+		return "FAILED"
+	case !ok:
+		return "(not run)"
+	}
+	s := format(f.unit, v.v)
+	if v.atLeast {
+		s = "> " + s
+	}
+	return s
+}
+
+func format(unit string, v float64) string {
+	switch unit {
+	case "tasks/s":
+		return thousands(int64(math.Round(v))) + "/s"
+	case "dur": // milliseconds
+		switch a := math.Abs(v); {
+		case a >= 10000:
+			return fmt.Sprintf("%.1f s", v/1000)
+		case a >= 1000:
+			return fmt.Sprintf("%.2f s", v/1000)
+		case a >= 100:
+			return fmt.Sprintf("%.0f ms", v)
+		case a >= 10:
+			return fmt.Sprintf("%.1f ms", v)
+		default:
+			return fmt.Sprintf("%.2f ms", v)
+		}
+	case "bytes":
+		return fmt.Sprintf("%.0f B", v)
+	case "rate":
+		return fmt.Sprintf("%.1f/s", v)
+	case "count":
+		return fmt.Sprintf("%.0f", v)
+	}
+	return fmt.Sprint(v)
+}
+
+func thousands(n int64) string {
+	s := fmt.Sprint(n)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}
+
+// ratio orients the comparison so that > 1 means tide is better.
+func ratio(f figure, t, a val) string {
+	num, den := t, a
+	if f.lower {
+		num, den = a, t
+	}
+	if num.v <= 0 || den.v <= 0 {
+		return "n/a"
+	}
+	r := num.v / den.v
+	s := fmt.Sprintf("%.2f×", r)
+	if r >= 100 {
+		s = fmt.Sprintf("%.0f×", r)
+	}
+	switch {
+	case num.atLeast && den.atLeast:
+		return "?"
+	case num.atLeast:
+		return "> " + s
+	case den.atLeast:
+		return "< " + s
+	}
+	return s
+}
+
+func workloadNames() []string {
+	var names []string
+	for _, w := range workloads(fullSizes()) {
+		names = append(names, w.name)
+	}
+	return names
+}
+
+func selectWorkloads(all []workload, only string) ([]workload, error) {
+	if only == "" {
+		return all, nil
+	}
+	byName := map[string]workload{}
+	for _, w := range all {
+		byName[w.name] = w
+	}
+	var out []workload
+	for _, n := range splitList(only) {
+		w, ok := byName[n]
+		if !ok {
+			return nil, fmt.Errorf("unknown workload %q (have %s)", n, strings.Join(workloadNames(), ", "))
+		}
+		out = append(out, w)
+	}
+	return out, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func has(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func depVersion(path string) string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "?"
+	}
+	for _, d := range bi.Deps {
+		if d.Path == path {
+			if d.Replace != nil {
+				return d.Replace.Version + " (replaced)"
+			}
+			return d.Version
+		}
+	}
+	return "?"
+}
+
+// commandLine is how the bench was invoked ("go run ." for a binary that go
+// run built in its temp dir).
+func commandLine() string {
+	name := filepath.Base(os.Args[0])
+	if strings.Contains(os.Args[0], "go-build") {
+		name = "go run ."
+	}
+	return strings.TrimSpace(name + " " + strings.Join(os.Args[1:], " "))
+}
+
+func writeJSON(path string, sel []workload, out map[string]map[string]val, failed map[string]map[string]string, redisVersion string, own bool) error {
+	type row struct {
+		Workload   string   `json:"workload"`
+		Key        string   `json:"key"`
+		Figure     string   `json:"figure"`
+		Unit       string   `json:"unit"`
+		LowerBest  bool     `json:"lower_is_better"`
+		Tide       *float64 `json:"tide,omitempty"`
+		TideCapped bool     `json:"tide_capped,omitempty"`
+		TideError  string   `json:"tide_error,omitempty"`
+		Asynq      *float64 `json:"asynq,omitempty"`
+		AsynqCap   bool     `json:"asynq_capped,omitempty"`
+		AsynqError string   `json:"asynq_error,omitempty"`
+	}
+	doc := struct {
+		Date         string `json:"date"`
+		GoVersion    string `json:"go_version"`
+		GOMAXPROCS   int    `json:"gomaxprocs"`
+		RedisVersion string `json:"redis_version"`
+		PrivateRedis bool   `json:"private_redis"`
+		Command      string `json:"command"`
+		Note         string `json:"note"`
+		Rows         []row  `json:"rows"`
+	}{
+		Date: time.Now().Format(time.RFC3339), GoVersion: runtime.Version(), GOMAXPROCS: runtime.GOMAXPROCS(0),
+		RedisVersion: redisVersion, PrivateRedis: own, Command: commandLine(),
+		Note: "units: tasks/s; dur in milliseconds; bytes per task; rate in commands per second; count",
+	}
+	for _, w := range sel {
+		for _, f := range w.figs {
+			r := row{Workload: w.name, Key: f.key, Figure: f.label, Unit: f.unit, LowerBest: f.lower,
+				TideError: failed[sysTide][f.key], AsynqError: failed[sysAsynq][f.key]}
+			if v, ok := out[sysTide][f.key]; ok {
+				r.Tide, r.TideCapped = &v.v, v.atLeast
+			}
+			if v, ok := out[sysAsynq][f.key]; ok {
+				r.Asynq, r.AsynqCap = &v.v, v.atLeast
+			}
+			doc.Rows = append(doc.Rows, r)
+		}
+	}
+	b, err := json.MarshalIndent(doc, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}

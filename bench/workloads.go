@@ -1,0 +1,590 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// figure is one row of the table.
+type figure struct {
+	key   string
+	label string
+	unit  string // tasks/s, dur, bytes, rate, count
+	lower bool   // lower is better
+	ratio bool   // print a ratio
+}
+
+// val is one measured value. atLeast marks a lower bound (the measurement
+// gave up at its cap).
+type val struct {
+	v       float64
+	atLeast bool
+}
+
+type results map[string]val
+
+// workload is a named group of figures, run once per system.
+type workload struct {
+	name  string
+	about string
+	figs  []figure
+	limit time.Duration // time box of one system's run
+	run   func(ctx context.Context, e *env, kind string) (results, error)
+}
+
+// sizes are the task counts and durations of a run (full or -quick).
+type sizes struct {
+	enqN, batchN, batch     int
+	procN                   int
+	pickupN                 int
+	pickupMin, pickupMax    time.Duration
+	schedN                  int
+	schedSpread, schedLead  time.Duration
+	burstN                  int
+	burstLead, burstLimit   time.Duration
+	memN                    int
+	memDelay                time.Duration
+	crashLease, crashCap    time.Duration
+	idleQueues              int
+	idleWarm, idleWindow    time.Duration
+	concurrency, enqWorkers int
+	warmups                 int
+}
+
+func fullSizes() sizes {
+	return sizes{
+		enqN: 20000, batchN: 100000, batch: 1000,
+		procN:   20000,
+		pickupN: 200, pickupMin: 20 * time.Millisecond, pickupMax: 100 * time.Millisecond,
+		schedN: 500, schedSpread: 8 * time.Second, schedLead: 2 * time.Second,
+		burstN: 100000, burstLead: 20 * time.Second, burstLimit: 180 * time.Second,
+		memN: 50000, memDelay: time.Hour,
+		crashLease: 2 * time.Second, crashCap: 120 * time.Second,
+		idleQueues: 10, idleWarm: 2 * time.Second, idleWindow: 10 * time.Second,
+		concurrency: 50, enqWorkers: 8, warmups: 5,
+	}
+}
+
+func quickSizes() sizes {
+	s := fullSizes()
+	s.enqN, s.batchN = 5000, 20000
+	s.procN = 5000
+	s.pickupN = 40
+	s.schedN, s.schedSpread = 100, 3*time.Second
+	s.burstN, s.burstLead, s.burstLimit = 10000, 8*time.Second, 60*time.Second
+	s.memN = 10000
+	s.crashCap = 15 * time.Second
+	s.idleWarm, s.idleWindow = time.Second, 4*time.Second
+	return s
+}
+
+// env is what every workload gets.
+type env struct {
+	addr  string
+	admin *redis.Client // the bench's own client: FLUSHALL, INFO, checks
+	sz    sizes
+	notes []string
+}
+
+func (e *env) note(format string, a ...any) { e.notes = append(e.notes, fmt.Sprintf(format, a...)) }
+
+func (e *env) flush(ctx context.Context) error { return e.admin.FlushAll(ctx).Err() }
+
+func kcount(n int) string {
+	if n >= 1000 && n%1000 == 0 {
+		return fmt.Sprintf("%dk", n/1000)
+	}
+	return fmt.Sprint(n)
+}
+
+func workloads(sz sizes) []workload {
+	return []workload{
+		{
+			name:  "enqueue",
+			about: "client throughput: single Enqueue calls from 1 and 8 goroutines; batch enqueue",
+			figs: []figure{
+				{key: "enq1", label: fmt.Sprintf("enqueue: %s × Enqueue, 1 goroutine", kcount(sz.enqN)), unit: "tasks/s", ratio: true},
+				{key: "enq8", label: fmt.Sprintf("enqueue: %s × Enqueue, %d goroutines", kcount(sz.enqN), sz.enqWorkers), unit: "tasks/s", ratio: true},
+				{key: "enqBatch", label: fmt.Sprintf("enqueue: EnqueueMany ×%d, %s tasks (asynq: no batch call → %s single Enqueue, 1 goroutine)", sz.batch, kcount(sz.batchN), kcount(sz.enqN)), unit: "tasks/s", ratio: true},
+			},
+			limit: 5 * time.Minute,
+			run:   runEnqueue,
+		},
+		{
+			name:  "process",
+			about: "server throughput: drain pending tasks with no-op handlers",
+			figs: []figure{
+				{key: "proc", label: fmt.Sprintf("process: drain %s pending, concurrency %d, no-op handler", kcount(sz.procN), sz.concurrency), unit: "tasks/s", ratio: true},
+			},
+			limit: 5 * time.Minute,
+			run:   runProcess,
+		},
+		{
+			name:  "pickup",
+			about: "idle pickup latency: Enqueue → handler start on a waiting server",
+			figs: []figure{
+				{key: "pick50", label: fmt.Sprintf("idle pickup: enqueue → start, p50 (%d tasks)", sz.pickupN), unit: "dur", lower: true, ratio: true},
+				{key: "pick99", label: "idle pickup: enqueue → start, p99", unit: "dur", lower: true, ratio: true},
+				{key: "pickMax", label: "idle pickup: enqueue → start, max", unit: "dur", lower: true, ratio: true},
+			},
+			limit: 3 * time.Minute,
+			run:   runPickup,
+		},
+		{
+			name:  "sched",
+			about: "scheduled lateness: handler start − due time (ProcessAt)",
+			figs: []figure{
+				{key: "sched50", label: fmt.Sprintf("scheduled: start − due, p50 (%d tasks over %v)", sz.schedN, sz.schedSpread), unit: "dur", lower: true, ratio: true},
+				{key: "sched99", label: "scheduled: start − due, p99", unit: "dur", lower: true, ratio: true},
+				{key: "schedMax", label: "scheduled: start − due, max", unit: "dur", lower: true, ratio: true},
+				{key: "schedEarly", label: "scheduled: early starts (before due)", unit: "count", lower: true},
+			},
+			limit: 3 * time.Minute,
+			run:   runScheduled,
+		},
+		{
+			name:  "burst",
+			about: "due burst: many tasks due at the same instant",
+			figs: []figure{
+				{key: "burstAll", label: fmt.Sprintf("due burst: %s due at once, last start − due", kcount(sz.burstN)), unit: "dur", lower: true, ratio: true},
+				{key: "burst50", label: "due burst: start − due, p50", unit: "dur", lower: true, ratio: true},
+				{key: "burstEarly", label: "due burst: early starts (before due)", unit: "count", lower: true},
+			},
+			limit: sz.burstLead + sz.burstLimit + 2*time.Minute,
+			run:   runBurst,
+		},
+		{
+			name:  "memory",
+			about: "Redis used_memory growth per delayed task",
+			figs: []figure{
+				{key: "mem", label: fmt.Sprintf("memory: used_memory per task, %s tasks delayed %v, %d-byte payload", kcount(sz.memN), sz.memDelay, payloadSize), unit: "bytes", lower: true, ratio: true},
+			},
+			limit: 5 * time.Minute,
+			run:   runMemory,
+		},
+		{
+			name:  "crash",
+			about: "crash recovery: worker process SIGKILLed mid-task → task starts again elsewhere",
+			figs: []figure{
+				{key: "crash", label: fmt.Sprintf("crash recovery: SIGKILL → restarted elsewhere (tide LeaseDuration %v; asynq defaults)", sz.crashLease), unit: "dur", lower: true, ratio: true},
+			},
+			limit: sz.crashCap + 2*time.Minute,
+			run:   runCrash,
+		},
+		{
+			name:  "idlecost",
+			about: "commands an idle server sends to Redis",
+			figs: []figure{
+				{key: "idleExec", label: fmt.Sprintf("idle cost, %d queues: commands/s executed by Redis (incl. inside scripts)", sz.idleQueues), unit: "rate", lower: true, ratio: true},
+				{key: "idleSent", label: "idle cost: commands/s sent by the server (top level, incl. EVALSHA)", unit: "rate", lower: true, ratio: true},
+				{key: "idleScripts", label: "idle cost: script calls/s (EVALSHA/EVAL)", unit: "rate", lower: true, ratio: true},
+				{key: "idleInScript", label: "idle cost: commands/s run inside scripts", unit: "rate", lower: true, ratio: true},
+			},
+			limit: 2 * time.Minute,
+			run:   runIdleCost,
+		},
+	}
+}
+
+// ---- helpers ----
+
+func payloads(n int, kind byte, ref time.Time) [][]byte {
+	out := make([][]byte, n)
+	for i := range out {
+		out[i] = makePayload(kind, i, ref)
+	}
+	return out
+}
+
+func enqueueSerial(ctx context.Context, s system, queue string, ps [][]byte, at time.Time) error {
+	for i, p := range ps {
+		if err := s.enqueue(ctx, queue, p, at); err != nil {
+			return fmt.Errorf("enqueue task %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+func enqueueParallel(ctx context.Context, s system, workers int, queue string, ps [][]byte, at time.Time) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var next atomic.Int64
+	errc := make(chan error, workers)
+	for range workers {
+		go func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= len(ps) {
+					errc <- nil
+					return
+				}
+				if err := s.enqueue(ctx, queue, ps[i], at); err != nil {
+					cancel()
+					errc <- fmt.Errorf("enqueue task %d: %w", i, err)
+					return
+				}
+			}
+		}()
+	}
+	var first error
+	for range workers {
+		if err := <-errc; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// enqueueBatches stores ps with the system's batch call, batch tasks a call.
+func enqueueBatches(ctx context.Context, s system, batch int, queue string, ps [][]byte, at time.Time) (bool, error) {
+	for i := 0; i < len(ps); i += batch {
+		ok, err := s.enqueueBatch(ctx, queue, ps[i:min(i+batch, len(ps))], at)
+		if !ok {
+			return false, nil
+		}
+		if err != nil {
+			return true, fmt.Errorf("batch at %d: %w", i, err)
+		}
+	}
+	return true, nil
+}
+
+// enqueueBulk stores many tasks the fastest way the system offers: its batch
+// call, else single calls from the enqueue goroutines.
+func enqueueBulk(ctx context.Context, e *env, s system, queue string, ps [][]byte, at time.Time) (string, error) {
+	ok, err := enqueueBatches(ctx, s, e.sz.batch, queue, ps, at)
+	if ok {
+		return fmt.Sprintf("batch call ×%d", e.sz.batch), err
+	}
+	return fmt.Sprintf("single calls from %d goroutines", e.sz.enqWorkers), enqueueParallel(ctx, s, e.sz.enqWorkers, queue, ps, at)
+}
+
+func expectStored(ctx context.Context, e *env, s system, want int, what string) error {
+	got, err := s.stored(ctx)
+	if err != nil {
+		return fmt.Errorf("%s: count stored tasks: %w", what, err)
+	}
+	if got != want {
+		return fmt.Errorf("%s: Redis holds %d tasks, want %d; some keys: %s", what, got, want, describeKeys(ctx, e.admin, 12))
+	}
+	return nil
+}
+
+// describeKeys lists some of Redis's keys with their types and sizes, to
+// explain a failed check.
+func describeKeys(ctx context.Context, rdb *redis.Client, limit int) string {
+	var parts []string
+	iter := rdb.Scan(ctx, 0, "*", 100).Iterator()
+	for iter.Next(ctx) && len(parts) < limit {
+		k := iter.Val()
+		typ, _ := rdb.Type(ctx, k).Result()
+		var n int64
+		switch typ {
+		case "hash":
+			n, _ = rdb.HLen(ctx, k).Result()
+		case "list":
+			n, _ = rdb.LLen(ctx, k).Result()
+		case "zset":
+			n, _ = rdb.ZCard(ctx, k).Result()
+		case "set":
+			n, _ = rdb.SCard(ctx, k).Result()
+		case "string":
+			n, _ = rdb.StrLen(ctx, k).Result()
+		}
+		parts = append(parts, fmt.Sprintf("%s (%s %d)", k, typ, n))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func rate(n int, d time.Duration) float64 { return float64(n) / d.Seconds() }
+
+// warmUp runs n tasks through a freshly started server, one at a time, so
+// that connections are open and scripts loaded before measuring.
+func warmUp(ctx context.Context, s system, rec *recorder, n int, queue string) error {
+	for i := range n {
+		if err := s.enqueue(ctx, queue, makePayload(kindWarmup, i, time.Now()), time.Time{}); err != nil {
+			return fmt.Errorf("warm-up enqueue: %w", err)
+		}
+		if err := rec.waitWarm(ctx, int64(i+1), 30*time.Second); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ---- workloads ----
+
+func runEnqueue(ctx context.Context, e *env, kind string) (results, error) {
+	res := results{}
+	ps := payloads(e.sz.enqN, kindTask, time.Now())
+	bps := payloads(e.sz.batchN, kindTask, time.Now())
+	// Each figure on a flushed Redis with a fresh client (both libraries
+	// remember which queues they have registered).
+	measure := func(key, what string, f func(s system) (int, error)) error {
+		if err := e.flush(ctx); err != nil {
+			return err
+		}
+		s, err := newSystem(kind, e.addr)
+		if err != nil {
+			return err
+		}
+		defer s.close()
+		// Warm up: open the pool's connections and load the scripts.
+		warm := payloads(64, kindWarmup, time.Now())
+		if err := enqueueParallel(ctx, s, e.sz.enqWorkers, defaultQueue, warm, time.Time{}); err != nil {
+			return fmt.Errorf("%s: warm-up: %w", what, err)
+		}
+		start := time.Now()
+		n, err := f(s)
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		res[key] = val{v: rate(n, time.Since(start))}
+		return expectStored(ctx, e, s, len(warm)+n, what)
+	}
+	if err := measure("enq1", "enqueue, 1 goroutine", func(s system) (int, error) {
+		return len(ps), enqueueSerial(ctx, s, defaultQueue, ps, time.Time{})
+	}); err != nil {
+		return nil, err
+	}
+	if err := measure("enq8", fmt.Sprintf("enqueue, %d goroutines", e.sz.enqWorkers), func(s system) (int, error) {
+		return len(ps), enqueueParallel(ctx, s, e.sz.enqWorkers, defaultQueue, ps, time.Time{})
+	}); err != nil {
+		return nil, err
+	}
+	if err := measure("enqBatch", "batch enqueue", func(s system) (int, error) {
+		ok, err := enqueueBatches(ctx, s, e.sz.batch, defaultQueue, bps, time.Time{})
+		if ok {
+			return len(bps), err
+		}
+		// No batch call: single calls from one goroutine.
+		return len(ps), enqueueSerial(ctx, s, defaultQueue, ps, time.Time{})
+	}); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+func runProcess(ctx context.Context, e *env, kind string) (results, error) {
+	s, err := newSystem(kind, e.addr)
+	if err != nil {
+		return nil, err
+	}
+	defer s.close()
+	n := e.sz.procN
+	how, err := enqueueBulk(ctx, e, s, defaultQueue, payloads(n, kindTask, time.Now()), time.Time{})
+	if err != nil {
+		return nil, err
+	}
+	if err := expectStored(ctx, e, s, n, "process: before start"); err != nil {
+		return nil, err
+	}
+	rec := newRecorder(n)
+	start := time.Now()
+	srv, err := s.startServer(serverConfig{concurrency: e.sz.concurrency}, rec.handle)
+	if err != nil {
+		return nil, err
+	}
+	defer srv.stop(time.Minute)
+	if err := rec.wait(ctx, 3*time.Minute); err != nil {
+		return nil, err
+	}
+	lastStart := rec.lastStart().Sub(start)
+	// Drained means acknowledged: the task is gone from Redis.
+	var drained time.Duration
+	for deadline := time.Now().Add(time.Minute); ; {
+		left, err := s.stored(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if left == 0 {
+			drained = time.Since(start)
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("process: every handler ran but Redis still holds %d of %d tasks a minute later; some keys: %s", left, n, describeKeys(ctx, e.admin, 12))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	e.note("process/%s: %d tasks pre-enqueued (%s); from Start: last handler start %v, all acknowledged (gone from Redis) %v",
+		kind, n, how, lastStart.Round(time.Millisecond), drained.Round(time.Millisecond))
+	return results{"proc": {v: rate(n, drained)}}, nil
+}
+
+func runPickup(ctx context.Context, e *env, kind string) (results, error) {
+	s, err := newSystem(kind, e.addr)
+	if err != nil {
+		return nil, err
+	}
+	defer s.close()
+	n := e.sz.pickupN
+	rec := newRecorder(n)
+	srv, err := s.startServer(serverConfig{concurrency: e.sz.concurrency}, rec.handle)
+	if err != nil {
+		return nil, err
+	}
+	defer srv.stop(time.Minute)
+	if err := warmUp(ctx, s, rec, e.sz.warmups, defaultQueue); err != nil {
+		return nil, err
+	}
+	time.Sleep(time.Second) // let the server go idle
+	rng := rand.New(rand.NewPCG(1, 2))
+	span := int64(e.sz.pickupMax - e.sz.pickupMin)
+	for i := range n {
+		time.Sleep(e.sz.pickupMin + time.Duration(rng.Int64N(span+1)))
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		t0 := time.Now()
+		if err := s.enqueue(ctx, defaultQueue, makePayload(kindTask, i, t0), time.Time{}); err != nil {
+			return nil, fmt.Errorf("enqueue task %d: %w", i, err)
+		}
+	}
+	if err := rec.wait(ctx, time.Minute); err != nil {
+		return nil, err
+	}
+	d := rec.delays()
+	return results{
+		"pick50":  {v: ms(pct(d, 50))},
+		"pick99":  {v: ms(pct(d, 99))},
+		"pickMax": {v: ms(d[len(d)-1])},
+	}, nil
+}
+
+func runScheduled(ctx context.Context, e *env, kind string) (results, error) {
+	s, err := newSystem(kind, e.addr)
+	if err != nil {
+		return nil, err
+	}
+	defer s.close()
+	n := e.sz.schedN
+	rec := newRecorder(n)
+	srv, err := s.startServer(serverConfig{concurrency: e.sz.concurrency}, rec.handle)
+	if err != nil {
+		return nil, err
+	}
+	defer srv.stop(time.Minute)
+	if err := warmUp(ctx, s, rec, e.sz.warmups, defaultQueue); err != nil {
+		return nil, err
+	}
+	// Due times on whole milliseconds (tide keeps milliseconds), spread
+	// uniformly over schedSpread, starting schedLead from now.
+	rng := rand.New(rand.NewPCG(3, 4))
+	base := time.Now().Add(e.sz.schedLead).Truncate(time.Millisecond)
+	for i := range n {
+		due := base.Add(time.Duration(rng.Int64N(int64(e.sz.schedSpread/time.Millisecond))) * time.Millisecond)
+		if err := s.enqueue(ctx, defaultQueue, makePayload(kindTask, i, due), due); err != nil {
+			return nil, fmt.Errorf("enqueue task %d: %w", i, err)
+		}
+	}
+	if late := time.Since(base); late > 0 {
+		return nil, fmt.Errorf("enqueueing %d tasks took longer than the %v lead (%v past the first due time)", n, e.sz.schedLead, late)
+	}
+	if err := rec.wait(ctx, e.sz.schedLead+e.sz.schedSpread+time.Minute); err != nil {
+		return nil, err
+	}
+	d := rec.delays()
+	early := 0
+	for _, x := range d {
+		if x < 0 {
+			early++
+		}
+	}
+	if early > 0 {
+		e.note("scheduled/%s: %d of %d tasks started early; earliest %.1f ms before due", kind, early, n, -ms(d[0]))
+	}
+	return results{
+		"sched50":    {v: ms(pct(d, 50))},
+		"sched99":    {v: ms(pct(d, 99))},
+		"schedMax":   {v: ms(d[len(d)-1])},
+		"schedEarly": {v: float64(early)},
+	}, nil
+}
+
+func runBurst(ctx context.Context, e *env, kind string) (results, error) {
+	s, err := newSystem(kind, e.addr)
+	if err != nil {
+		return nil, err
+	}
+	defer s.close()
+	n := e.sz.burstN
+	rec := newRecorder(n)
+	srv, err := s.startServer(serverConfig{concurrency: e.sz.concurrency}, rec.handle)
+	if err != nil {
+		return nil, err
+	}
+	defer srv.stop(time.Minute)
+	if err := warmUp(ctx, s, rec, e.sz.warmups, defaultQueue); err != nil {
+		return nil, err
+	}
+	// A whole second, so that asynq (which keeps due times in seconds) and
+	// tide agree on the instant.
+	due := time.Now().Add(e.sz.burstLead).Truncate(time.Second).Add(time.Second)
+	start := time.Now()
+	how, err := enqueueBulk(ctx, e, s, defaultQueue, payloads(n, kindTask, due), due)
+	if err != nil {
+		return nil, err
+	}
+	took := time.Since(start)
+	if left := time.Until(due); left < 200*time.Millisecond {
+		return nil, fmt.Errorf("enqueueing %d tasks took %v, leaving %v before the due time; the burst would not be simultaneous (raise burstLead)", n, took.Round(time.Millisecond), left)
+	}
+	e.note("burst/%s: %d tasks enqueued in %v (%s), due %v later", kind, n, took.Round(time.Millisecond), how, time.Until(due).Round(time.Millisecond))
+	if err := rec.wait(ctx, time.Until(due)+e.sz.burstLimit); err != nil {
+		return nil, err
+	}
+	d := rec.delays()
+	early := 0
+	for _, x := range d {
+		if x < 0 {
+			early++
+		}
+	}
+	if early > 0 {
+		e.note("burst/%s: %d of %d tasks started early; earliest %.1f ms before due", kind, early, n, -ms(d[0]))
+	}
+	return results{
+		"burstAll":   {v: ms(rec.lastStart().Sub(due))},
+		"burst50":    {v: ms(pct(d, 50))},
+		"burstEarly": {v: float64(early)},
+	}, nil
+}
+
+func runMemory(ctx context.Context, e *env, kind string) (results, error) {
+	s, err := newSystem(kind, e.addr)
+	if err != nil {
+		return nil, err
+	}
+	defer s.close()
+	at := time.Now().Add(e.sz.memDelay)
+	// One task first, so that the queue's keys, registrations and scripts
+	// exist: the figure is the marginal cost of a task.
+	if err := s.enqueue(ctx, defaultQueue, makePayload(kindWarmup, 0, at), at); err != nil {
+		return nil, err
+	}
+	before, err := usedMemory(ctx, e.admin)
+	if err != nil {
+		return nil, err
+	}
+	n := e.sz.memN
+	how, err := enqueueBulk(ctx, e, s, defaultQueue, payloads(n, kindTask, at), at)
+	if err != nil {
+		return nil, err
+	}
+	after, err := usedMemory(ctx, e.admin)
+	if err != nil {
+		return nil, err
+	}
+	if err := expectStored(ctx, e, s, n+1, "memory"); err != nil {
+		return nil, err
+	}
+	per := float64(after-before) / float64(n)
+	e.note("memory/%s: used_memory %d → %d bytes (+%.1f MB) for %d tasks (%s)", kind, before, after, float64(after-before)/1e6, n, how)
+	return results{"mem": {v: per}}, nil
+}
