@@ -1,0 +1,347 @@
+// Package dashboard is tide's web dashboard: an http.Handler that shows
+// queues, tasks, servers and a processed/failed history, and lets an operator
+// run, archive, delete and cancel tasks and pause queues.
+//
+// The pages are rendered on the server with html/template; a small script
+// and a stylesheet are embedded in the binary, so the dashboard needs no
+// build step and loads nothing from other origins.
+//
+// # Security model
+//
+// Reading is open to whoever can reach the handler: mount it on a trusted
+// network or behind an authenticating proxy, since the pages show task
+// payloads. Changes need Options.Token. Without a token the dashboard is
+// read-only: no buttons are shown and every mutation returns 403.
+//
+// With a token, an operator logs in once by entering it on the login page;
+// the dashboard then sets an HttpOnly, SameSite=Strict session cookie (valid
+// for 12 hours, signed with a key derived from the token, so it survives
+// restarts and works across replicas, and every session ends when the token
+// changes). Mutations are POST requests that need that cookie, a per-session
+// CSRF token in the form (checked in constant time) and a same-origin
+// request (Sec-Fetch-Site, Origin and Referer are checked). Scripts may
+// instead send "Authorization: Bearer <token>" with a POST, which needs no
+// cookie or CSRF token and gets a JSON answer. Failed logins are limited to
+// 10 a minute for the whole handler.
+//
+// Every response carries a Content-Security-Policy that allows only the
+// dashboard's own script and stylesheet, X-Frame-Options DENY and
+// X-Content-Type-Options nosniff; pages are not cached.
+//
+// # Mounting
+//
+// The handler serves paths starting at "/". To mount it under a prefix,
+// strip the prefix and keep the trailing slash:
+//
+//	mux.Handle("/tide/", http.StripPrefix("/tide", h))
+//
+// Links, redirects and the cookie path then follow the prefix.
+//
+// # Routes
+//
+//	GET  /                  queues, totals, history chart (?days=7|30)
+//	GET  /queue?q=Q         a queue's tasks by state (&state=&page=&size=)
+//	GET  /task?q=Q&id=ID    one task: payload, headers, error, result
+//	GET  /servers           live servers, their active tasks, schedulers
+//	GET  /login             login form; POST /login logs in; POST /logout
+//	POST /task/{run,archive,delete,cancel}     form fields q, id
+//	POST /queue/{pause,unpause}                form field q
+//	POST /queue/{run-all,archive-all,delete-all} form fields q, state
+//	GET  /static/...        the stylesheet and script
+//
+// The POST routes take form-encoded bodies. A browser form also sends csrf
+// and return (the dashboard path to go back to, answered with 303 See
+// Other); a bearer client gets {"ok":true,"message":...,"count":n} or
+// {"ok":false,"error":...} with the status: 400 bad input, 401 wrong token,
+// 403 read-only or refused, 404 no such task, 409 the task's state does not
+// allow it, 429 too many failed tokens, 503 Redis unavailable.
+package dashboard
+
+import (
+	"bytes"
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/tidequeue/tide"
+)
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static
+var staticFS embed.FS
+
+// Options configures the dashboard. The zero value is valid: a read-only
+// dashboard titled "tide" that logs to slog.Default().
+type Options struct {
+	// Token enables mutations: an operator must log in with it (or send it
+	// as "Authorization: Bearer <token>"). Without a token the dashboard is
+	// read-only. Use a long random string; it is compared in constant time.
+	Token string
+	// Title is shown in the header and the window title. Default "tide".
+	Title string
+	// Logger receives one line per change made through the dashboard (an
+	// audit trail), failed logins and broker errors. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Limits on what one request may cost.
+const (
+	defaultPageSize = 20
+	// maxPageSize caps the page size a request may ask for.
+	maxPageSize = 100
+	// maxPage caps the page number, so offsets stay small enough.
+	maxPage = 100000
+	// maxQueues caps how many queues the overview shows (and sums for its
+	// chart); the rest are counted.
+	maxQueues = 200
+	// maxFormBytes caps a POST body.
+	maxFormBytes = 64 << 10
+	// readTimeout bounds the broker calls of one page; bulkTimeout those of
+	// a bulk operation (below the usual one-minute server WriteTimeout, so
+	// a bulk operation that stops part way still gets its answer out).
+	readTimeout = 15 * time.Second
+	bulkTimeout = 45 * time.Second
+)
+
+// handler is the dashboard. It is immutable after New except for the login
+// limiter, which has its own lock, so it is safe for concurrent use.
+type handler struct {
+	in      *tide.Inspector
+	title   string
+	log     *slog.Logger
+	auth    *auth // nil when read-only
+	pages   map[string]*template.Template
+	mux     *http.ServeMux
+	cop     *http.CrossOriginProtection
+	static  http.Handler
+	nowFunc func() time.Time
+}
+
+// New returns the dashboard of in. The handler is safe for concurrent use.
+// It returns an error when in is nil; see the package documentation for the
+// routes and the security model.
+func New(in *tide.Inspector, opts Options) (http.Handler, error) {
+	if in == nil {
+		return nil, errors.New("tide/dashboard: nil Inspector")
+	}
+	h := &handler{
+		in:      in,
+		title:   opts.Title,
+		log:     opts.Logger,
+		cop:     http.NewCrossOriginProtection(),
+		nowFunc: time.Now,
+	}
+	if h.title == "" {
+		h.title = "tide"
+	}
+	if h.log == nil {
+		h.log = slog.Default()
+	}
+	if opts.Token != "" {
+		h.auth = newAuth(opts.Token)
+		if len(opts.Token) < 16 {
+			h.log.Warn("tide dashboard: the token is shorter than 16 bytes; use a long random token")
+		}
+	}
+	var err error
+	if h.pages, err = parsePages(); err != nil {
+		return nil, fmt.Errorf("tide/dashboard: templates: %w", err)
+	}
+	sub, err := fs.Sub(staticFS, "static")
+	if err != nil {
+		return nil, fmt.Errorf("tide/dashboard: static files: %w", err)
+	}
+	h.static = http.StripPrefix("/static/", http.FileServer(http.FS(sub)))
+
+	m := http.NewServeMux()
+	m.HandleFunc("GET /{$}", h.overview)
+	m.HandleFunc("GET /queue", h.queuePage)
+	m.HandleFunc("GET /task", h.taskPage)
+	m.HandleFunc("GET /servers", h.serversPage)
+	m.HandleFunc("GET /login", h.loginPage)
+	m.HandleFunc("POST /login", h.login)
+	// Mutations are POST only. These patterns take every method so that a
+	// GET gets 405 rather than the catch-all's 404.
+	m.HandleFunc("/logout", postOnly(h.logout))
+	m.HandleFunc("/task/{op}", postOnly(h.taskAction))
+	m.HandleFunc("/queue/{op}", postOnly(h.queueAction))
+	m.HandleFunc("GET /static/", h.serveStatic)
+	m.HandleFunc("/", h.notFound)
+	h.mux = m
+	return h, nil
+}
+
+// ServeHTTP sets the security headers and dispatches.
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	hd := w.Header()
+	hd.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "+
+		"connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+	hd.Set("X-Content-Type-Options", "nosniff")
+	hd.Set("X-Frame-Options", "DENY")
+	hd.Set("Referrer-Policy", "same-origin")
+	hd.Set("Cross-Origin-Opener-Policy", "same-origin")
+	hd.Set("Cross-Origin-Resource-Policy", "same-origin")
+	h.mux.ServeHTTP(w, r)
+}
+
+// postOnly answers 405 to every method but POST.
+func postOnly(f http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", http.MethodPost)
+			http.Error(w, "405 method not allowed: changes are made with POST", http.StatusMethodNotAllowed)
+			return
+		}
+		f(w, r)
+	}
+}
+
+func (h *handler) serveStatic(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Cache-Control", "public, max-age=3600")
+	h.static.ServeHTTP(w, r)
+}
+
+func (h *handler) now() time.Time { return h.nowFunc() }
+
+// basePath returns the prefix the handler is mounted under ("" at the
+// root): the part of the request URI that http.StripPrefix removed. It is
+// used for links, redirects and the cookie path, so it is accepted only when
+// it is a plain absolute path.
+func basePath(r *http.Request) string {
+	u, err := url.ParseRequestURI(r.RequestURI)
+	if err != nil {
+		return ""
+	}
+	orig, cur := u.EscapedPath(), r.URL.EscapedPath()
+	if !strings.HasSuffix(orig, cur) {
+		return ""
+	}
+	base := strings.TrimSuffix(orig[:len(orig)-len(cur)], "/")
+	if base == "" || base[0] != '/' || strings.HasPrefix(base, "//") ||
+		strings.ContainsAny(base, "\\\"'<> ?#") {
+		return ""
+	}
+	return base
+}
+
+// view is what every page template gets.
+type view struct {
+	Title    string // the dashboard title
+	Page     string // the page title
+	Nav      string // which nav entry is current
+	Base     string // mount prefix, "" at the root
+	ReadOnly bool   // no token configured
+	LoggedIn bool   // mutations allowed (buttons shown)
+	CSRF     string // the session's CSRF token
+	Return   string // this page's path and query, for forms' return field
+	Flash    *flash
+	Now      time.Time
+	Data     any
+}
+
+func (h *handler) newView(w http.ResponseWriter, r *http.Request, nav, page string, data any) *view {
+	v := &view{
+		Title: h.title, Page: page, Nav: nav, Base: basePath(r),
+		ReadOnly: h.auth == nil, Now: h.now(), Data: data,
+		Return: r.URL.Path,
+	}
+	if r.URL.RawQuery != "" {
+		v.Return += "?" + r.URL.RawQuery
+	}
+	if s, ok := h.session(r); ok {
+		v.LoggedIn = true
+		v.CSRF = h.auth.csrfToken(s)
+	}
+	v.Flash = takeFlash(w, r)
+	return v
+}
+
+// render executes page into a buffer, so a template error becomes a clean
+// 500 rather than half a page, and writes it with status.
+func (h *handler) render(w http.ResponseWriter, status int, page string, v *view) {
+	t, ok := h.pages[page]
+	if !ok {
+		h.log.Error("tide dashboard: unknown page template", "page", page)
+		http.Error(w, "internal error", http.StatusInternalServerError)
+		return
+	}
+	var buf bytes.Buffer
+	if err := t.ExecuteTemplate(&buf, "layout", v); err != nil {
+		h.log.Error("tide dashboard: render", "page", page, "err", err)
+		http.Error(w, "internal error: the page could not be rendered", http.StatusInternalServerError)
+		return
+	}
+	hd := w.Header()
+	hd.Set("Content-Type", "text/html; charset=utf-8")
+	hd.Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
+}
+
+// errorData is the data of the error page.
+type errorData struct {
+	Status  int
+	Heading string
+	Message string
+	Back    string
+}
+
+// fail renders the error page for err, classified by classify.
+func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error, mutation bool) {
+	status, heading := classify(err, mutation)
+	if status >= 500 {
+		h.log.Error("tide dashboard: broker error", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	h.failWith(w, r, status, heading, err.Error())
+}
+
+func (h *handler) failWith(w http.ResponseWriter, r *http.Request, status int, heading, msg string) {
+	v := h.newView(w, r, "", heading, &errorData{Status: status, Heading: heading, Message: msg, Back: basePath(r) + "/"})
+	h.render(w, status, "error", v)
+}
+
+func (h *handler) notFound(w http.ResponseWriter, r *http.Request) {
+	h.failWith(w, r, http.StatusNotFound, "Page not found", "There is no page at "+r.URL.Path+".")
+}
+
+// classify maps an Inspector error to an HTTP status and a heading.
+func classify(err error, mutation bool) (int, string) {
+	switch {
+	case errors.Is(err, tide.ErrTaskNotFound):
+		return http.StatusNotFound, "Task not found"
+	case errors.Is(err, tide.ErrInvalidTask):
+		return http.StatusBadRequest, "Bad request"
+	case errors.Is(err, tide.ErrTaskActive):
+		return http.StatusConflict, "The task is running"
+	case errors.Is(err, tide.ErrNotSupported):
+		return http.StatusNotImplemented, "Not supported by this broker"
+	case unavailable(err):
+		return http.StatusServiceUnavailable, "The broker (Redis) is unavailable"
+	case mutation:
+		// The brokers report "cannot run a task that is pending" and the
+		// like without a sentinel.
+		return http.StatusConflict, "The change was refused"
+	}
+	return http.StatusInternalServerError, "Internal error"
+}
+
+// unavailable reports whether err means the broker could not be reached in
+// time (network error, timeout, closed client or broker).
+func unavailable(err error) bool {
+	var ne interface {
+		error
+		Timeout() bool
+	}
+	return errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, context.Canceled) || isRedisUnavailable(err)
+}

@@ -1,0 +1,306 @@
+package dashboard
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"image/png"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/page"
+	"github.com/chromedp/chromedp"
+
+	"github.com/tidequeue/tide"
+)
+
+// chromiumPath is the browser the end-to-end test drives; TIDE_CHROMIUM
+// overrides it.
+func chromiumPath() string {
+	if p := os.Getenv("TIDE_CHROMIUM"); p != "" {
+		return p
+	}
+	return "/usr/bin/chromium"
+}
+
+// seedDemo fills the broker with what a busy system looks like: a server
+// that has processed (and failed) tasks, one running task, retries,
+// archived tasks, scheduled tasks and a paused queue.
+func seedDemo(t *testing.T, e *env) {
+	t.Helper()
+	srv := tide.NewServer(e.b, tide.Config{
+		Concurrency:     4,
+		Queues:          map[string]int{"emails": 2, "webhooks": 1},
+		ShutdownTimeout: time.Second,
+		RetryDelayFunc:  func(int, error, *tide.Task) time.Duration { return 10 * time.Minute },
+		Logger:          testLogger(t),
+	})
+	if err := srv.Start(tide.HandlerFunc(func(ctx context.Context, task *tide.Task) error {
+		p := string(task.Payload())
+		switch {
+		case strings.Contains(p, "slow"):
+			<-ctx.Done()
+			return context.Cause(ctx)
+		case strings.Contains(p, "bounce"):
+			return fmt.Errorf("smtp: 550 5.1.1 mailbox unavailable: %w", tide.SkipRetry)
+		case strings.Contains(p, "flaky"):
+			return errors.New("POST https://hooks.example.com/orders: 502 Bad Gateway")
+		}
+		return nil
+	})); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+
+	var ts []*tide.Task
+	for i := range 24 {
+		kind := "ok"
+		if i%4 == 3 {
+			kind = "bounce"
+		}
+		ts = append(ts, tide.NewTask("email:welcome", fmt.Appendf(nil, `{"user_id":%d,"to":"user%d@example.com","kind":%q}`, 1000+i, i, kind), tide.Queue("emails")))
+	}
+	for i := range 8 {
+		kind := "ok"
+		if i%3 == 0 {
+			kind = "flaky"
+		}
+		ts = append(ts, tide.NewTask("webhook:deliver", fmt.Appendf(nil, `{"endpoint":"https://hooks.example.com/orders","event":"order.paid","order_id":%d,"mode":%q}`, 500+i, kind), tide.Queue("webhooks")))
+	}
+	if _, err := e.c.EnqueueMany(e.ctx(), ts); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		e1, err1 := e.in.QueueInfo(e.ctx(), "emails")
+		w1, err2 := e.in.QueueInfo(e.ctx(), "webhooks")
+		if err1 == nil && err2 == nil && e1.Processed >= 24 && w1.Processed >= 8 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the demo tasks were not processed: %+v %v %+v %v", e1, err1, w1, err2)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	e.enqueue("email:digest", []byte(`{"slow":true,"batch":7}`), tide.Queue("emails"))
+
+	if err := e.in.PauseQueue(e.ctx(), "reports"); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		e.enqueue("report:daily", fmt.Appendf(nil, `{"day":"2026-11-%02d"}`, 18+i), tide.Queue("reports"))
+	}
+	for i, d := range []time.Duration{20 * time.Minute, 45 * time.Minute, 2 * time.Hour} {
+		e.enqueue("order:cancel", fmt.Appendf(nil, `{"order_id":%d,"reason":"unpaid"}`, 43+i), tide.ProcessIn(d), tide.TaskID(fmt.Sprint("cancel:order-", 43+i)))
+	}
+	e.enqueue("order:notify", []byte(`<script>window.__xss=1</script><img src=x onerror="window.__xss=2">`), tide.ProcessIn(3*time.Hour))
+	e.enqueue("thumbnail:render", []byte{0x89, 'P', 'N', 'G', 0x0d, 0x0a, 0x1a, 0x0a, 0, 0, 0, 0x0d}, tide.ProcessIn(4*time.Hour))
+}
+
+// TestE2EBrowser drives the dashboard in headless Chromium: it logs in,
+// runs a scheduled task with its button, deletes another one (accepting the
+// confirmation), checks the pages and the Inspector, and takes screenshots
+// (to the test's temp dir and, when TIDE_DASH_SCREENSHOT=path.png is set,
+// to that path, with -queue, -task and -servers variants next to it).
+func TestE2EBrowser(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("e2e browser test skipped in -short mode")
+	}
+	exe := chromiumPath()
+	if _, err := os.Stat(exe); err != nil {
+		t.Skipf("e2e browser test skipped: %s not found (install Debian's chromium: apt-get install -y chromium, or set TIDE_CHROMIUM)", exe)
+	}
+	e := newEnv(t, testToken)
+	seedDemo(t, e)
+	target := e.enqueue("order:cancel", []byte(`{"order_id":42,"reason":"unpaid"}`),
+		tide.ProcessIn(15*time.Minute), tide.TaskID("cancel:order-42"))
+	doomed := "cancel:order-44"
+
+	profile, err := os.MkdirTemp("", "tide-dash-chromium-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Chromium's helper processes may still be writing when the test ends;
+	// failing to remove the profile is not the test's concern.
+	t.Cleanup(func() { _ = os.RemoveAll(profile) })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx,
+		chromedp.ExecPath(exe),
+		chromedp.Flag("headless", true),
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.Flag("disable-quic", true),
+		chromedp.NoFirstRun,
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.Flag("disable-extensions", true),
+		chromedp.Flag("hide-scrollbars", true),
+		chromedp.Flag("mute-audio", true),
+		chromedp.UserDataDir(profile),
+		chromedp.WindowSize(1360, 900),
+	)
+	defer cancelAlloc()
+	quiet := func(format string, args ...any) {
+		if testing.Verbose() {
+			fmt.Fprintf(os.Stderr, "chromedp: "+format+"\n", args...)
+		}
+	}
+	bctx, cancelBrowser := chromedp.NewContext(allocCtx, chromedp.WithErrorf(quiet), chromedp.WithLogf(quiet))
+	defer cancelBrowser()
+
+	// Accept confirmation dialogs (the delete button asks).
+	var confirmed []string
+	confirmedc := make(chan string, 8)
+	dialogs := chromedp.Events(bctx, page.JavascriptDialogOpening)
+	go func() {
+		for ev, err := range dialogs {
+			if err != nil {
+				return
+			}
+			confirmedc <- ev.Message
+			_, _ = chromedp.Call(bctx, page.HandleJavaScriptDialog, page.HandleJavaScriptDialogParams{Accept: true})
+		}
+	}()
+
+	run := func(what string, steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(bctx, steps...); err != nil {
+			t.Fatalf("browser: %s: %v", what, err)
+		}
+	}
+	eval := func(expr string) any {
+		t.Helper()
+		v, err := chromedp.Run(bctx, chromedp.Evaluate[any](expr))
+		if err != nil {
+			t.Fatalf("browser: evaluate %s: %v", expr, err)
+		}
+		return v
+	}
+	// waitJS polls expr until it is true. It tolerates the errors of a page
+	// that is navigating, which a form submission makes.
+	waitJS := func(what, expr string) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			ok, err := chromedp.Run(bctx, chromedp.Evaluate[bool](expr))
+			if err == nil && ok {
+				return
+			}
+			if ctx.Err() != nil || time.Now().After(deadline) {
+				body, _ := chromedp.Run(bctx, chromedp.Evaluate[string]("document.body ? document.body.innerText : ''"))
+				t.Fatalf("browser: %s: %s is not true (last error: %v)\npage:\n%s", what, expr, err, body)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	waitFlash := func(what, want string) {
+		t.Helper()
+		waitJS(what, fmt.Sprintf(`(function(){var f=document.getElementById('flash');return !!f && document.readyState === 'complete' && f.textContent.indexOf(%q) >= 0})()`, want))
+	}
+	row := func(id string) chromedp.CSS { return chromedp.CSS(fmt.Sprintf(`tr[data-task-id=%q]`, id)) }
+
+	// A visitor sees the task, escaped, and no buttons.
+	run("open the scheduled tasks",
+		chromedp.Navigate(e.srv.URL+"/queue?q=default&state=scheduled"),
+		chromedp.WaitVisible(row(target.ID)),
+	)
+	if n := eval(`document.querySelectorAll('button[data-action]').length`); n != float64(0) {
+		t.Errorf("a visitor sees %v action buttons", n)
+	}
+	if v := eval(`window.__xss === undefined && document.body.textContent.indexOf('<script>window.__xss=1</script>') >= 0`); v != true {
+		t.Error("the <script> payload was not shown as text (or it ran)")
+	}
+
+	// Log in through the form; it returns to the page.
+	run("log in",
+		chromedp.Click(chromedp.ID("login-link")),
+		chromedp.WaitVisible(chromedp.ID("token")),
+		chromedp.SendKeys(chromedp.ID("token"), testToken),
+		chromedp.Click(chromedp.ID("login-btn")),
+	)
+	waitFlash("log in", "Logged in")
+	if loc, _ := chromedp.Run(bctx, chromedp.Location()); !strings.Contains(loc, "/queue?q=default&state=scheduled") {
+		t.Errorf("after login the browser is at %s, want the queue page", loc)
+	}
+
+	// Run the task now.
+	runBtn := chromedp.CSS(fmt.Sprintf(`button[data-action="run"][data-task=%q]`, target.ID))
+	run("press run now",
+		chromedp.WaitVisible(runBtn),
+		chromedp.Click(runBtn),
+	)
+	waitFlash("run now", "Task "+target.ID+" is now pending.")
+	run("scheduled list without the task", chromedp.WaitNotPresent(row(target.ID)))
+	if got, _ := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(`a[data-state="pending"] .count`))); got != "1" {
+		t.Errorf("pending tab count %q, want 1", got)
+	}
+	if st := e.state("default", target.ID); st != tide.StatePending {
+		t.Errorf("Inspector: task is %v after run now, want pending", st)
+	}
+
+	// Delete another one, accepting the confirmation.
+	delBtn := chromedp.CSS(fmt.Sprintf(`button[data-action="delete"][data-task=%q]`, doomed))
+	run("press delete", chromedp.WaitVisible(delBtn), chromedp.Click(delBtn))
+	waitFlash("delete", "Task "+doomed+" was deleted.")
+	select {
+	case m := <-confirmedc:
+		confirmed = append(confirmed, m)
+	case <-time.After(5 * time.Second):
+	}
+	if len(confirmed) != 1 || !strings.Contains(confirmed[0], "Delete this task") {
+		t.Errorf("confirmations %q, want one asking to delete", confirmed)
+	}
+	if _, err := e.in.GetTaskInfo(e.ctx(), "default", doomed); !errors.Is(err, tide.ErrTaskNotFound) {
+		t.Errorf("Inspector: deleted task: %v", err)
+	}
+
+	// The task is in the pending tab.
+	run("open the pending tab",
+		chromedp.Click(chromedp.CSS(`a[data-state="pending"]`)),
+		chromedp.WaitVisible(chromedp.CSS(fmt.Sprintf(`tr[data-task-id=%q][data-state="pending"]`, target.ID))),
+	)
+
+	shot := func(name, url, ready string) {
+		t.Helper()
+		run("open "+name, chromedp.Navigate(url), chromedp.WaitVisible(chromedp.CSS(ready)))
+		img, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
+		if err != nil {
+			t.Fatalf("browser: screenshot %s: %v", name, err)
+		}
+		cfg, err := png.DecodeConfig(bytes.NewReader(img))
+		if err != nil || cfg.Width < 800 || cfg.Height < 300 {
+			t.Fatalf("screenshot %s: %dx%d %v", name, cfg.Width, cfg.Height, err)
+		}
+		file := "dashboard.png"
+		if name != "" {
+			file = "dashboard-" + name + ".png"
+		}
+		if err := os.WriteFile(filepath.Join(t.TempDir(), file), img, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if p := os.Getenv("TIDE_DASH_SCREENSHOT"); p != "" {
+			if name != "" {
+				ext := filepath.Ext(p)
+				p = strings.TrimSuffix(p, ext) + "-" + name + ext
+			}
+			if err := os.WriteFile(p, img, 0o644); err != nil {
+				t.Fatalf("write screenshot: %v", err)
+			}
+			t.Logf("screenshot: %s", p)
+		}
+	}
+	shot("", e.srv.URL+"/", "#chart")
+	shot("queue", e.srv.URL+"/queue?q=default&state=scheduled", "#tasks")
+	shot("errors", e.srv.URL+"/queue?q=emails&state=archived", "#tasks")
+	shot("task", e.srv.URL+"/task?q=default&id="+target.ID, "#payload")
+	shot("servers", e.srv.URL+"/servers", "#servers")
+}
