@@ -248,6 +248,12 @@ func (s *Server) run(ctx context.Context, d *broker.Delivery) broker.Settlement 
 	if err == nil {
 		return broker.Settlement{Outcome: broker.OutcomeDone, At: now}
 	}
+	if cause := context.Cause(ctx); errors.Is(cause, engine.ErrShutdown) {
+		// Cut off by Shutdown: the engine requeues the task without using a
+		// retry; it is not a failure of the task.
+		s.log.Info("tide: task interrupted by shutdown; requeued", "type", m.Type, "queue", m.Queue, "id", m.ID)
+		return broker.Settlement{Outcome: broker.OutcomeRequeue, At: now}
+	}
 	if s.cfg.ErrorHandler != nil {
 		s.safely("ErrorHandler", func() { s.cfg.ErrorHandler(ctx, t, err) })
 	}
