@@ -189,15 +189,9 @@ func (p *processor) fetchLoop() {
 		for range n - len(ds) {
 			p.slots <- struct{}{}
 		}
-		if err != nil {
-			p.cfg.health.fail("dequeue", err)
-			if !sleep(p.fetchStop, bo.next()) {
-				return
-			}
-			continue
-		}
-		p.cfg.health.ok()
-		bo.reset()
+		// Deliveries come with their leases even when a later part of the
+		// call failed (another partition, another node): run them, or their
+		// slots and tasks would be stranded until lease recovery.
 		now := time.Now()
 		for _, d := range ds {
 			ref := broker.LeaseRef{Queue: d.Message.Queue, ID: d.Message.ID, Token: d.Token}
@@ -207,6 +201,15 @@ func (p *processor) fetchLoop() {
 			p.mu.Unlock()
 			p.workers.Go(func() { p.work(ctx, cancel, ref, d) })
 		}
+		if err != nil {
+			p.cfg.health.fail("dequeue", err)
+			if !sleep(p.fetchStop, bo.next()) {
+				return
+			}
+			continue
+		}
+		p.cfg.health.ok()
+		bo.reset()
 		if len(ds) == 0 {
 			select {
 			case <-p.fetchStop:
