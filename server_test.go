@@ -475,8 +475,8 @@ func TestGarbageRecordIsArchived(t *testing.T) {
 	// valid header with a corrupt body, and push their IDs as pending.
 	tkey := e.prefix + ":{default:0}:t"
 	plist := e.prefix + ":{default:0}:pending"
-	body := append([]byte{1, 1}, make([]byte, 28)...)
-	body = append(body, 0, 0, 0, 9, 0, 0) // body length 9
+	body := append([]byte{1, 1}, make([]byte, 20)...) // version, state, token .. failed-at
+	body = append(body, 0, 0, 0, 9, 0, 0)             // body length 9, no unique key
 	body = append(body, []byte("\xff\xff\xff\xff\xff\xff\xff\xff\xff")...)
 	e.rdb.HSet(ctx, tkey, "junk1", "not a record", "junk2", body)
 	e.rdb.LPush(ctx, plist, "junk1", "junk2", "ghost")

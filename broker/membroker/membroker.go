@@ -74,7 +74,7 @@ type Broker struct {
 	closed bool
 	queues map[string]*queue
 	subs   map[*subscription]struct{}
-	seq    uint64 // orders heap entries with equal keys
+	seq    uint64                    // orders heap entries with equal keys
 	reg    map[string]*registryEntry // servers and schedulers, see registry
 }
 

@@ -1,28 +1,31 @@
 // Package codec encodes task messages into the compact binary record the Redis
 // broker stores as one hash field per task.
 //
-// A record is a fixed 36-byte header followed by three variable sections:
+// A record is a fixed 28-byte header followed by three variable sections:
 //
 //	off len field
 //	0   1   version (1)
 //	1   1   state (broker.State)
 //	2   4   token: deliveries so far, the fencing token of the current lease
-//	6   4   retried
-//	10  4   max retry
-//	14  8   process-at, Unix ms (signed)
-//	22  8   last-failed-at, Unix ms (signed, 0 = never)
-//	30  4   body length B
-//	34  2   unique-key length U
-//	36  B   body (Go only, see below)
-//	36+B U  unique key
+//	6   2   retried
+//	8   2   max retry
+//	10  6   process-at, Unix ms (0 = unset)
+//	16  6   last-failed-at, Unix ms (0 = never)
+//	22  4   body length B
+//	26  2   unique-key length U
+//	28  B   body (Go only, see below)
+//	28+B U  unique key
 //	..  *   last error (to the end)
 //
-// Integers are big-endian. The header has fixed offsets so the Lua scripts can
-// read and patch state, token, retried and due time, replace the last error and
-// find the unique key without understanding the body. The body holds, in order:
-// type, payload, headers (count then key/value pairs), enqueued-at, completed-at,
-// timeout, deadline, retention and unique TTL, each a length-prefixed string or a
-// varint (times in Unix ms, durations in ms).
+// Integers are big-endian and unsigned; 48 bits of milliseconds reach the
+// year 10889, and times before 1970 are stored as unset. The header has fixed
+// offsets so the Lua scripts can read and patch state, token, retried and due
+// time, replace the last error and find the unique key without understanding
+// the body. The body holds, in order: type, payload, headers (count then
+// key/value pairs), enqueued-at, completed-at, timeout, deadline, retention and
+// unique TTL, each a length-prefixed string or a varint (times in Unix ms,
+// durations in ms). Enqueued-at is absolute: the scripts patch process-at in
+// place, so nothing may be stored relative to it.
 //
 // The ID and queue are not stored: they are the hash field and the key.
 package codec
@@ -40,16 +43,19 @@ import (
 // Header layout; keep in sync with the Lua scripts.
 const (
 	Version    = 1
-	HeaderSize = 36
+	HeaderSize = 28
 
 	offState     = 1
 	offToken     = 2
 	offRetried   = 6
-	offMaxRetry  = 10
-	offProcessAt = 14
-	offFailedAt  = 22
-	offBodyLen   = 30
-	offUniqLen   = 34
+	offMaxRetry  = 8
+	offProcessAt = 10
+	offFailedAt  = 16
+	offBodyLen   = 22
+	offUniqLen   = 26
+
+	// MaxCount is the largest retry count or MaxRetry a record holds.
+	MaxCount = math.MaxUint16
 )
 
 // Limits that Decode enforces so that corrupt input cannot make it allocate
@@ -86,10 +92,10 @@ func Encode(m *broker.Message, token uint64) []byte {
 	out[0] = Version
 	out[offState] = byte(m.State)
 	binary.BigEndian.PutUint32(out[offToken:], uint32(token))
-	binary.BigEndian.PutUint32(out[offRetried:], uint32(clampU32(m.Retried)))
-	binary.BigEndian.PutUint32(out[offMaxRetry:], uint32(clampU32(m.MaxRetry)))
-	binary.BigEndian.PutUint64(out[offProcessAt:], uint64(ms(m.ProcessAt)))
-	binary.BigEndian.PutUint64(out[offFailedAt:], uint64(ms(m.LastFailedAt)))
+	binary.BigEndian.PutUint16(out[offRetried:], clampU16(m.Retried))
+	binary.BigEndian.PutUint16(out[offMaxRetry:], clampU16(m.MaxRetry))
+	putU48(out[offProcessAt:], ms(m.ProcessAt))
+	putU48(out[offFailedAt:], ms(m.LastFailedAt))
 	binary.BigEndian.PutUint32(out[offBodyLen:], uint32(len(body)))
 	binary.BigEndian.PutUint16(out[offUniqLen:], uint16(len(uniq)))
 	out = append(out, body...)
@@ -121,13 +127,10 @@ func Decode(queue, id string, b []byte) (*broker.Message, uint64, error) {
 		ID:           id,
 		Queue:        queue,
 		State:        st,
-		Retried:      int(binary.BigEndian.Uint32(b[offRetried:])),
-		MaxRetry:     int(binary.BigEndian.Uint32(b[offMaxRetry:])),
-		ProcessAt:    fromMS(int64(binary.BigEndian.Uint64(b[offProcessAt:]))),
-		LastFailedAt: fromMS(int64(binary.BigEndian.Uint64(b[offFailedAt:]))),
-	}
-	if m.Retried > math.MaxInt32 || m.MaxRetry > math.MaxInt32 {
-		return nil, 0, fmt.Errorf("%w: retry counts %d/%d out of range", ErrCorrupt, m.Retried, m.MaxRetry)
+		Retried:      int(binary.BigEndian.Uint16(b[offRetried:])),
+		MaxRetry:     int(binary.BigEndian.Uint16(b[offMaxRetry:])),
+		ProcessAt:    fromMS(u48(b[offProcessAt:])),
+		LastFailedAt: fromMS(u48(b[offFailedAt:])),
 	}
 	token := uint64(binary.BigEndian.Uint32(b[offToken:]))
 	body := b[HeaderSize : HeaderSize+bodyLen]
@@ -223,14 +226,27 @@ func appendBytes(b, p []byte) []byte {
 	return append(b, p...)
 }
 
-func clampU32(n int) int {
-	if n < 0 {
-		return 0
+func clampU16(n int) uint16 {
+	return uint16(min(max(n, 0), MaxCount))
+}
+
+// putU48 writes v (Unix ms) in 6 bytes; negative values become 0 (unset).
+func putU48(b []byte, v int64) {
+	if v < 0 || v >= 1<<48 {
+		v = 0
 	}
-	if n > math.MaxInt32 {
-		return math.MaxInt32
+	for i := 5; i >= 0; i-- {
+		b[i] = byte(v)
+		v >>= 8
 	}
-	return n
+}
+
+func u48(b []byte) int64 {
+	var v int64
+	for i := range 6 {
+		v = v<<8 | int64(b[i])
+	}
+	return v
 }
 
 // ms converts t to Unix milliseconds; the zero time is 0.

@@ -1,48 +1,48 @@
 -- lib.lua: helpers prepended to every script. They read and patch the fixed
--- 36-byte record header described in internal/codec (1-based offsets here):
---   1 version | 2 state | 3-6 token | 7-10 retried | 11-14 max retry
---   15-22 process-at ms | 23-30 last-failed-at ms | 31-34 body len | 35-36 uniq len
---   37.. body | unique key | last error
+-- 28-byte record header described in internal/codec (1-based offsets here):
+--   1 version | 2 state | 3-6 token | 7-8 retried | 9-10 max retry
+--   11-16 process-at ms | 17-22 last-failed-at ms | 23-26 body len | 27-28 uniq len
+--   29.. body | unique key | last error
 -- States: 1 pending, 2 active, 3 scheduled, 4 retry, 5 archived, 6 completed.
 
 local function rec_ok(rec)
-  return rec and #rec >= 36 and string.byte(rec, 1) == 1
+  return rec and #rec >= 28 and string.byte(rec, 1) == 1
 end
 
 local function rec_state(rec) return string.byte(rec, 2) end
 local function rec_token(rec) return struct.unpack('>I4', rec, 3) end
-local function rec_retried(rec) return struct.unpack('>I4', rec, 7) end
-local function rec_maxretry(rec) return struct.unpack('>I4', rec, 11) end
+local function rec_retried(rec) return struct.unpack('>I2', rec, 7) end
+local function rec_maxretry(rec) return struct.unpack('>I2', rec, 9) end
 
 local function rec_uniq(rec)
-  local bl = struct.unpack('>I4', rec, 31)
-  local ul = struct.unpack('>I2', rec, 35)
+  local bl = struct.unpack('>I4', rec, 23)
+  local ul = struct.unpack('>I2', rec, 27)
   if ul == 0 then return nil end
-  return string.sub(rec, 37 + bl, 36 + bl + ul)
+  return string.sub(rec, 29 + bl, 28 + bl + ul)
 end
 
 -- rec_patch returns rec with the given fields replaced; nil keeps a field.
 local function rec_patch(rec, state, token, retried, due, failed, err)
   local st = state and string.char(state) or string.sub(rec, 2, 2)
   local tk = token and struct.pack('>I4', token) or string.sub(rec, 3, 6)
-  local rt = retried and struct.pack('>I4', retried) or string.sub(rec, 7, 10)
-  local du = due and struct.pack('>i8', due) or string.sub(rec, 15, 22)
-  local fa = failed and struct.pack('>i8', failed) or string.sub(rec, 23, 30)
+  local rt = retried and struct.pack('>I2', math.min(retried, 65535)) or string.sub(rec, 7, 8)
+  local du = due and struct.pack('>I6', due) or string.sub(rec, 11, 16)
+  local fa = failed and struct.pack('>I6', failed) or string.sub(rec, 17, 22)
   local tail
   if err then
-    local bl = struct.unpack('>I4', rec, 31)
-    local ul = struct.unpack('>I2', rec, 35)
-    tail = string.sub(rec, 37, 36 + bl + ul) .. err
+    local bl = struct.unpack('>I4', rec, 23)
+    local ul = struct.unpack('>I2', rec, 27)
+    tail = string.sub(rec, 29, 28 + bl + ul) .. err
   else
-    tail = string.sub(rec, 37)
+    tail = string.sub(rec, 29)
   end
-  return string.sub(rec, 1, 1) .. st .. tk .. rt .. string.sub(rec, 11, 14) .. du .. fa .. string.sub(rec, 31, 36) .. tail
+  return string.sub(rec, 1, 1) .. st .. tk .. rt .. string.sub(rec, 9, 10) .. du .. fa .. string.sub(rec, 23, 28) .. tail
 end
 
 -- rec_corrupt builds a valid archived record with an empty body for bytes that
 -- could not be parsed; the bytes themselves are kept as the task's result.
 local function rec_corrupt(now, err)
-  return string.char(1, 5) .. struct.pack('>I4>I4>I4>i8>i8>I4>I2', 0, 0, 0, now, now, 0, 0) .. err
+  return string.char(1, 5) .. struct.pack('>I4>I2>I2>I6>I6>I4>I2', 0, 0, 0, now, now, 0, 0) .. err
 end
 
 local function release_uniq(rec, uprefix, id)
