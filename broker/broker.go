@@ -182,6 +182,9 @@ type MaintainRequest struct {
 	OwnerTTL time.Duration
 	// Now is the caller's clock; tasks due at or before it are forwarded.
 	Now time.Time
+	// NoTrim skips deleting completed tasks past their retention and
+	// trimming the archive; callers that maintain often trim now and then.
+	NoTrim bool
 }
 
 // MaintainResult reports what Maintain did and when to call again.

@@ -422,8 +422,8 @@ func (b *Broker) Dequeue(ctx context.Context, queues []string, n int, lease time
 		for i := 0; i < parts && len(out) < n; i++ {
 			k := b.keysFor(q, (start+i)%parts)
 			res, err := b.s.dequeue.Run(ctx, b.rdb,
-				[]string{k.k("t"), k.k("pending"), k.k("active"), k.k("paused"), k.k("archived"), k.k("result")},
-				n-len(out), lease.Milliseconds()).Slice()
+				[]string{k.k("t"), k.k("pending"), k.k("active"), k.k("paused"), k.k("archived"), k.k("result"), k.k("scheduled"), k.k("retry")},
+				n-len(out), lease.Milliseconds(), time.Now().UnixMilli()).Slice()
 			if err != nil && !errors.Is(err, redis.Nil) {
 				return out, fmt.Errorf("tide: redisbroker: dequeue %s: %w", q, err)
 			}
@@ -573,6 +573,7 @@ func (b *Broker) Maintain(ctx context.Context, req broker.MaintainRequest) (brok
 	res, err := b.s.maintain.Run(ctx, b.rdb,
 		[]string{k.k("owner"), k.k("t"), k.k("pending"), k.k("active"), k.k("scheduled"), k.k("retry"), k.k("archived"), k.k("completed"), k.k("result")},
 		req.Owner, ttl, req.Now.UnixMilli(), k.channel, k.part, k.k("u:"), b.maxArchived, b.archiveTTL.Milliseconds(), maintainLimit, today(),
+		map[bool]string{true: "0", false: "1"}[req.NoTrim],
 	).Int64Slice()
 	if err != nil {
 		return broker.MaintainResult{}, fmt.Errorf("tide: redisbroker: maintain %s/%d: %w", req.Queue, req.Partition, err)

@@ -14,6 +14,10 @@ import (
 // when it is shorter).
 const maxOwnerTTL = 10 * time.Second
 
+// trimEvery is how often an owner has the archive and completed tasks
+// trimmed; retention is therefore honoured within this much.
+const trimEvery = 5 * time.Second
+
 // maintainer keeps one queue partition moving: it claims the partition,
 // forwards due tasks at their due time (a Go timer, not a poll), recovers
 // expired leases as they expire, and wakes the local processor when work is
@@ -75,6 +79,7 @@ func (m *maintainer) loop() {
 	defer timer.Stop()
 	var target time.Time // when the timer fires
 	owned := false
+	var lastTrim time.Time
 	for {
 		select {
 		case <-m.done:
@@ -94,10 +99,14 @@ func (m *maintainer) loop() {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), brokerCallTimeout)
 		now := m.cfg.Now()
+		trim := time.Since(lastTrim) >= trimEvery
 		res, err := m.cfg.Broker.Maintain(ctx, broker.MaintainRequest{
 			Queue: m.queue, Partition: m.partition,
-			Owner: m.cfg.Owner, OwnerTTL: m.ownerTTL, Now: now,
+			Owner: m.cfg.Owner, OwnerTTL: m.ownerTTL, Now: now, NoTrim: !trim,
 		})
+		if err == nil && res.Owned && trim {
+			lastTrim = time.Now()
+		}
 		cancel()
 		if err != nil {
 			if errors.Is(err, context.DeadlineExceeded) || isTransport(err) {
