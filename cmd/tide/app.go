@@ -1,0 +1,181 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/broker/redisbroker"
+)
+
+// app is one run of the program.
+type app struct {
+	env            func(string) string
+	stdout, stderr io.Writer
+	globals        globals
+
+	rdb *redis.Client
+	b   *redisbroker.Broker
+	in  *tide.Inspector
+	c   *tide.Client
+}
+
+// globals are the flags every command accepts.
+type globals struct {
+	redis      string
+	prefix     string
+	partitions int
+	json       bool
+}
+
+func (g *globals) defaults(env func(string) string) {
+	g.redis = env("TIDE_REDIS_ADDR")
+	if g.redis == "" {
+		g.redis = "127.0.0.1:6379"
+	}
+	g.prefix = env("TIDE_PREFIX")
+	if g.prefix == "" {
+		g.prefix = redisbroker.DefaultPrefix
+	}
+	g.partitions = 1
+}
+
+// register adds the global flags to fs with their current values as
+// defaults, so that a flag given before the command is kept.
+func (g *globals) register(fs *flag.FlagSet) {
+	fs.StringVar(&g.redis, "redis", g.redis, "Redis `address`")
+	fs.StringVar(&g.prefix, "prefix", g.prefix, "key `prefix`")
+	fs.IntVar(&g.partitions, "partitions", g.partitions, "partitions of new queues")
+	fs.BoolVar(&g.json, "json", g.json, "print JSON")
+}
+
+func (g *globals) check() error {
+	if g.redis == "" {
+		return errors.New("--redis is empty")
+	}
+	if g.prefix == "" || strings.ContainsAny(g.prefix, "{}") {
+		return fmt.Errorf("--prefix %q must be non-empty and free of '{' and '}'", g.prefix)
+	}
+	if g.partitions < 1 || g.partitions > 1024 {
+		return fmt.Errorf("--partitions %d must be between 1 and 1024", g.partitions)
+	}
+	return nil
+}
+
+// redisOptions reads --redis: host:port, or a redis:// / rediss:// URL.
+func redisOptions(addr string) (*redis.Options, string, error) {
+	if strings.Contains(addr, "://") {
+		opts, err := redis.ParseURL(addr)
+		if err != nil {
+			// The URL may hold a password: name the problem, not the URL.
+			return nil, "", fmt.Errorf("--redis is not a valid redis:// URL: %v", scrubURLError(err))
+		}
+		return opts, opts.Addr, nil
+	}
+	if strings.Count(addr, ":") == 0 {
+		addr += ":6379"
+	}
+	return &redis.Options{Addr: addr}, addr, nil
+}
+
+func scrubURLError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
+}
+
+// connect opens Redis, checks that it answers and builds the broker,
+// inspector and client. Queues whose partition count is recorded in Redis
+// are opened with that count, so a wrong --partitions cannot hide tasks.
+func (a *app) connect(ctx context.Context) error {
+	opts, shown, err := redisOptions(a.globals.redis)
+	if err != nil {
+		return &usageError{msg: err.Error()}
+	}
+	opts.MaxRetries = 1
+	opts.DialTimeout = 3 * time.Second
+	a.rdb = redis.NewClient(opts)
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := a.rdb.Ping(pctx).Err(); err != nil {
+		return fmt.Errorf("tide: cannot reach Redis at %s: %v\n  Start Redis there, or point tide at yours with --redis host:port or TIDE_REDIS_ADDR.", shown, err)
+	}
+	bopts := []redisbroker.Option{redisbroker.WithPrefix(a.globals.prefix), redisbroker.WithPartitions(a.globals.partitions)}
+	// The layout of <prefix>:partitions is documented in package redisbroker.
+	recorded, err := a.rdb.HGetAll(pctx, a.globals.prefix+":partitions").Result()
+	if err != nil {
+		return fmt.Errorf("tide: read partition counts from Redis at %s: %v", shown, err)
+	}
+	for q, v := range recorded {
+		if n, err := strconv.Atoi(v); err == nil && n >= 1 && n <= 1024 && n != a.globals.partitions {
+			bopts = append(bopts, redisbroker.WithQueuePartitions(q, n))
+		}
+	}
+	a.b = redisbroker.New(a.rdb, bopts...)
+	a.in = tide.NewInspector(a.b)
+	a.c = tide.NewClient(a.b)
+	return nil
+}
+
+func (a *app) close() {
+	if a.c != nil {
+		a.c.Close()
+	}
+	if a.b != nil {
+		a.b.Close()
+	}
+	if a.rdb != nil {
+		a.rdb.Close()
+	}
+}
+
+// knownQueue returns a notFoundError when no task was ever enqueued to
+// queue under the prefix.
+func (a *app) knownQueue(ctx context.Context, queue string) error {
+	if err := tide.ValidateQueueName(queue); err != nil {
+		return &usageError{msg: strings.TrimPrefix(err.Error(), tide.ErrInvalidTask.Error()+": ")}
+	}
+	qs, err := a.in.Queues(ctx)
+	if err != nil {
+		return err
+	}
+	for _, q := range qs {
+		if q == queue {
+			return nil
+		}
+	}
+	msg := fmt.Sprintf("no queue %q under prefix %q", queue, a.globals.prefix)
+	if len(qs) > 0 {
+		msg += " (queues: " + strings.Join(qs, ", ") + ")"
+	} else {
+		msg += " (no queues at all: is --prefix right?)"
+	}
+	return &notFoundError{msg: msg}
+}
+
+// printJSON writes v as indented JSON.
+func (a *app) printJSON(v any) error {
+	enc := json.NewEncoder(a.stdout)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
+
+// writeLineJSON writes v as one line of JSON (for --watch --json).
+func writeLineJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}

@@ -1,0 +1,381 @@
+// Command tide inspects and operates tide queues on Redis, serves the web
+// dashboard, and runs the HTTP gateway (with the webhook sender) for
+// applications in other languages. Run `tide --help` for the commands, and
+// `tide <command> --help` for each one.
+//
+// Exit codes: 0 success, 1 the operation failed (Redis unreachable, a task
+// in the wrong state, ...), 2 usage error (bad flags or arguments), 3 the
+// task or queue was not found.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tidequeue/tide"
+)
+
+// Exit codes, documented in `tide --help`.
+const (
+	exitOK       = 0
+	exitError    = 1
+	exitUsage    = 2
+	exitNotFound = 3
+)
+
+func main() {
+	quietRedis()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// usageError is a bad command line; it exits with exitUsage.
+type usageError struct {
+	msg string
+	cmd *command // whose help to point to; nil for the top level
+}
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(cmd *command, format string, a ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, a...), cmd: cmd}
+}
+
+// notFoundError is a missing task or queue; it exits with exitNotFound.
+type notFoundError struct{ msg string }
+
+func (e *notFoundError) Error() string { return e.msg }
+
+// run is the whole program: it parses args, runs the command and returns the
+// exit code. ctx ends long-running commands (watch, dash, serve); env reads
+// the environment.
+func run(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) int {
+	a := &app{env: env, stdout: stdout, stderr: stderr}
+	defer a.close()
+	err := a.dispatch(ctx, args)
+	if err == nil {
+		return exitOK
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	var ue *usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintf(stderr, "tide: %s\n", ue.msg)
+		if ue.cmd != nil {
+			fmt.Fprintf(stderr, "Run 'tide %s --help' for usage.\n", ue.cmd.name)
+		} else {
+			fmt.Fprintln(stderr, "Run 'tide --help' for usage.")
+		}
+		return exitUsage
+	}
+	msg := err.Error()
+	if !strings.HasPrefix(msg, "tide: ") {
+		msg = "tide: " + msg
+	}
+	fmt.Fprintln(stderr, msg)
+	var nf *notFoundError
+	if errors.As(err, &nf) || errors.Is(err, tide.ErrTaskNotFound) {
+		return exitNotFound
+	}
+	return exitError
+}
+
+// command is one (sub)command.
+type command struct {
+	name    string // "tasks ls"
+	args    string // "<queue> [flags]"
+	summary string
+	help    string // description and examples
+	// flags registers the command's own flags.
+	flags func(fs *flag.FlagSet, o *cmdOpts)
+	// nargs is the number of positional arguments, min and max (-1: any).
+	minArgs, maxArgs int
+	// check, when set, validates flags and arguments before connecting.
+	check func(a *app, o *cmdOpts, args []string) error
+	// redis: the command needs a connection.
+	redis bool
+	run   func(ctx context.Context, a *app, o *cmdOpts, args []string) error
+}
+
+// cmdOpts holds every command flag; each command registers the ones it uses.
+type cmdOpts struct {
+	cmd         *command // the command being run
+	state       string
+	page, size  int
+	all         bool
+	watch       bool
+	interval    durationFlag
+	count       int
+	addr        string
+	token       string
+	title       string
+	tokens      listFlag
+	maxBody     int64
+	allowQueues listFlag
+	whSecret    string
+	whAllow     listFlag
+	whQueue     string
+	whConc      int
+	whTimeout   durationFlag
+	whPrivate   bool
+}
+
+var commands []*command
+
+// flagSet returns a flag set with the command's own flags bound to o.
+func (c *command) flagSet(o *cmdOpts) *flag.FlagSet {
+	fs := flag.NewFlagSet("tide "+c.name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	if c.flags != nil {
+		c.flags(fs, o)
+	}
+	return fs
+}
+
+func findCommand(name string) *command {
+	for _, c := range commands {
+		if c.name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+// groups are commands that take a subcommand.
+var groups = map[string]string{
+	"tasks": "inspect and act on the tasks of a queue",
+	"cron":  "inspect periodic tasks",
+}
+
+// dispatch parses the global flags, finds the command and runs it.
+func (a *app) dispatch(ctx context.Context, args []string) error {
+	top := flag.NewFlagSet("tide", flag.ContinueOnError)
+	top.SetOutput(io.Discard)
+	a.globals.defaults(a.env)
+	a.globals.register(top)
+	if err := top.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			a.topHelp(a.stdout)
+			return flag.ErrHelp
+		}
+		return usagef(nil, "%s", strings.TrimPrefix(err.Error(), "flag provided but not defined: "))
+	}
+	rest := top.Args()
+	if len(rest) == 0 {
+		a.topHelp(a.stderr)
+		return usagef(nil, "no command given")
+	}
+	name := rest[0]
+	rest = rest[1:]
+	if name == "help" {
+		return a.help(rest)
+	}
+	if _, ok := groups[name]; ok {
+		if len(rest) == 0 || strings.HasPrefix(rest[0], "-") {
+			if len(rest) > 0 && (rest[0] == "-h" || rest[0] == "--help" || rest[0] == "-help") {
+				a.groupHelp(a.stdout, name)
+				return flag.ErrHelp
+			}
+			a.groupHelp(a.stderr, name)
+			return usagef(nil, "'%s' needs a subcommand", name)
+		}
+		name += " " + rest[0]
+		rest = rest[1:]
+	}
+	cmd := findCommand(name)
+	if cmd == nil {
+		if c := findCommand(aliases[name]); c != nil {
+			cmd = c
+		} else {
+			return usagef(nil, "unknown command %q", name)
+		}
+	}
+	o := cmdOpts{cmd: cmd}
+	fs := cmd.flagSet(&o)
+	a.globals.register(fs) // global flags may come after the command too
+	pos, err := parseInterleaved(fs, rest)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			a.commandHelp(a.stdout, cmd)
+			return flag.ErrHelp
+		}
+		return usagef(cmd, "%s", err)
+	}
+	if err := a.globals.check(); err != nil {
+		return usagef(cmd, "%s", err)
+	}
+	if len(pos) < cmd.minArgs || cmd.maxArgs >= 0 && len(pos) > cmd.maxArgs {
+		return usagef(cmd, "usage: tide %s %s", cmd.name, cmd.args)
+	}
+	if cmd.check != nil {
+		if err := cmd.check(a, &o, pos); err != nil {
+			return err
+		}
+	}
+	if cmd.redis {
+		if err := a.connect(ctx); err != nil {
+			return err
+		}
+	}
+	return cmd.run(ctx, a, &o, pos)
+}
+
+var aliases = map[string]string{
+	"tasks list":   "tasks ls",
+	"tasks get":    "tasks show",
+	"tasks rm":     "tasks delete",
+	"cron list":    "cron ls",
+	"queue":        "queues",
+	"server":       "servers",
+	"dashboard":    "dash",
+	"gateway":      "serve",
+	"tasks remove": "tasks delete",
+}
+
+func (a *app) help(args []string) error {
+	if len(args) == 0 {
+		a.topHelp(a.stdout)
+		return nil
+	}
+	name := strings.Join(args, " ")
+	if _, ok := groups[name]; ok {
+		a.groupHelp(a.stdout, name)
+		return nil
+	}
+	cmd := findCommand(name)
+	if cmd == nil {
+		cmd = findCommand(aliases[name])
+	}
+	if cmd == nil {
+		return usagef(nil, "no help for unknown command %q", name)
+	}
+	a.commandHelp(a.stdout, cmd)
+	return nil
+}
+
+const topHelpText = `tide inspects and operates tide task queues on Redis, and serves the web
+dashboard and the HTTP gateway.
+
+Usage:
+  tide [global flags] <command> [arguments] [flags]
+
+Commands:
+%s
+Global flags (also accepted after the command):
+  --redis ADDR        Redis address, host:port or redis://[user:password@]host:port/db
+                      (rediss:// for TLS). Default $TIDE_REDIS_ADDR, else 127.0.0.1:6379.
+  --prefix P          key prefix your servers use (redisbroker.WithPrefix).
+                      Default $TIDE_PREFIX, else "tide".
+  --partitions N      partitions of queues not yet recorded in Redis (redisbroker.WithPartitions);
+                      queues in use are read with the count recorded for them. Default 1.
+  --json              print JSON instead of tables, for scripts.
+
+Exit codes:
+  0  success
+  1  the operation failed (Redis unreachable, task in the wrong state, ...)
+  2  usage error (unknown command, bad flag or argument)
+  3  the task or queue was not found
+
+Examples:
+  tide queues                                   # every queue, its sizes and today's counts
+  tide tasks ls orders --state retry            # tasks waiting to be retried
+  tide tasks show orders order-cancel:42        # one task, with payload and last error
+  tide tasks run orders --all --state archived  # retry every archived task now
+  tide --redis 10.0.0.5:6379 stats --watch      # live counters, until Ctrl-C
+  TIDE_DASH_TOKEN=... tide dash --addr :8080    # the web dashboard
+  TIDE_GATEWAY_TOKENS=... tide serve            # the HTTP gateway for other languages
+
+Run 'tide <command> --help' for a command's flags and examples.
+`
+
+func (a *app) topHelp(w io.Writer) {
+	var b strings.Builder
+	seen := map[string]bool{}
+	for _, c := range commands {
+		group, _, isSub := strings.Cut(c.name, " ")
+		if isSub {
+			if seen[group] {
+				continue
+			}
+			seen[group] = true
+			var subs []string
+			for _, s := range commands {
+				if g, sub, ok := strings.Cut(s.name, " "); ok && g == group {
+					subs = append(subs, sub)
+				}
+			}
+			fmt.Fprintf(&b, "  %-10s %s (%s)\n", group, groups[group], strings.Join(subs, ", "))
+			continue
+		}
+		fmt.Fprintf(&b, "  %-10s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(w, topHelpText, b.String())
+}
+
+func (a *app) groupHelp(w io.Writer, group string) {
+	fmt.Fprintf(w, "Usage: tide %s <subcommand> [arguments] [flags]\n\n%s.\n\nSubcommands:\n", group, upperFirst(groups[group]))
+	for _, c := range commands {
+		if g, sub, ok := strings.Cut(c.name, " "); ok && g == group {
+			fmt.Fprintf(w, "  %-8s %s\n", sub, c.summary)
+		}
+	}
+	fmt.Fprintf(w, "\nRun 'tide %s <subcommand> --help' for details.\n", group)
+}
+
+func (a *app) commandHelp(w io.Writer, c *command) {
+	fmt.Fprintf(w, "Usage: tide %s %s\n\n%s\n", c.name, c.args, strings.TrimSpace(c.help))
+	if c.flags != nil {
+		fs := c.flagSet(&cmdOpts{})
+		var b strings.Builder
+		fs.VisitAll(func(f *flag.Flag) {
+			name, usage := flag.UnquoteUsage(f)
+			left := "--" + f.Name
+			if name != "" {
+				left += " " + name
+			}
+			fmt.Fprintf(&b, "  %-22s %s", left, usage)
+			if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" && f.DefValue != "[]" && f.DefValue != "0s" {
+				fmt.Fprintf(&b, " (default %s)", f.DefValue)
+			}
+			b.WriteString("\n")
+		})
+		if b.Len() > 0 {
+			fmt.Fprintf(w, "\nFlags:\n%s", b.String())
+		}
+	}
+	fmt.Fprintln(w, "\nGlobal flags --redis, --prefix, --partitions and --json work here too (see 'tide --help').")
+}
+
+func upperFirst(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
+}
+
+func init() {
+	commands = []*command{
+		cmdQueues, cmdTasksLs, cmdTasksShow, cmdTasksDelete, cmdTasksRun, cmdTasksArchive, cmdTasksCancel,
+		cmdPause, cmdUnpause, cmdServers, cmdStats, cmdCronLs, cmdDash, cmdServe,
+	}
+}
+
+// quietRedis silences go-redis's own log lines ("failed to dial after 5
+// attempts"): the commands report connection errors themselves.
+func quietRedis() { redis.SetLogger(noLog{}) }
+
+type noLog struct{}
+
+func (noLog) Printf(context.Context, string, ...any) {}

@@ -1,0 +1,417 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tidequeue/tide"
+)
+
+var cmdQueues = &command{
+	name: "queues", args: "", maxArgs: 0, redis: true,
+	summary: "list queues with their sizes, today's counts and latency",
+	help: `
+List every queue with the number of tasks in each state, the attempts
+processed and failed today (UTC), and the latency: how long the oldest
+pending task has been waiting.
+
+Examples:
+  tide queues
+  tide queues --json | jq '.[] | select(.retry > 0) | .queue'`,
+	run: runQueues,
+}
+
+// queueJSON is a queue in --json output.
+type queueJSON struct {
+	Queue          string  `json:"queue"`
+	Paused         bool    `json:"paused"`
+	Size           int     `json:"size"`
+	Pending        int     `json:"pending"`
+	Active         int     `json:"active"`
+	Scheduled      int     `json:"scheduled"`
+	Retry          int     `json:"retry"`
+	Archived       int     `json:"archived"`
+	Completed      int     `json:"completed"`
+	ProcessedToday int     `json:"processed_today"`
+	FailedToday    int     `json:"failed_today"`
+	LatencySeconds float64 `json:"latency_seconds"`
+}
+
+func toQueueJSON(q *tide.QueueInfo) queueJSON {
+	return queueJSON{q.Queue, q.Paused, q.Size, q.Pending, q.Active, q.Scheduled, q.Retry, q.Archived, q.Completed,
+		q.Processed, q.Failed, q.Latency.Seconds()}
+}
+
+// queueInfos returns the info of every queue.
+func (a *app) queueInfos(ctx context.Context) ([]*tide.QueueInfo, error) {
+	qs, err := a.in.Queues(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("tide: list queues: %w", err)
+	}
+	out := make([]*tide.QueueInfo, 0, len(qs))
+	for _, q := range qs {
+		qi, err := a.in.QueueInfo(ctx, q)
+		if err != nil {
+			return nil, fmt.Errorf("tide: queue %s: %w", q, err)
+		}
+		out = append(out, qi)
+	}
+	return out, nil
+}
+
+func runQueues(ctx context.Context, a *app, _ *cmdOpts, _ []string) error {
+	infos, err := a.queueInfos(ctx)
+	if err != nil {
+		return err
+	}
+	if a.globals.json {
+		out := make([]queueJSON, len(infos))
+		for i, q := range infos {
+			out[i] = toQueueJSON(q)
+		}
+		return a.printJSON(out)
+	}
+	if len(infos) == 0 {
+		fmt.Fprintf(a.stdout, "No queues under prefix %q yet (is --prefix right?).\n", a.globals.prefix)
+		return nil
+	}
+	t := newTable(a.stdout, "QUEUE", "PAUSED", "PENDING", "ACTIVE", "SCHEDULED", "RETRY", "ARCHIVED", "COMPLETED", "PROCESSED TODAY", "FAILED TODAY", "LATENCY")
+	for _, q := range infos {
+		t.row(q.Queue, yesNo(q.Paused), strconv.Itoa(q.Pending), strconv.Itoa(q.Active), strconv.Itoa(q.Scheduled),
+			strconv.Itoa(q.Retry), strconv.Itoa(q.Archived), strconv.Itoa(q.Completed),
+			strconv.Itoa(q.Processed), strconv.Itoa(q.Failed), latency(q.Latency))
+	}
+	t.flush()
+	return nil
+}
+
+func latency(d time.Duration) string {
+	if d == 0 {
+		return "-"
+	}
+	return short(d)
+}
+
+var cmdPause = &command{
+	name: "pause", args: "<queue>", minArgs: 1, maxArgs: 1, redis: true,
+	summary: "stop servers from taking tasks of a queue",
+	help: `
+Pause a queue: servers stop taking its tasks (running ones finish) until
+'tide unpause'. Tasks can still be enqueued, and scheduled tasks still become
+pending.
+
+Examples:
+  tide pause emails
+  tide unpause emails`,
+	run:   func(ctx context.Context, a *app, o *cmdOpts, args []string) error { return a.pause(ctx, args[0], true) },
+	check: func(_ *app, o *cmdOpts, args []string) error { return checkQueueArg(o.cmd, args[0]) },
+}
+
+var cmdUnpause = &command{
+	name: "unpause", args: "<queue>", minArgs: 1, maxArgs: 1, redis: true,
+	summary: "resume a paused queue",
+	help: `
+Resume a queue paused with 'tide pause'.
+
+Example:
+  tide unpause emails`,
+	run: func(ctx context.Context, a *app, o *cmdOpts, args []string) error {
+		return a.pause(ctx, args[0], false)
+	},
+	check: func(_ *app, o *cmdOpts, args []string) error { return checkQueueArg(o.cmd, args[0]) },
+}
+
+func (a *app) pause(ctx context.Context, queue string, pause bool) error {
+	if err := a.knownQueue(ctx, queue); err != nil {
+		// Pausing a queue before its first task is legitimate; say so.
+		fmt.Fprintf(a.stderr, "tide: note: %v\n", err)
+	}
+	verb := "paused"
+	var err error
+	if pause {
+		err = a.in.PauseQueue(ctx, queue)
+	} else {
+		verb = "unpaused"
+		err = a.in.UnpauseQueue(ctx, queue)
+	}
+	if err != nil {
+		return fmt.Errorf("tide: %s %s: %w", strings.TrimSuffix(verb, "d"), queue, err)
+	}
+	if a.globals.json {
+		return a.printJSON(map[string]any{"queue": queue, "paused": pause})
+	}
+	fmt.Fprintf(a.stdout, "Queue %s %s.\n", queue, verb)
+	return nil
+}
+
+var cmdServers = &command{
+	name: "servers", args: "", maxArgs: 0, redis: true,
+	summary: "list live servers and the tasks they are running",
+	help: `
+List the tide servers alive now (as of their last heartbeat, at most a few
+seconds old): where they run, their queues and the tasks they are running.
+
+Examples:
+  tide servers
+  tide servers --json`,
+	run: runServers,
+}
+
+type serverJSON struct {
+	ID          string           `json:"id"`
+	Host        string           `json:"host"`
+	PID         int              `json:"pid"`
+	Concurrency int              `json:"concurrency"`
+	Queues      map[string]int   `json:"queues"`
+	Strict      bool             `json:"strict_priority"`
+	StartedAt   time.Time        `json:"started_at"`
+	Active      []activeTaskJSON `json:"active"`
+}
+
+type activeTaskJSON struct {
+	Queue     string    `json:"queue"`
+	ID        string    `json:"id"`
+	Type      string    `json:"type"`
+	StartedAt time.Time `json:"started_at"`
+}
+
+func runServers(ctx context.Context, a *app, _ *cmdOpts, _ []string) error {
+	ss, err := a.in.Servers(ctx)
+	if err != nil {
+		return fmt.Errorf("tide: list servers: %w", err)
+	}
+	if a.globals.json {
+		out := make([]serverJSON, len(ss))
+		for i, s := range ss {
+			out[i] = serverJSON{s.ID, s.Host, s.PID, s.Concurrency, s.Queues, s.Strict, s.StartedAt.UTC(), []activeTaskJSON{}}
+			for _, t := range s.Active {
+				out[i].Active = append(out[i].Active, activeTaskJSON{t.Queue, t.ID, t.Type, t.StartedAt.UTC()})
+			}
+		}
+		return a.printJSON(out)
+	}
+	if len(ss) == 0 {
+		fmt.Fprintln(a.stdout, "No live servers.")
+		return nil
+	}
+	now := time.Now()
+	t := newTable(a.stdout, "ID", "HOST", "PID", "QUEUES", "BUSY", "STARTED")
+	for _, s := range ss {
+		var qs []string
+		for _, q := range slices.Sorted(maps.Keys(s.Queues)) {
+			qs = append(qs, fmt.Sprintf("%s=%d", q, s.Queues[q]))
+		}
+		queues := strings.Join(qs, ",")
+		if s.Strict {
+			queues += " (strict)"
+		}
+		t.row(s.ID, s.Host, strconv.Itoa(s.PID), queues, fmt.Sprintf("%d/%d", len(s.Active), s.Concurrency), when(s.StartedAt, now))
+	}
+	t.flush()
+	var active int
+	for _, s := range ss {
+		active += len(s.Active)
+	}
+	if active > 0 {
+		fmt.Fprintln(a.stdout)
+		t = newTable(a.stdout, "SERVER", "QUEUE", "TASK ID", "TYPE", "RUNNING FOR")
+		for _, s := range ss {
+			for _, x := range s.Active {
+				t.row(s.ID, x.Queue, x.ID, x.Type, short(now.Sub(x.StartedAt)))
+			}
+		}
+		t.flush()
+	}
+	return nil
+}
+
+var cmdStats = &command{
+	name: "stats", args: "[--watch] [--interval 2s] [--count N]", maxArgs: 0, redis: true,
+	summary: "processed and failed counts per queue, optionally refreshing",
+	flags: func(fs *flag.FlagSet, o *cmdOpts) {
+		o.interval = durationFlag(2 * time.Second)
+		fs.BoolVar(&o.watch, "watch", false, "refresh every --interval until interrupted (Ctrl-C)")
+		fs.Var(&o.interval, "interval", "time between refreshes with --watch, e.g. `1s`")
+		fs.IntVar(&o.count, "count", 0, "with --watch, stop after `N` refreshes (0: until interrupted)")
+	},
+	help: `
+Show, per queue, the attempts processed and failed today (UTC), the error
+rate, and the pending, active and retry sizes. With --watch the numbers are
+refreshed every --interval with the processing rate since the last refresh;
+with --json each refresh is one JSON object on its own line.
+
+Examples:
+  tide stats
+  tide stats --watch --interval 5s
+  tide stats --watch --json --count 12 > stats.ndjson`,
+	check: func(_ *app, o *cmdOpts, _ []string) error {
+		if !o.watch && o.count != 0 {
+			return usagef(o.cmd, "--count needs --watch")
+		}
+		if o.count < 0 {
+			return usagef(o.cmd, "--count %d is negative", o.count)
+		}
+		return nil
+	},
+	run: runStats,
+}
+
+type statsJSON struct {
+	Time   time.Time        `json:"time"`
+	Queues []queueStatsJSON `json:"queues"`
+}
+
+type queueStatsJSON struct {
+	Queue          string   `json:"queue"`
+	ProcessedToday int      `json:"processed_today"`
+	FailedToday    int      `json:"failed_today"`
+	PerSecond      *float64 `json:"processed_per_second,omitempty"`
+	Pending        int      `json:"pending"`
+	Active         int      `json:"active"`
+	Retry          int      `json:"retry"`
+	Archived       int      `json:"archived"`
+	LatencySeconds float64  `json:"latency_seconds"`
+}
+
+func runStats(ctx context.Context, a *app, o *cmdOpts, _ []string) error {
+	clear := o.watch && !a.globals.json && isTerminal(a.stdout)
+	prev := map[string]int{}
+	var prevAt time.Time
+	for i := 1; ; i++ {
+		infos, err := a.queueInfos(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil // interrupted mid-refresh
+			}
+			return err
+		}
+		now := time.Now()
+		snap := statsJSON{Time: now.UTC(), Queues: []queueStatsJSON{}}
+		for _, q := range infos {
+			s := queueStatsJSON{Queue: q.Queue, ProcessedToday: q.Processed, FailedToday: q.Failed,
+				Pending: q.Pending, Active: q.Active, Retry: q.Retry, Archived: q.Archived, LatencySeconds: q.Latency.Seconds()}
+			if p, ok := prev[q.Queue]; ok && now.After(prevAt) {
+				rate := max(float64(q.Processed-p), 0) / now.Sub(prevAt).Seconds()
+				s.PerSecond = &rate
+			}
+			prev[q.Queue] = q.Processed
+			snap.Queues = append(snap.Queues, s)
+		}
+		prevAt = now
+		if a.globals.json {
+			if err := writeLineJSON(a.stdout, snap); err != nil {
+				return err
+			}
+		} else {
+			if clear {
+				fmt.Fprint(a.stdout, "\x1b[H\x1b[2J")
+			}
+			printStats(a, snap, o.watch)
+		}
+		if !o.watch || o.count > 0 && i >= o.count {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Duration(o.interval)):
+		}
+	}
+}
+
+func printStats(a *app, s statsJSON, watch bool) {
+	if watch {
+		fmt.Fprintf(a.stdout, "%s (counts are for today, UTC; Ctrl-C to stop)\n", s.Time.Format("2006-01-02 15:04:05 MST"))
+	}
+	if len(s.Queues) == 0 {
+		fmt.Fprintf(a.stdout, "No queues under prefix %q yet.\n", a.globals.prefix)
+		return
+	}
+	t := newTable(a.stdout, "QUEUE", "PROCESSED", "FAILED", "ERROR RATE", "PER SECOND", "PENDING", "ACTIVE", "RETRY", "LATENCY")
+	for _, q := range s.Queues {
+		errRate := "-"
+		if q.ProcessedToday > 0 {
+			errRate = fmt.Sprintf("%.1f%%", 100*float64(q.FailedToday)/float64(q.ProcessedToday))
+		}
+		rate := "-"
+		if q.PerSecond != nil {
+			rate = fmt.Sprintf("%.1f", *q.PerSecond)
+		}
+		t.row(q.Queue, strconv.Itoa(q.ProcessedToday), strconv.Itoa(q.FailedToday), errRate, rate,
+			strconv.Itoa(q.Pending), strconv.Itoa(q.Active), strconv.Itoa(q.Retry), latency(time.Duration(q.LatencySeconds*float64(time.Second))))
+	}
+	t.flush()
+	if watch {
+		fmt.Fprintln(a.stdout)
+	}
+}
+
+var cmdCronLs = &command{
+	name: "cron ls", args: "", maxArgs: 0, redis: true,
+	summary: "list the periodic tasks of live schedulers",
+	help: `
+List the periodic tasks registered by running tide Schedulers: the cron
+spec, the task type and queue, and when each runs next and ran last.
+
+Examples:
+  tide cron ls
+  tide cron ls --json`,
+	run: runCronLs,
+}
+
+type cronJSON struct {
+	SchedulerID string     `json:"scheduler_id"`
+	ID          string     `json:"id"`
+	Spec        string     `json:"spec"`
+	Type        string     `json:"type"`
+	Queue       string     `json:"queue"`
+	Next        time.Time  `json:"next"`
+	Prev        *time.Time `json:"prev,omitempty"`
+}
+
+func runCronLs(ctx context.Context, a *app, _ *cmdOpts, _ []string) error {
+	es, err := a.in.SchedulerEntries(ctx)
+	if err != nil {
+		return fmt.Errorf("tide: list scheduler entries: %w", err)
+	}
+	if a.globals.json {
+		out := make([]cronJSON, len(es))
+		for i, e := range es {
+			out[i] = cronJSON{e.SchedulerID, e.ID, e.Spec, e.Type, e.Queue, e.Next.UTC(), nil}
+			if !e.Prev.IsZero() {
+				p := e.Prev.UTC()
+				out[i].Prev = &p
+			}
+		}
+		return a.printJSON(out)
+	}
+	if len(es) == 0 {
+		fmt.Fprintln(a.stdout, "No periodic tasks (no live scheduler has registered any).")
+		return nil
+	}
+	now := time.Now()
+	t := newTable(a.stdout, "ID", "SPEC", "TYPE", "QUEUE", "NEXT", "PREVIOUS", "SCHEDULER")
+	for _, e := range es {
+		t.row(e.ID, e.Spec, e.Type, e.Queue, when(e.Next, now), when(e.Prev, now), e.SchedulerID)
+	}
+	t.flush()
+	return nil
+}
+
+// isTerminal reports whether w is a terminal (to clear the screen between
+// refreshes).
+func isTerminal(w any) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

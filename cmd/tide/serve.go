@@ -1,0 +1,247 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/dashboard"
+	"github.com/tidequeue/tide/gateway"
+	"github.com/tidequeue/tide/webhook"
+)
+
+var cmdServe = &command{
+	name: "serve", args: "[--addr :8080] [--token T]... [--webhook-secret S --webhook-allow HOSTS]", maxArgs: 0, redis: true,
+	summary: "run the HTTP gateway (and the webhook sender) with /metrics",
+	flags: func(fs *flag.FlagSet, o *cmdOpts) {
+		fs.StringVar(&o.addr, "addr", ":8080", "`address` to listen on")
+		fs.Var(&o.tokens, "token", "bearer `token` clients must send; repeat for several (default $TIDE_GATEWAY_TOKENS, comma-separated)")
+		fs.Int64Var(&o.maxBody, "max-body", gateway.DefaultMaxBodyBytes, "largest request body, in `bytes`")
+		fs.Var(&o.allowQueues, "allow-queue", "only allow these `queues` (repeat, or comma-separate); default all")
+		fs.StringVar(&o.whSecret, "webhook-secret", "", "send tide:webhook tasks, signed with this `secret` (default $TIDE_WEBHOOK_SECRET)")
+		fs.Var(&o.whAllow, "webhook-allow", "`hosts` webhooks may call: host, host:port or *.domain (repeat, or comma-separate; default $TIDE_WEBHOOK_ALLOW)")
+		fs.StringVar(&o.whQueue, "webhook-queue", webhook.DefaultQueue, "`queue` of the webhook tasks")
+		fs.IntVar(&o.whConc, "webhook-concurrency", 10, "webhooks sent at once")
+		o.whTimeout = durationFlag(webhook.DefaultTimeout)
+		fs.Var(&o.whTimeout, "webhook-timeout", "time a receiver has to answer, e.g. `10s`")
+		fs.BoolVar(&o.whPrivate, "webhook-allow-private", false, "let webhooks reach loopback and private addresses")
+	},
+	help: `
+Run the HTTP gateway, through which applications in any language enqueue,
+inspect and delete tasks with JSON over HTTP:
+
+  POST   /v1/tasks                               enqueue a task
+  GET    /v1/queues/{queue}/tasks/{id}           read a task
+  DELETE /v1/queues/{queue}/tasks/{id}           delete a task that is not running
+  POST   /v1/queues/{queue}/tasks/{id}/cancel    cancel a running task
+  GET    /healthz                                liveness, no token needed
+  GET    /metrics                                Prometheus metrics, no token needed
+
+Every /v1 request needs "Authorization: Bearer <token>" with one of the
+tokens. Put TLS in front of it (a proxy or load balancer): tokens are
+passwords. Prefer the environment variables for secrets: flags show in 'ps'.
+
+With a webhook secret and allowed hosts, serve also runs a tide server that
+sends the tide:webhook tasks of --webhook-queue: each is POSTed (or its
+method) to its URL, signed with "Tide-Signature: t=<unix>,v1=<hex
+HMAC-SHA256 of t.body>", and retried on 5xx, 408, 429 and timeouts (15s, 3m,
+10m, 30m, 1h, 2h, 6h, then every 15h). Only the allowed hosts are called,
+and never private or loopback addresses unless --webhook-allow-private.
+
+/metrics has the queue sizes and latency of every queue (read from Redis at
+each scrape) and, with webhooks, the attempts this process made.
+
+Stops on SIGINT or SIGTERM, letting requests and webhooks in flight finish.
+
+Examples:
+  export TIDE_GATEWAY_TOKENS=$(openssl rand -hex 32)
+  tide serve --addr :8080
+
+  TIDE_WEBHOOK_SECRET=$(cat /run/secrets/webhook) \
+    tide serve --webhook-allow hooks.example.com,*.partner.example
+
+  curl -X POST localhost:8080/v1/tasks -H "Authorization: Bearer $TIDE_GATEWAY_TOKENS" \
+    -H 'Content-Type: application/json' \
+    -d '{"type":"order:cancel","payload":{"order_id":42},"task_id":"order-cancel:42","delay":"15m"}'`,
+	check: checkServe,
+	run:   runServe,
+}
+
+// checkServe resolves the tokens and webhook settings from flags and the
+// environment into o, and checks them before connecting.
+func checkServe(a *app, o *cmdOpts, _ []string) error {
+	if len(o.tokens) == 0 {
+		_ = o.tokens.Set(a.env("TIDE_GATEWAY_TOKENS"))
+	}
+	if len(o.tokens) == 0 {
+		return usagef(o.cmd, "serve needs a token: pass --token or set TIDE_GATEWAY_TOKENS (generate one with: openssl rand -hex 32)")
+	}
+	for i, t := range o.tokens {
+		if len(t) < gateway.MinTokenLength {
+			return usagef(o.cmd, "token %d is %d characters; use at least %d (openssl rand -hex 32)", i+1, len(t), gateway.MinTokenLength)
+		}
+	}
+	if o.whSecret == "" {
+		o.whSecret = a.env("TIDE_WEBHOOK_SECRET")
+	}
+	if len(o.whAllow) == 0 {
+		_ = o.whAllow.Set(a.env("TIDE_WEBHOOK_ALLOW"))
+	}
+	switch {
+	case o.whSecret != "" && len(o.whAllow) == 0:
+		return usagef(o.cmd, "a webhook secret needs --webhook-allow (or TIDE_WEBHOOK_ALLOW): the hosts webhooks may call")
+	case o.whSecret == "" && len(o.whAllow) > 0:
+		return usagef(o.cmd, "--webhook-allow needs a webhook secret: --webhook-secret or TIDE_WEBHOOK_SECRET")
+	case o.whSecret == "":
+		return nil
+	}
+	if o.whConc < 1 {
+		return usagef(o.cmd, "--webhook-concurrency %d must be at least 1", o.whConc)
+	}
+	if err := tide.ValidateQueueName(o.whQueue); err != nil {
+		return usagef(o.cmd, "--webhook-queue: %s", strings.TrimPrefix(err.Error(), tide.ErrInvalidTask.Error()+": "))
+	}
+	if _, err := webhook.Handler(o.webhookConfig()); err != nil {
+		return usagef(o.cmd, "%s", strings.TrimPrefix(err.Error(), "tide: "))
+	}
+	return nil
+}
+
+func (o *cmdOpts) webhookConfig() webhook.Config {
+	return webhook.Config{
+		Secret: []byte(o.whSecret), AllowedHosts: o.whAllow, AllowPrivateNetworks: o.whPrivate, Timeout: time.Duration(o.whTimeout),
+	}
+}
+
+func runServe(ctx context.Context, a *app, o *cmdOpts, _ []string) error {
+	log := slog.New(slog.NewTextHandler(a.stderr, nil))
+
+	gw, err := gateway.New(a.c, a.in, gateway.Config{Tokens: o.tokens, MaxBodyBytes: o.maxBody, AllowedQueues: o.allowQueues, Logger: log})
+	if err != nil {
+		return usagef(o.cmd, "%s", strings.TrimPrefix(err.Error(), "tide: "))
+	}
+	m, err := newMetrics(a.in)
+	if err != nil {
+		return err
+	}
+	defer m.shutdown()
+
+	if o.whSecret != "" {
+		h, err := webhook.Handler(o.webhookConfig())
+		if err != nil {
+			return usagef(o.cmd, "%s", strings.TrimPrefix(err.Error(), "tide: "))
+		}
+		mux := tide.NewServeMux()
+		mux.Use(m.mw)
+		mux.Handle(webhook.TaskType, h)
+		srv := tide.NewServer(a.b, tide.Config{
+			Concurrency:    o.whConc,
+			Queues:         map[string]int{o.whQueue: 1},
+			RetryDelayFunc: webhook.RetryDelayFunc(nil),
+			Logger:         log,
+		})
+		if err := srv.Start(mux); err != nil {
+			return fmt.Errorf("tide: start the webhook server: %w", err)
+		}
+		defer srv.Shutdown()
+		fmt.Fprintf(a.stderr, "tide: sending webhooks from queue %q to %s\n", o.whQueue, strings.Join(o.whAllow, ", "))
+	}
+
+	h := http.NewServeMux()
+	h.Handle("/metrics", m.handler)
+	h.Handle("/", gw)
+	return a.serveHTTP(ctx, o.addr, h, "gateway", log)
+}
+
+var cmdDash = &command{
+	name: "dash", args: "[--addr :8080] [--token T] [--title T]", maxArgs: 0, redis: true,
+	summary: "serve the web dashboard, with /metrics",
+	flags: func(fs *flag.FlagSet, o *cmdOpts) {
+		fs.StringVar(&o.addr, "addr", ":8080", "`address` to listen on")
+		fs.StringVar(&o.token, "token", "", "`token` operators log in with to change things (default $TIDE_DASH_TOKEN); without one the dashboard is read-only")
+		fs.StringVar(&o.title, "title", "", "`title` shown in the dashboard (e.g. the environment)")
+	},
+	help: `
+Serve the web dashboard: queues, tasks, servers and periodic tasks, with
+buttons to run, archive, delete and cancel tasks and to pause queues. Those
+changes need the token (log in with it); without a token the dashboard is
+read-only. Reading needs no token: bind to a private address or put the
+dashboard behind your SSO proxy. Prefer TIDE_DASH_TOKEN: flags show in 'ps'.
+
+/metrics serves the queue sizes, latency and pause state of every queue in
+the Prometheus format (read from Redis at each scrape).
+
+Stops on SIGINT or SIGTERM.
+
+Examples:
+  TIDE_DASH_TOKEN=$(openssl rand -hex 32) tide dash --addr :8080 --title production
+  tide dash --addr 127.0.0.1:8080     # read-only, this machine only`,
+	run: runDash,
+}
+
+func runDash(ctx context.Context, a *app, o *cmdOpts, _ []string) error {
+	token := o.token
+	if token == "" {
+		token = a.env("TIDE_DASH_TOKEN")
+	}
+	log := slog.New(slog.NewTextHandler(a.stderr, nil))
+	dash, err := dashboard.New(a.in, dashboard.Options{Token: token, Title: o.title, Logger: log})
+	if err != nil {
+		return fmt.Errorf("tide: dashboard: %w", err)
+	}
+	if token == "" {
+		fmt.Fprintln(a.stderr, "tide: no --token or TIDE_DASH_TOKEN: the dashboard is read-only")
+	}
+	m, err := newMetrics(a.in)
+	if err != nil {
+		return err
+	}
+	defer m.shutdown()
+	h := http.NewServeMux()
+	h.Handle("/metrics", m.handler)
+	h.Handle("/", dash)
+	return a.serveHTTP(ctx, o.addr, h, "dashboard", log)
+}
+
+// serveHTTP serves h on addr until ctx ends, then shuts down gracefully.
+// It reports the address it listens on (useful with port 0) on stderr.
+func (a *app) serveHTTP(ctx context.Context, addr string, h http.Handler, what string, log *slog.Logger) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("tide: %s: cannot listen on %s: %v (is another program using the port? choose another with --addr)", what, addr, err)
+	}
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       time.Minute,
+		WriteTimeout:      time.Minute,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	fmt.Fprintf(a.stderr, "tide: %s listening on http://%s\n", what, ln.Addr())
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("tide: %s: %w", what, err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		_ = srv.Close()
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("tide: %s: %w", what, err)
+	}
+	fmt.Fprintf(a.stderr, "tide: %s stopped\n", what)
+	return nil
+}

@@ -1,0 +1,193 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/webhook"
+)
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+var listening = regexp.MustCompile(`listening on (http://\S+)`)
+
+// start runs a long-running command until the test ends and returns the
+// base URL it listens on.
+func (e *env) start(args ...string) (base string, stop func() result) {
+	e.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var out, errb syncBuffer
+	done := make(chan int, 1)
+	full := append([]string{"--redis", e.addr, "--prefix", e.prefix}, args...)
+	go func() { done <- run(ctx, full, func(k string) string { return e.vars[k] }, &out, &errb) }()
+	var once sync.Once
+	var res result
+	stop = func() result {
+		once.Do(func() {
+			cancel()
+			select {
+			case code := <-done:
+				res = result{code, out.String(), errb.String()}
+			case <-time.After(20 * time.Second):
+				e.t.Errorf("%s did not stop", args[0])
+			}
+		})
+		return res
+	}
+	e.t.Cleanup(func() { stop() })
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if m := listening.FindStringSubmatch(errb.String()); m != nil {
+			return m[1], stop
+		}
+		select {
+		case code := <-done:
+			e.t.Fatalf("%s exited with %d:\n%s", args[0], code, errb.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%s did not start listening:\n%s", args[0], errb.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func get(t *testing.T, url string, header ...string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url, nil)
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func post(t *testing.T, url, token, body string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestServe(t *testing.T) {
+	e := setup(t)
+	const token = "gateway-token-0123456789"
+	const secret = "webhook-secret-0123456789"
+	got := make(chan error, 10)
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		got <- webhook.Verify([]byte(secret), r.Header.Get(webhook.SignatureHeader), body, time.Minute)
+	}))
+	defer recv.Close()
+	e.vars["TIDE_GATEWAY_TOKENS"] = "other-token-0123456789abc, " + token
+	e.vars["TIDE_WEBHOOK_SECRET"] = secret
+	base, stop := e.start("serve", "--addr", "127.0.0.1:0", "--webhook-allow", "127.0.0.1", "--webhook-allow-private")
+
+	// The gateway enqueues.
+	code, body := post(t, base+"/v1/tasks", token, `{"type":"order:cancel","payload":{"order_id":42},"task_id":"oc-42","delay":"15m"}`)
+	if code != http.StatusCreated || !strings.Contains(body, `"state":"scheduled"`) {
+		t.Fatalf("POST /v1/tasks: %d %s", code, body)
+	}
+	if ti, err := e.in.GetTaskInfo(context.Background(), "default", "oc-42"); err != nil || ti.State != tide.StateScheduled {
+		t.Fatalf("the task: %+v %v", ti, err)
+	}
+	if code, _ := post(t, base+"/v1/tasks", "wrong-token-0123456789", `{"type":"a"}`); code != http.StatusUnauthorized {
+		t.Errorf("wrong token: %d", code)
+	}
+
+	// A webhook task enqueued through the gateway is sent, signed.
+	code, body = post(t, base+"/v1/tasks", token, `{"type":"tide:webhook","payload":{"url":"`+recv.URL+`/hook","body":"{\"paid\":true}"}}`)
+	if code != http.StatusCreated || !strings.Contains(body, `"queue":"webhooks"`) {
+		t.Fatalf("POST webhook: %d %s", code, body)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Errorf("the receiver could not verify the signature: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the webhook was not sent")
+	}
+
+	// /metrics: queue gauges from the Inspector, attempt metrics from the
+	// middleware (once the attempt is recorded), Go runtime metrics.
+	var metrics string
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var status int
+		status, metrics = get(t, base+"/metrics")
+		if status != http.StatusOK {
+			t.Fatalf("/metrics: %d", status)
+		}
+		if strings.Contains(metrics, "tide_tasks_processed") || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, want := range []string{"tide_queue_size", `messaging_destination_name="default"`, `messaging_tide_task_state="scheduled"`,
+		"tide_tasks_processed", "tide_queue_latency", "tide_queue_paused", "go_goroutines"} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if code, _ := get(t, base+"/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz: %d", code)
+	}
+
+	r := stop()
+	if r.code != exitOK || !strings.Contains(r.stderr, "gateway stopped") {
+		t.Errorf("serve exited with %d:\n%s", r.code, r.stderr)
+	}
+	if strings.Contains(r.stderr, token) || strings.Contains(r.stderr, secret) {
+		t.Errorf("a secret was logged:\n%s", r.stderr)
+	}
+}
+
+func TestDash(t *testing.T) {
+	e := setup(t)
+	e.enqueue("t", "{}", tide.Queue("visible-queue"))
+	e.vars["TIDE_DASH_TOKEN"] = "dash-token-0123456789abcdef"
+	base, stop := e.start("dash", "--addr", "127.0.0.1:0", "--title", "staging")
+	code, body := get(t, base+"/")
+	if code != http.StatusOK || !strings.Contains(body, "staging") || !strings.Contains(body, "visible-queue") {
+		t.Errorf("GET /: %d\n%.500s", code, body)
+	}
+	code, body = get(t, base+"/metrics")
+	if code != http.StatusOK || !strings.Contains(body, `tide_queue_size{`) || !strings.Contains(body, "visible-queue") {
+		t.Errorf("GET /metrics: %d\n%.2000s", code, body)
+	}
+	r := stop()
+	if r.code != exitOK || strings.Contains(r.stderr, "read-only") {
+		t.Errorf("dash exited with %d:\n%s", r.code, r.stderr)
+	}
+}
+
+func TestListenError(t *testing.T) {
+	e := setup(t)
+	e.vars["TIDE_GATEWAY_TOKENS"] = "gateway-token-0123456789"
+	r := e.tide("serve", "--addr", "256.0.0.1:1")
+	if r.code != exitError || !strings.Contains(r.stderr, "cannot listen on 256.0.0.1:1") {
+		t.Errorf("exit %d: %s", r.code, r.stderr)
+	}
+}

@@ -1,0 +1,374 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/gateway"
+)
+
+var stateNames = map[string]tide.TaskState{
+	"pending": tide.StatePending, "active": tide.StateActive, "scheduled": tide.StateScheduled,
+	"retry": tide.StateRetry, "archived": tide.StateArchived, "completed": tide.StateCompleted,
+}
+
+// parseState reads --state, accepting only the states in allowed.
+func parseState(cmd *command, s string, allowed ...tide.TaskState) (tide.TaskState, error) {
+	st, ok := stateNames[strings.ToLower(s)]
+	if ok && slices.Contains(allowed, st) {
+		return st, nil
+	}
+	names := make([]string, len(allowed))
+	for i, a := range allowed {
+		names[i] = a.String()
+	}
+	if s == "" {
+		return 0, usagef(cmd, "--state is required (one of %s)", strings.Join(names, ", "))
+	}
+	return 0, usagef(cmd, "--state %q: must be one of %s", s, strings.Join(names, ", "))
+}
+
+var allStates = []tide.TaskState{tide.StatePending, tide.StateActive, tide.StateScheduled, tide.StateRetry, tide.StateArchived, tide.StateCompleted}
+
+var cmdTasksLs = &command{
+	name: "tasks ls", args: "<queue> [--state S] [--page N] [--size N]", minArgs: 1, maxArgs: 1, redis: true,
+	summary: "list the tasks of a queue in one state",
+	flags: func(fs *flag.FlagSet, o *cmdOpts) {
+		fs.StringVar(&o.state, "state", "pending", "`state` to list: pending, active, scheduled, retry, archived or completed")
+		fs.IntVar(&o.page, "page", 1, "page `N` to show, from 1")
+		fs.IntVar(&o.size, "size", 20, "`N` tasks per page, 1 to 1000")
+	},
+	help: `
+List the tasks of a queue in one state, a page at a time: pending oldest
+first, scheduled and retry by due time, archived and completed by time,
+active by lease expiry. Payloads are not shown; use 'tide tasks show' (or
+--json, which includes them).
+
+Examples:
+  tide tasks ls orders
+  tide tasks ls orders --state retry
+  tide tasks ls orders --state archived --page 2 --size 100
+  tide tasks ls orders --state scheduled --json | jq -r '.[].id'`,
+	check: func(_ *app, o *cmdOpts, args []string) error {
+		if _, err := parseState(o.cmd, o.state, allStates...); err != nil {
+			return err
+		}
+		if o.page < 1 {
+			return usagef(o.cmd, "--page %d: pages start at 1", o.page)
+		}
+		if o.size < 1 || o.size > tide.MaxPageSize {
+			return usagef(o.cmd, "--size %d: must be between 1 and %d", o.size, tide.MaxPageSize)
+		}
+		return checkQueueArg(o.cmd, args[0])
+	},
+	run: runTasksLs,
+}
+
+// checkQueueArg reports an invalid queue name as a usage error.
+func checkQueueArg(cmd *command, queue string) error {
+	if err := tide.ValidateQueueName(queue); err != nil {
+		return usagef(cmd, "%s", strings.TrimPrefix(err.Error(), tide.ErrInvalidTask.Error()+": "))
+	}
+	return nil
+}
+
+func runTasksLs(ctx context.Context, a *app, o *cmdOpts, args []string) error {
+	queue := args[0]
+	st, _ := parseState(o.cmd, o.state, allStates...)
+	if err := a.knownQueue(ctx, queue); err != nil {
+		return err
+	}
+	ts, err := a.in.ListTasks(ctx, queue, st, o.page, o.size)
+	if err != nil {
+		return fmt.Errorf("tide: list %s tasks of %s: %w", st, queue, err)
+	}
+	if a.globals.json {
+		out := make([]*gateway.Task, len(ts))
+		for i, t := range ts {
+			out[i] = gateway.TaskFromInfo(t)
+		}
+		return a.printJSON(out)
+	}
+	if len(ts) == 0 {
+		if o.page > 1 {
+			fmt.Fprintf(a.stdout, "No %s tasks in queue %s on page %d.\n", st, queue, o.page)
+		} else {
+			fmt.Fprintf(a.stdout, "No %s tasks in queue %s.\n", st, queue)
+		}
+		return nil
+	}
+	now := time.Now()
+	timeCol := map[tide.TaskState]string{
+		tide.StatePending: "READY", tide.StateActive: "DUE", tide.StateScheduled: "DUE", tide.StateRetry: "RETRY AT",
+		tide.StateArchived: "FAILED", tide.StateCompleted: "COMPLETED",
+	}[st]
+	t := newTable(a.stdout, "ID", "TYPE", "RETRIED", timeCol, "LAST ERROR")
+	for _, ti := range ts {
+		at := ti.NextProcessAt
+		switch st {
+		case tide.StateArchived:
+			at = ti.LastFailedAt
+		case tide.StateCompleted:
+			at = ti.CompletedAt
+		}
+		t.row(ti.ID, ti.Type, fmt.Sprintf("%d/%d", ti.Retried, ti.MaxRetry), when(at, now), orDash(firstLine(ti.LastErr, 60)))
+	}
+	t.flush()
+	if len(ts) == o.size {
+		fmt.Fprintf(a.stdout, "\nPage %d (%d per page). Next: tide tasks ls %s --state %s --page %d --size %d\n", o.page, o.size, queue, st, o.page+1, o.size)
+	}
+	return nil
+}
+
+var cmdTasksShow = &command{
+	name: "tasks show", args: "<queue> <id>", minArgs: 2, maxArgs: 2, redis: true,
+	summary: "show one task: state, payload, last error, result",
+	help: `
+Show everything about one task: its state, when it is due, retries, the last
+error (with a stack trace for panics), headers, payload and result. A
+payload is shown as JSON or text when it is, else as base64; long ones are
+cut (--json shows all).
+
+Exits with 3 when there is no such task.
+
+Examples:
+  tide tasks show orders order-cancel:42
+  tide tasks show orders order-cancel:42 --json | jq .payload`,
+	check: func(_ *app, o *cmdOpts, args []string) error { return checkQueueArg(o.cmd, args[0]) },
+	run:   runTasksShow,
+}
+
+func runTasksShow(ctx context.Context, a *app, _ *cmdOpts, args []string) error {
+	queue, id := args[0], args[1]
+	ti, err := a.in.GetTaskInfo(ctx, queue, id)
+	if err != nil {
+		return taskErr("show", queue, id, err)
+	}
+	if a.globals.json {
+		return a.printJSON(gateway.TaskFromInfo(ti))
+	}
+	now := time.Now()
+	t := newTable(a.stdout)
+	kv := func(k, v string) { t.row(k+":", v) }
+	kv("ID", ti.ID)
+	kv("Queue", ti.Queue)
+	kv("Type", ti.Type)
+	kv("State", ti.State.String())
+	kv("Next process at", stamp(ti.NextProcessAt, now))
+	kv("Retried", fmt.Sprintf("%d of %d", ti.Retried, ti.MaxRetry))
+	kv("Last failed at", stamp(ti.LastFailedAt, now))
+	kv("Completed at", stamp(ti.CompletedAt, now))
+	kv("Timeout", durOrDash(ti.Timeout))
+	kv("Deadline", stamp(ti.Deadline, now))
+	kv("Retention", durOrDash(ti.Retention))
+	if len(ti.Headers) == 0 {
+		kv("Headers", "-")
+	}
+	for i, k := range slices.Sorted(maps.Keys(ti.Headers)) {
+		label := ""
+		if i == 0 {
+			label = "Headers:"
+		}
+		t.row(label, k+": "+ti.Headers[k])
+	}
+	kv("Payload", showBytes(ti.Payload))
+	if len(ti.Result) > 0 {
+		kv("Result", showBytes(ti.Result))
+	}
+	t.flush()
+	if ti.LastErr != "" {
+		fmt.Fprintln(a.stdout, "Last error:")
+		for line := range strings.SplitSeq(strings.TrimRight(ti.LastErr, "\n"), "\n") {
+			fmt.Fprintln(a.stdout, "  "+line)
+		}
+	} else {
+		fmt.Fprintln(a.stdout, "Last error:       -")
+	}
+	return nil
+}
+
+func durOrDash(d time.Duration) string {
+	if d == 0 {
+		return "-"
+	}
+	return d.String()
+}
+
+// showBytes renders a payload or result for people.
+func showBytes(b []byte) string {
+	const limit = 2048
+	if len(b) == 0 {
+		return "(empty)"
+	}
+	var s, kind string
+	switch {
+	case json.Valid(b):
+		s, kind = string(b), "JSON"
+	case utf8.Valid(b) && !strings.ContainsFunc(string(b), func(r rune) bool { return r < 0x20 && r != '\n' && r != '\t' }):
+		s, kind = strconv.Quote(string(b)), "text"
+	default:
+		s, kind = base64.StdEncoding.EncodeToString(b), "base64"
+	}
+	if len(s) > limit {
+		s = s[:limit] + "…"
+	}
+	return fmt.Sprintf("%s  (%s, %s)", s, kind, plural(len(b), "byte", "bytes"))
+}
+
+// taskErr words an error about one task.
+func taskErr(op, queue, id string, err error) error {
+	switch {
+	case errors.Is(err, tide.ErrTaskNotFound):
+		return &notFoundError{msg: fmt.Sprintf("tide: no task %q in queue %q (it may have finished; 'tide tasks ls %s --state completed' lists retained ones)", id, queue, queue)}
+	case errors.Is(err, tide.ErrTaskActive):
+		return fmt.Errorf("tide: cannot %s task %q: it is running; cancel it first with 'tide tasks cancel %s %s'", op, id, queue, id)
+	case errors.Is(err, tide.ErrInvalidTask):
+		return &usageError{msg: strings.TrimPrefix(err.Error(), tide.ErrInvalidTask.Error()+": ")}
+	}
+	return fmt.Errorf("tide: %s task %q in queue %q: %s", op, id, queue, strings.TrimPrefix(err.Error(), "tide: "))
+}
+
+// bulkCommand builds "tasks delete|run|archive".
+func bulkCommand(verb, summary, help string, allowed []tide.TaskState,
+	one func(in *tide.Inspector, ctx context.Context, queue, id string) error,
+	all func(in *tide.Inspector, ctx context.Context, queue string, st tide.TaskState) (int, error)) *command {
+	var names []string
+	for _, s := range allowed {
+		names = append(names, s.String())
+	}
+	past := map[string]string{"delete": "deleted", "run": "made pending", "archive": "archived"}[verb]
+	return &command{
+		name: "tasks " + verb, args: "<queue> <id> | <queue> --all --state S", minArgs: 1, maxArgs: 2, redis: true,
+		summary: summary,
+		flags: func(fs *flag.FlagSet, o *cmdOpts) {
+			fs.BoolVar(&o.all, "all", false, "every task of the queue in --state instead of one")
+			fs.StringVar(&o.state, "state", "", "with --all, the `state`: "+strings.Join(names, ", "))
+		},
+		help: help,
+		check: func(_ *app, o *cmdOpts, args []string) error {
+			if !o.all {
+				if len(args) != 2 {
+					return usagef(o.cmd, "give a task ID, or --all --state S for every task in a state")
+				}
+				if o.state != "" {
+					return usagef(o.cmd, "--state only goes with --all")
+				}
+				return checkQueueArg(o.cmd, args[0])
+			}
+			if len(args) != 1 {
+				return usagef(o.cmd, "give either a task ID or --all, not both")
+			}
+			if _, err := parseState(o.cmd, o.state, allowed...); err != nil {
+				return err
+			}
+			return checkQueueArg(o.cmd, args[0])
+		},
+		run: func(ctx context.Context, a *app, o *cmdOpts, args []string) error {
+			queue := args[0]
+			if !o.all {
+				if err := one(a.in, ctx, queue, args[1]); err != nil {
+					return taskErr(verb, queue, args[1], err)
+				}
+				if a.globals.json {
+					return a.printJSON(map[string]any{"queue": queue, "id": args[1], "count": 1})
+				}
+				fmt.Fprintf(a.stdout, "Task %s in queue %s %s.\n", args[1], queue, past)
+				return nil
+			}
+			st, _ := parseState(o.cmd, o.state, allowed...)
+			if err := a.knownQueue(ctx, queue); err != nil {
+				return err
+			}
+			n, err := all(a.in, ctx, queue, st)
+			if err != nil {
+				return fmt.Errorf("tide: %s %s tasks of %s (%s done before the error): %w", verb, st, queue, plural(n, "task", "tasks"), err)
+			}
+			if a.globals.json {
+				return a.printJSON(map[string]any{"queue": queue, "state": st.String(), "count": n})
+			}
+			if verb == "run" {
+				fmt.Fprintf(a.stdout, "Made %s (%s) in queue %s pending.\n", plural(n, "task", "tasks"), st, queue)
+			} else {
+				fmt.Fprintf(a.stdout, "%s %s (%s) in queue %s.\n", upperFirst(past), plural(n, "task", "tasks"), st, queue)
+			}
+			return nil
+		},
+	}
+}
+
+var cmdTasksDelete = bulkCommand("delete", "delete one task, or every task in a state",
+	`
+Delete a task that is not running, or with --all every task of the queue in
+one state. A running task cannot be deleted: cancel it ('tide tasks cancel').
+
+Examples:
+  tide tasks delete orders order-cancel:42
+  tide tasks delete orders --all --state archived`,
+	[]tide.TaskState{tide.StatePending, tide.StateScheduled, tide.StateRetry, tide.StateArchived, tide.StateCompleted},
+	(*tide.Inspector).DeleteTask, (*tide.Inspector).DeleteAllTasks)
+
+var cmdTasksRun = bulkCommand("run", "make a scheduled, retry or archived task pending now",
+	`
+Make a scheduled, retry or archived task pending now (run it as soon as a
+worker is free), or with --all every task of the queue in one of those
+states. Use it to retry archived tasks after fixing what made them fail.
+
+Examples:
+  tide tasks run orders order-cancel:42
+  tide tasks run webhooks --all --state archived`,
+	[]tide.TaskState{tide.StateScheduled, tide.StateRetry, tide.StateArchived},
+	(*tide.Inspector).RunTask, (*tide.Inspector).RunAllTasks)
+
+var cmdTasksArchive = bulkCommand("archive", "archive a pending, scheduled or retry task",
+	`
+Archive a pending, scheduled or retry task so that it is not run (it is kept
+for inspection and can be run later with 'tide tasks run'), or with --all
+every task of the queue in one of those states.
+
+Examples:
+  tide tasks archive orders order-cancel:42
+  tide tasks archive emails --all --state retry`,
+	[]tide.TaskState{tide.StatePending, tide.StateScheduled, tide.StateRetry},
+	(*tide.Inspector).ArchiveTask, (*tide.Inspector).ArchiveAllTasks)
+
+var cmdTasksCancel = &command{
+	name: "tasks cancel", args: "<queue> <id>", minArgs: 2, maxArgs: 2, redis: true,
+	summary: "cancel a running task",
+	help: `
+Ask the server running an active task to cancel it: its handler's context is
+cancelled, and if the handler then returns an error the task is archived.
+Tasks that are not running are deleted or archived instead.
+
+Example:
+  tide tasks cancel orders order-cancel:42`,
+	check: func(_ *app, o *cmdOpts, args []string) error { return checkQueueArg(o.cmd, args[0]) },
+	run: func(ctx context.Context, a *app, _ *cmdOpts, args []string) error {
+		queue, id := args[0], args[1]
+		ti, err := a.in.GetTaskInfo(ctx, queue, id)
+		if err != nil {
+			return taskErr("cancel", queue, id, err)
+		}
+		if ti.State != tide.StateActive {
+			return fmt.Errorf("tide: task %q is %s, not running; only running tasks can be cancelled ('tide tasks delete' or 'tide tasks archive' it instead)", id, ti.State)
+		}
+		if err := a.in.CancelProcessing(ctx, queue, id); err != nil {
+			return taskErr("cancel", queue, id, err)
+		}
+		if a.globals.json {
+			return a.printJSON(map[string]any{"queue": queue, "id": id, "cancel_requested": true})
+		}
+		fmt.Fprintf(a.stdout, "Cancellation of task %s in queue %s requested.\n", id, queue)
+		return nil
+	},
+}

@@ -1,0 +1,102 @@
+// Package gateway is an HTTP+JSON front for tide, so that applications in
+// any language (PHP, Java, ...) can enqueue, inspect and delete tasks that Go
+// servers process.
+//
+//	h, err := gateway.New(tide.NewClient(b), tide.NewInspector(b), gateway.Config{
+//		Tokens: []string{os.Getenv("TIDE_GATEWAY_TOKEN")},
+//	})
+//	http.ListenAndServe(":8080", h)
+//
+// The tide CLI runs it as `tide serve`.
+//
+// # Authentication
+//
+// Every endpoint but GET /healthz needs "Authorization: Bearer <token>" with
+// one of Config.Tokens (compared in constant time). Without it the answer is
+// 401 with a WWW-Authenticate header. Serve the gateway over TLS (or behind a
+// proxy that terminates it): the token is a password.
+//
+// # Endpoints
+//
+// POST /v1/tasks enqueues a task. The body (Content-Type: application/json,
+// at most Config.MaxBodyBytes) is one object; only "type" is required:
+//
+//	{
+//	  "type":           "order:cancel",            // the task type (selects the handler)
+//	  "payload":        {"order_id": 42},          // any JSON value, stored as compact JSON ...
+//	  "payload_base64": "AAEC",                    // ... or raw bytes in base64 (not both)
+//	  "queue":          "orders",                  // default "default" ("webhooks" for tide:webhook)
+//	  "task_id":        "order-cancel:42",         // your ID; a second task with it gets 409
+//	  "delay":          "15m",                     // Go duration: "90s", "15m", "1h30m" ...
+//	  "delay_seconds":  900,                       // ... or seconds ...
+//	  "process_at":     "2030-01-02T15:04:05Z",    // ... or an RFC 3339 time (at most one of the three)
+//	  "max_retry":      8,                         // 0 to 10000, default 25
+//	  "timeout":        "30s",                     // per attempt
+//	  "deadline":       "2030-01-02T16:00:00Z",    // for all attempts
+//	  "retention":      "24h",                     // keep the finished task (and its result)
+//	  "unique":         "1h",                      // refuse a same queue+type+payload task for up to 1h
+//	  "headers":        {"traceparent": "00-..."}  // string values, carried with the task
+//	}
+//
+// A field given as null counts as absent. Unknown and repeated fields are
+// refused. A "tide:webhook" task's payload is checked at once (see package
+// webhook). The answer is 201 with the task (see Task; without the payload)
+// and a Location header naming it:
+//
+//	{"id": "order-cancel:42", "queue": "orders", "type": "order:cancel", "state": "scheduled",
+//	 "max_retry": 25, "retried": 0, "next_process_at": "2030-01-02T15:04:05Z"}
+//
+// GET /v1/queues/{queue}/tasks/{id} returns the task as Task: the state,
+// "payload" (when it is JSON) and "payload_base64", "last_error", "retried",
+// "next_process_at", "result" when a handler wrote one, ...
+//
+// DELETE /v1/queues/{queue}/tasks/{id} deletes a task that is not running
+// (the order-paid case: delete the pending cancel task): 204.
+//
+// POST /v1/queues/{queue}/tasks/{id}/cancel asks the server running an
+// active task to cancel it: 202. The task is archived if its handler then
+// fails.
+//
+// GET /healthz answers 200 {"status": "ok"} without authentication, for load
+// balancers. It does not contact Redis.
+//
+// IDs and queue names in URLs are path-escaped ("order-cancel%3A42" and
+// "order-cancel:42" are the same; an ID with a slash is "a%2Fb"); an ID
+// that is "." or ".." must be written %2E or %2E%2E. The Location header of
+// a 201 is always escaped correctly.
+//
+// # Errors
+//
+// Every error is JSON with a stable code, a message for people and, when one
+// field is at fault, its name:
+//
+//	{"error": {"code": "invalid_request", "field": "delay",
+//	           "message": "\"delay\": invalid duration \"15 minutes\": use Go syntax such as \"90s\", \"15m\" or \"1h30m\" ..."}}
+//
+//	400 invalid_request         malformed JSON, an unknown field, a wrong type or value
+//	401 unauthorized            no or malformed Authorization header
+//	401 invalid_token           a token that is not configured
+//	403 queue_not_allowed       the queue is not in Config.AllowedQueues
+//	404 task_not_found          no such task (it may have finished)
+//	404 not_found               no such endpoint
+//	405 method_not_allowed      see the Allow header
+//	409 task_id_conflict        the queue already has a task with this task_id
+//	409 duplicate_task          "unique" refused the task
+//	409 task_active             DELETE of a running task: cancel it first
+//	409 task_not_active         cancel of a task that is not running
+//	413 request_too_large       the body is over Config.MaxBodyBytes
+//	415 unsupported_media_type  the body is not sent as application/json
+//	503 unavailable             Redis could not be reached; retry later
+//
+// 409 task_id_conflict makes task_id an idempotency key: a client that
+// retries a POST after a timeout gets 409 instead of a second task.
+//
+// # Example
+//
+//	curl -sS -X POST https://tide.internal/v1/tasks \
+//	  -H "Authorization: Bearer $TIDE_TOKEN" -H 'Content-Type: application/json' \
+//	  -d '{"type":"order:cancel","payload":{"order_id":42},"queue":"orders",
+//	       "task_id":"order-cancel:42","delay":"15m"}'
+//	curl -sS -X DELETE https://tide.internal/v1/queues/orders/tasks/order-cancel:42 \
+//	  -H "Authorization: Bearer $TIDE_TOKEN"
+package gateway

@@ -1,0 +1,106 @@
+// Package webhook is tide's built-in webhook task type: a task that carries an
+// HTTP request (URL, method, headers, body) and a handler that sends it,
+// signed, to an allowed host, retrying failures on a schedule.
+//
+// # Sending
+//
+// The producer builds the task with NewTask and enqueues it like any other;
+// it goes to the queue DefaultQueue ("webhooks") unless a tide.Queue option
+// says otherwise:
+//
+//	t, err := webhook.NewTask(webhook.Payload{
+//		URL:  "https://hooks.example.com/orders",
+//		Body: []byte(`{"order":42,"status":"paid"}`),
+//	}, tide.MaxRetry(8))
+//	info, err := client.Enqueue(ctx, t)
+//
+// A server registers the handler for TaskType and serves the queue. The
+// handler is given the signing secret and the hosts it may call:
+//
+//	h, err := webhook.Handler(webhook.Config{
+//		Secret:       []byte(os.Getenv("TIDE_WEBHOOK_SECRET")),
+//		AllowedHosts: []string{"hooks.example.com", "*.partner.example"},
+//	})
+//	mux.Handle(webhook.TaskType, h)
+//	srv := tide.NewServer(b, tide.Config{
+//		Queues:         map[string]int{webhook.DefaultQueue: 1},
+//		RetryDelayFunc: webhook.RetryDelayFunc(nil),
+//	})
+//
+// Apps in other languages enqueue the same task through the HTTP gateway
+// (package gateway) with "type": "tide:webhook" and the payload described at
+// Payload.
+//
+// # What the receiver gets
+//
+// Every attempt is one request with the task's method (default POST), its
+// headers and body, and these headers set by tide:
+//
+//	Tide-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">
+//	Tide-Delivery:  <task ID>          (the same on every retry: deduplicate on it)
+//	Tide-Attempt:   <1 for the first attempt, 2 for the first retry, ...>
+//	Content-Type:   unless the task sets one, application/json for a JSON body,
+//	                else application/octet-stream
+//	User-Agent:     tide-webhook/1 unless the task sets one
+//
+// Delivery is at least once: a receiver may see the same Tide-Delivery
+// twice (a timeout after the receiver had already acted, a worker crash) and
+// should act on it once.
+//
+// # Verifying a request
+//
+// The receiver recomputes the HMAC over the timestamp, a dot and the raw
+// request body (before any JSON parsing) with the shared secret, compares it
+// in constant time with each v1 value, and rejects timestamps too far from
+// its clock (which bounds replays). In Go that is Verify:
+//
+//	body, _ := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
+//	if err := webhook.Verify(secret, r.Header.Get("Tide-Signature"), body, 5*time.Minute); err != nil {
+//		http.Error(w, "bad signature", http.StatusUnauthorized)
+//		return
+//	}
+//
+// In PHP:
+//
+//	$body = file_get_contents('php://input');
+//	parse_str(str_replace(',', '&', $_SERVER['HTTP_TIDE_SIGNATURE'] ?? ''), $sig);
+//	$ok = isset($sig['t'], $sig['v1'])
+//	    && abs(time() - (int)$sig['t']) <= 300
+//	    && hash_equals(hash_hmac('sha256', $sig['t'] . '.' . $body, $secret), $sig['v1']);
+//
+// The signature covers the timestamp and the body only: not the URL, the
+// method or the other headers. A header may carry several v1 values (kept
+// for secret rotation); a request is genuine when any of them matches.
+//
+// # Failures and retries
+//
+// A 2xx response is success. Anything else fails the attempt, and the error
+// (a *StatusError for an HTTP status) names the method, the URL without its
+// query and credentials, the status and the start of the response body:
+//
+//   - 5xx, 408, 425 and 429 responses, timeouts (Config.Timeout, default
+//     10s) and network errors are retried with the server's RetryDelayFunc.
+//     RetryDelayFunc(nil) gives webhook tasks tide.NotificationRetryDelay
+//     (15s, 3m, 10m, 30m, 1h, 2h, 6h, then every 15h) and honours a
+//     Retry-After header of 429 and 503 responses (up to 24h).
+//   - Other 4xx responses are archived at once (the error wraps
+//     tide.SkipRetry): the receiver refused this request and would refuse it
+//     again. Set Config.RetryClientErrors to retry them too. An archived task
+//     can be sent again with `tide tasks run <queue> <id>`.
+//   - A task that cannot be sent at all is archived at once: an undecodable or
+//     invalid payload, a URL whose host is not allowed, a scheme other than
+//     http and https, a redirect to a host that is not allowed, or an address
+//     in a private network (see below).
+//
+// # Where requests may go
+//
+// The handler only calls hosts named in Config.AllowedHosts, so a task,
+// which may come from another system through the gateway, cannot make the
+// server call arbitrary addresses (SSRF). Redirects are followed (up to 5)
+// only to allowed hosts. Unless Config.AllowPrivateNetworks is set, the
+// handler also refuses to connect to loopback, private, link-local and other
+// non-public addresses, checked on the address actually dialled, after DNS
+// resolution, so an allowed name that resolves (or is rebound) to
+// 127.0.0.1 or 169.254.169.254 is refused. Proxies from the environment are
+// not used.
+package webhook
