@@ -55,18 +55,37 @@ func (c *Client) Enqueue(ctx context.Context, t *Task, opts ...Option) (*TaskInf
 	if c.closed.Load() {
 		return nil, ErrClientClosed
 	}
-	m, err := c.message(t, opts)
+	m, generated, err := c.message(t, opts)
 	if err != nil {
 		return nil, err
 	}
-	errs, err := c.b.Enqueue(ctx, []*broker.Message{m})
-	if err != nil {
-		return nil, fmt.Errorf("tide: enqueue %s: %w", t.Type(), err)
+	for attempt := 0; ; attempt++ {
+		errs, err := c.b.Enqueue(ctx, []*broker.Message{m})
+		if err != nil {
+			return nil, fmt.Errorf("tide: enqueue %s: %w", t.Type(), err)
+		}
+		if errors.Is(errs[0], ErrTaskIDConflict) && generated && attempt < maxIDRetries {
+			c.reroll(m) // a random ID met an existing one: draw again
+			continue
+		}
+		if errs[0] != nil {
+			return nil, errs[0]
+		}
+		return newTaskInfo(m), nil
 	}
-	if errs[0] != nil {
-		return nil, errs[0]
+}
+
+// maxIDRetries bounds how often a generated ID that collided is drawn again.
+const maxIDRetries = 3
+
+// reroll gives m a new random ID in the same partition.
+func (c *Client) reroll(m *broker.Message) {
+	parts := c.b.Partitions(m.Queue)
+	want := broker.Partition(m.ID, parts)
+	m.ID = newID()
+	for broker.Partition(m.ID, parts) != want {
+		m.ID = newID()
 	}
-	return newTaskInfo(m), nil
 }
 
 // EnqueueMany stores ts in as few round trips as the broker allows (one per
@@ -80,14 +99,15 @@ func (c *Client) EnqueueMany(ctx context.Context, ts []*Task, opts ...Option) ([
 		return nil, ErrClientClosed
 	}
 	msgs := make([]*broker.Message, len(ts))
+	generated := make([]bool, len(ts))
 	var invalid []error
 	for i, t := range ts {
-		m, err := c.message(t, opts)
+		m, gen, err := c.message(t, opts)
 		if err != nil {
 			invalid = append(invalid, fmt.Errorf("task %d: %w", i, err))
 			continue
 		}
-		msgs[i] = m
+		msgs[i], generated[i] = m, gen
 	}
 	if invalid != nil {
 		return nil, errors.Join(invalid...)
@@ -98,6 +118,27 @@ func (c *Client) EnqueueMany(ctx context.Context, ts []*Task, opts ...Option) ([
 	errs, err := c.b.Enqueue(ctx, msgs)
 	if err != nil {
 		return nil, fmt.Errorf("tide: enqueue %d tasks: %w", len(ts), err)
+	}
+	// Random IDs that met existing ones are drawn again and sent again.
+	for attempt := 0; attempt < maxIDRetries; attempt++ {
+		var again []*broker.Message
+		var at []int
+		for i, e := range errs {
+			if generated[i] && errors.Is(e, ErrTaskIDConflict) {
+				c.reroll(msgs[i])
+				again, at = append(again, msgs[i]), append(at, i)
+			}
+		}
+		if len(again) == 0 {
+			break
+		}
+		errs2, err := c.b.Enqueue(ctx, again)
+		if err != nil {
+			return nil, fmt.Errorf("tide: enqueue %d tasks: %w", len(again), err)
+		}
+		for j, i := range at {
+			errs[i] = errs2[j]
+		}
 	}
 	infos := make([]*TaskInfo, len(ts))
 	var failed []error
@@ -127,35 +168,36 @@ func (c *Client) Delete(ctx context.Context, queue, id string) error {
 	return c.b.Delete(ctx, queue, id)
 }
 
-// message validates t with opts and builds the broker message.
-func (c *Client) message(t *Task, opts []Option) (*broker.Message, error) {
+// message validates t with opts and builds the broker message; generated
+// reports that its ID was drawn at random (not given with TaskID).
+func (c *Client) message(t *Task, opts []Option) (m *broker.Message, generated bool, err error) {
 	if t == nil {
-		return nil, fmt.Errorf("%w: nil task", ErrInvalidTask)
+		return nil, false, fmt.Errorf("%w: nil task", ErrInvalidTask)
 	}
 	if err := validateName("task type", t.typ); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if len(t.payload) > MaxPayloadSize {
-		return nil, fmt.Errorf("%w: %s payload is %d bytes, over the %d-byte limit (MaxPayloadSize)", ErrInvalidTask, t.typ, len(t.payload), MaxPayloadSize)
+		return nil, false, fmt.Errorf("%w: %s payload is %d bytes, over the %d-byte limit (MaxPayloadSize)", ErrInvalidTask, t.typ, len(t.payload), MaxPayloadSize)
 	}
 	hsize := 0
 	for k, v := range t.headers {
 		hsize += len(k) + len(v)
 	}
 	if hsize > MaxHeadersSize {
-		return nil, fmt.Errorf("%w: %s headers are %d bytes, over the %d-byte limit (MaxHeadersSize)", ErrInvalidTask, t.typ, hsize, MaxHeadersSize)
+		return nil, false, fmt.Errorf("%w: %s headers are %d bytes, over the %d-byte limit (MaxHeadersSize)", ErrInvalidTask, t.typ, hsize, MaxHeadersSize)
 	}
 	o := enqueueOptions{queue: DefaultQueue, maxRetry: DefaultMaxRetry}
 	for _, list := range [][]Option{t.opts, opts} {
 		for _, opt := range list {
 			if opt == nil {
-				return nil, fmt.Errorf("%w: nil Option", ErrInvalidTask)
+				return nil, false, fmt.Errorf("%w: nil Option", ErrInvalidTask)
 			}
 			if err := opt.apply(&o); err != nil {
 				if errors.Is(err, ErrInvalidTask) {
-					return nil, err
+					return nil, false, err
 				}
-				return nil, fmt.Errorf("%w: %v", ErrInvalidTask, err)
+				return nil, false, fmt.Errorf("%w: %v", ErrInvalidTask, err)
 			}
 		}
 	}
@@ -167,7 +209,7 @@ func (c *Client) message(t *Task, opts []Option) (*broker.Message, error) {
 		due = o.processAt
 	}
 	due = due.Truncate(time.Millisecond)
-	m := &broker.Message{
+	m = &broker.Message{
 		ID:         o.id,
 		Queue:      o.queue,
 		Type:       t.typ,
@@ -192,10 +234,11 @@ func (c *Client) message(t *Task, opts []Option) (*broker.Message, error) {
 		m.UniqueTTL = o.uniqueTTL
 		m.UniqueKey = uniqueKey(o.queue, t.typ, t.payload)
 		if m.ID != "" && parts > 1 {
-			return nil, fmt.Errorf("%w: Unique cannot be combined with TaskID on queue %q, which has %d partitions; the task ID already makes the task unique", ErrInvalidTask, o.queue, parts)
+			return nil, false, fmt.Errorf("%w: Unique cannot be combined with TaskID on queue %q, which has %d partitions; the task ID already makes the task unique", ErrInvalidTask, o.queue, parts)
 		}
 	}
 	if m.ID == "" {
+		generated = true
 		m.ID = newID()
 		if m.UniqueKey != "" && parts > 1 {
 			// Place the task in its lock's partition so one script sees both.
@@ -205,17 +248,18 @@ func (c *Client) message(t *Task, opts []Option) (*broker.Message, error) {
 			}
 		}
 	}
-	return m, nil
+	return m, generated, nil
 }
 
-// newID returns 96 random bits as 16 base64url characters. An ID is stored
-// twice per task (record field and index), so its length is memory: 16
-// characters fit Redis's 24-byte allocation class where a 22-character form
-// of a UUID needs 32 bytes and the 36-character text form 48. 96 bits make a
-// collision negligible, and one would be refused (ErrTaskIDConflict), never
-// merged.
+// newID returns 72 random bits as 12 base64url characters. An ID is stored
+// twice per task (record field and index), so its length is memory: 12
+// characters fit Redis's 16-byte allocation class, where a 22-character form
+// of a UUID needs 32 bytes and the 36-character text form 48. A collision is
+// unlikely (about one in ten thousand among a billion live tasks) and
+// harmless: the broker refuses it (ErrTaskIDConflict) and the client draws
+// again, so tasks are never merged and Enqueue does not fail for it.
 func newID() string {
-	var b [12]byte
+	var b [9]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		panic("tide: no randomness for task IDs: " + err.Error()) // crypto/rand never fails on supported platforms
 	}

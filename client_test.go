@@ -277,3 +277,25 @@ func TestPauseQueue(t *testing.T) {
 		t.Fatal("task did not run after unpause")
 	}
 }
+
+// TestGeneratedIDsAreDistinct: generated IDs are 12 characters and distinct;
+// what happens when one does collide is TestRedrawOnConflict's subject.
+func TestGeneratedIDsAreDistinct(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ts := make([]*tide.Task, 2000)
+	for i := range ts {
+		ts[i] = tide.NewTask("t", nil)
+	}
+	infos, err := e.c.EnqueueMany(context.Background(), ts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, in := range infos {
+		if len(in.ID) != 12 || seen[in.ID] {
+			t.Fatalf("ID %q (len %d, seen %v)", in.ID, len(in.ID), seen[in.ID])
+		}
+		seen[in.ID] = true
+	}
+}

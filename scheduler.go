@@ -389,7 +389,7 @@ func (s *Scheduler) newEntry(e CronEntry) (*cronEntry, error) {
 	// Build one message as a tick would, so that whatever Enqueue would
 	// refuse (empty type, over-size payload, Unique with TaskID on a
 	// partitioned queue, ...) is refused now.
-	if _, err := s.c.message(t, append(slices.Clone(opts), TaskID(cronTaskID(id, time.Now())))); err != nil {
+	if _, _, err := s.c.message(t, append(slices.Clone(opts), TaskID(cronTaskID(id, time.Now())))); err != nil {
 		return nil, err
 	}
 	return &cronEntry{
@@ -632,7 +632,7 @@ func (s *Scheduler) enqueue(batch []fireItem) {
 	for i := range batch {
 		it := &batch[i]
 		it.opts = append(slices.Clone(it.e.opts), TaskID(cronTaskID(it.e.id, it.tick)), Retention(it.e.retentionFor(it.tick)))
-		it.m, results[i] = s.c.message(it.e.task, it.opts)
+		it.m, _, results[i] = s.c.message(it.e.task, it.opts)
 		if results[i] == nil {
 			msgs = append(msgs, it.m)
 		}

@@ -231,6 +231,10 @@ func validMessage(m *broker.Message) error {
 		return fmt.Errorf("tide: redisbroker: invalid queue name %q", m.Queue)
 	case m.Type == "":
 		return errors.New("tide: redisbroker: message has an empty type")
+	case len(m.UniqueKey) > codec.MaxUniqueKey:
+		return fmt.Errorf("tide: redisbroker: unique key of %d bytes, over %d", len(m.UniqueKey), codec.MaxUniqueKey)
+	case len(m.Payload) > codec.MaxBody/2:
+		return fmt.Errorf("tide: redisbroker: payload of %d bytes is too large", len(m.Payload))
 	case m.State != broker.StatePending && m.State != broker.StateScheduled:
 		return fmt.Errorf("tide: redisbroker: cannot enqueue a message in state %s", m.State)
 	}

@@ -1,7 +1,7 @@
 // Package codec encodes task messages into the compact binary record the Redis
 // broker stores as one hash field per task.
 //
-// A record is a fixed 28-byte header followed by three variable sections:
+// A record is a fixed 20-byte header followed by three variable sections:
 //
 //	off len field
 //	0   1   version (1)
@@ -10,22 +10,24 @@
 //	6   2   retried
 //	8   2   max retry
 //	10  6   process-at, Unix ms (0 = unset)
-//	16  6   last-failed-at, Unix ms (0 = never)
-//	22  4   body length B
-//	26  2   unique-key length U
-//	28  B   body (Go only, see below)
-//	28+B U  unique key
-//	..  *   last error (to the end)
+//	16  3   body length B
+//	19  1   unique-key length U
+//	20  B   body (Go only, see below)
+//	20+B U  unique key
+//	..  *   failure: empty, or last-failed-at (6 bytes, Unix ms) then the last error
 //
 // Integers are big-endian and unsigned; 48 bits of milliseconds reach the
 // year 10889, and times before 1970 are stored as unset. The header has fixed
 // offsets so the Lua scripts can read and patch state, token, retried and due
-// time, replace the last error and find the unique key without understanding
-// the body. The body holds, in order: type, payload, headers (count then
-// key/value pairs), enqueued-at, completed-at, timeout, deadline, retention and
-// unique TTL, each a length-prefixed string or a varint (times in Unix ms,
-// durations in ms). Enqueued-at is absolute: the scripts patch process-at in
-// place, so nothing may be stored relative to it.
+// time, replace the failure and find the unique key without understanding the
+// body. A task that never failed spends nothing on its failure.
+//
+// The body holds, in order: type and payload (length-prefixed), a flags byte,
+// then enqueued-at (varint Unix ms) and, only when its flag is set, headers
+// (count then key/value pairs), completed-at, timeout, deadline, retention and
+// unique TTL (varints; times in Unix ms, durations in ms). Enqueued-at is
+// absolute: the scripts patch process-at in place, so nothing may be stored
+// relative to it.
 //
 // The ID and queue are not stored: they are the hash field and the key.
 package codec
@@ -43,16 +45,20 @@ import (
 // Header layout; keep in sync with the Lua scripts.
 const (
 	Version    = 1
-	HeaderSize = 28
+	HeaderSize = 20
 
 	offState     = 1
 	offToken     = 2
 	offRetried   = 6
 	offMaxRetry  = 8
 	offProcessAt = 10
-	offFailedAt  = 16
-	offBodyLen   = 22
-	offUniqLen   = 26
+	offBodyLen   = 16
+	offUniqLen   = 19
+
+	// MaxBody is the largest body a record holds (24-bit length).
+	MaxBody = 1<<24 - 1
+	// MaxUniqueKey is the longest unique key a record holds.
+	MaxUniqueKey = 255
 
 	// MaxCount is the largest retry count or MaxRetry a record holds.
 	MaxCount = math.MaxUint16
@@ -67,40 +73,95 @@ const (
 // ErrCorrupt is wrapped by every Decode error.
 var ErrCorrupt = errors.New("tide: corrupt task record")
 
-// Encode returns the record for m with the given token.
+// Flags of the optional body fields.
+const (
+	hasHeaders = 1 << iota
+	hasCompleted
+	hasTimeout
+	hasDeadline
+	hasRetention
+	hasUniqueTTL
+)
+
+// Encode returns the record for m with the given token. A unique key longer
+// than MaxUniqueKey or a body over MaxBody is cut; brokers validate
+// messages before encoding them.
 func Encode(m *broker.Message, token uint64) []byte {
-	body := make([]byte, 0, 32+len(m.Type)+len(m.Payload))
+	body := make([]byte, 0, 24+len(m.Type)+len(m.Payload))
 	body = appendString(body, m.Type)
 	body = appendBytes(body, m.Payload)
-	body = binary.AppendUvarint(body, uint64(len(m.Headers)))
-	for k, v := range m.Headers {
-		body = appendString(body, k)
-		body = appendString(body, v)
+	var flags byte
+	if len(m.Headers) > 0 {
+		flags |= hasHeaders
 	}
+	if !m.CompletedAt.IsZero() {
+		flags |= hasCompleted
+	}
+	if m.Timeout > 0 {
+		flags |= hasTimeout
+	}
+	if !m.Deadline.IsZero() {
+		flags |= hasDeadline
+	}
+	if m.Retention > 0 {
+		flags |= hasRetention
+	}
+	if m.UniqueTTL > 0 {
+		flags |= hasUniqueTTL
+	}
+	body = append(body, flags)
 	body = binary.AppendVarint(body, ms(m.EnqueuedAt))
-	body = binary.AppendVarint(body, ms(m.CompletedAt))
-	body = binary.AppendUvarint(body, uint64(m.Timeout/time.Millisecond))
-	body = binary.AppendVarint(body, ms(m.Deadline))
-	body = binary.AppendUvarint(body, uint64(m.Retention/time.Millisecond))
-	body = binary.AppendUvarint(body, uint64(m.UniqueTTL/time.Millisecond))
-
-	uniq := m.UniqueKey
-	if len(uniq) > 0xffff {
-		uniq = uniq[:0xffff] // keys are digests; never this long in practice
+	if flags&hasHeaders != 0 {
+		body = binary.AppendUvarint(body, uint64(len(m.Headers)))
+		for k, v := range m.Headers {
+			body = appendString(body, k)
+			body = appendString(body, v)
+		}
 	}
-	out := make([]byte, HeaderSize, HeaderSize+len(body)+len(uniq)+len(m.LastErr))
+	if flags&hasCompleted != 0 {
+		body = binary.AppendVarint(body, ms(m.CompletedAt))
+	}
+	if flags&hasTimeout != 0 {
+		body = binary.AppendUvarint(body, uint64(m.Timeout/time.Millisecond))
+	}
+	if flags&hasDeadline != 0 {
+		body = binary.AppendVarint(body, ms(m.Deadline))
+	}
+	if flags&hasRetention != 0 {
+		body = binary.AppendUvarint(body, uint64(m.Retention/time.Millisecond))
+	}
+	if flags&hasUniqueTTL != 0 {
+		body = binary.AppendUvarint(body, uint64(m.UniqueTTL/time.Millisecond))
+	}
+	if len(body) > MaxBody {
+		body = body[:MaxBody]
+	}
+	uniq := m.UniqueKey
+	if len(uniq) > MaxUniqueKey {
+		uniq = uniq[:MaxUniqueKey]
+	}
+	failed := m.LastErr != "" || !m.LastFailedAt.IsZero()
+	size := HeaderSize + len(body) + len(uniq)
+	if failed {
+		size += 6 + len(m.LastErr)
+	}
+	out := make([]byte, HeaderSize, size)
 	out[0] = Version
 	out[offState] = byte(m.State)
 	binary.BigEndian.PutUint32(out[offToken:], uint32(token))
 	binary.BigEndian.PutUint16(out[offRetried:], clampU16(m.Retried))
 	binary.BigEndian.PutUint16(out[offMaxRetry:], clampU16(m.MaxRetry))
 	putU48(out[offProcessAt:], ms(m.ProcessAt))
-	putU48(out[offFailedAt:], ms(m.LastFailedAt))
-	binary.BigEndian.PutUint32(out[offBodyLen:], uint32(len(body)))
-	binary.BigEndian.PutUint16(out[offUniqLen:], uint16(len(uniq)))
+	out[offBodyLen], out[offBodyLen+1], out[offBodyLen+2] = byte(len(body)>>16), byte(len(body)>>8), byte(len(body))
+	out[offUniqLen] = byte(len(uniq))
 	out = append(out, body...)
 	out = append(out, uniq...)
-	out = append(out, m.LastErr...)
+	if failed {
+		var at [6]byte
+		putU48(at[:], ms(m.LastFailedAt))
+		out = append(out, at[:]...)
+		out = append(out, m.LastErr...)
+	}
 	return out
 }
 
@@ -108,35 +169,10 @@ func Encode(m *broker.Message, token uint64) []byte {
 // was found. It returns the message and its token; any malformation is
 // reported as an error wrapping ErrCorrupt, never a panic.
 func Decode(queue, id string, b []byte) (*broker.Message, uint64, error) {
-	if len(b) < HeaderSize {
-		return nil, 0, fmt.Errorf("%w: %d bytes, shorter than the %d-byte header", ErrCorrupt, len(b), HeaderSize)
+	m, token, body, err := decodeHeader(queue, id, b)
+	if err != nil {
+		return nil, 0, err
 	}
-	if b[0] != Version {
-		return nil, 0, fmt.Errorf("%w: unknown version %d", ErrCorrupt, b[0])
-	}
-	st := broker.State(b[offState])
-	if st < broker.StatePending || st > broker.StateCompleted {
-		return nil, 0, fmt.Errorf("%w: unknown state %d", ErrCorrupt, b[offState])
-	}
-	bodyLen := int(binary.BigEndian.Uint32(b[offBodyLen:]))
-	uniqLen := int(binary.BigEndian.Uint16(b[offUniqLen:]))
-	if bodyLen > len(b)-HeaderSize || uniqLen > len(b)-HeaderSize-bodyLen {
-		return nil, 0, fmt.Errorf("%w: section lengths %d+%d exceed record size %d", ErrCorrupt, bodyLen, uniqLen, len(b))
-	}
-	m := &broker.Message{
-		ID:           id,
-		Queue:        queue,
-		State:        st,
-		Retried:      int(binary.BigEndian.Uint16(b[offRetried:])),
-		MaxRetry:     int(binary.BigEndian.Uint16(b[offMaxRetry:])),
-		ProcessAt:    fromMS(u48(b[offProcessAt:])),
-		LastFailedAt: fromMS(u48(b[offFailedAt:])),
-	}
-	token := uint64(binary.BigEndian.Uint32(b[offToken:]))
-	body := b[HeaderSize : HeaderSize+bodyLen]
-	m.UniqueKey = string(b[HeaderSize+bodyLen : HeaderSize+bodyLen+uniqLen])
-	m.LastErr = string(b[HeaderSize+bodyLen+uniqLen:])
-
 	if len(body) == 0 {
 		// An empty body is what the scripts write for a record they had to
 		// archive as unreadable: no type, no payload.
@@ -149,34 +185,58 @@ func Decode(queue, id string, b []byte) (*broker.Message, uint64, error) {
 	return m, token, nil
 }
 
-// DecodeHeader parses only the header, unique key and last error of a
-// record: what is left to show of a record whose body is corrupt (the
-// scripts archive such records, and an operator still needs to see them).
+// decodeHeader parses everything but the body, which it returns.
+func decodeHeader(queue, id string, b []byte) (*broker.Message, uint64, []byte, error) {
+	if len(b) < HeaderSize {
+		return nil, 0, nil, fmt.Errorf("%w: %d bytes, shorter than the %d-byte header", ErrCorrupt, len(b), HeaderSize)
+	}
+	if b[0] != Version {
+		return nil, 0, nil, fmt.Errorf("%w: unknown version %d", ErrCorrupt, b[0])
+	}
+	st := broker.State(b[offState])
+	if st < broker.StatePending || st > broker.StateCompleted {
+		return nil, 0, nil, fmt.Errorf("%w: unknown state %d", ErrCorrupt, b[offState])
+	}
+	bodyLen := int(b[offBodyLen])<<16 | int(b[offBodyLen+1])<<8 | int(b[offBodyLen+2])
+	uniqLen := int(b[offUniqLen])
+	if bodyLen > len(b)-HeaderSize || uniqLen > len(b)-HeaderSize-bodyLen {
+		return nil, 0, nil, fmt.Errorf("%w: section lengths %d+%d exceed record size %d", ErrCorrupt, bodyLen, uniqLen, len(b))
+	}
+	m := &broker.Message{
+		ID:        id,
+		Queue:     queue,
+		State:     st,
+		Retried:   int(binary.BigEndian.Uint16(b[offRetried:])),
+		MaxRetry:  int(binary.BigEndian.Uint16(b[offMaxRetry:])),
+		ProcessAt: fromMS(u48(b[offProcessAt:])),
+	}
+	token := uint64(binary.BigEndian.Uint32(b[offToken:]))
+	body := b[HeaderSize : HeaderSize+bodyLen]
+	m.UniqueKey = string(b[HeaderSize+bodyLen : HeaderSize+bodyLen+uniqLen])
+	switch tail := b[HeaderSize+bodyLen+uniqLen:]; {
+	case len(tail) == 0:
+	case len(tail) < 6:
+		return nil, 0, nil, fmt.Errorf("%w: failure section of %d bytes", ErrCorrupt, len(tail))
+	default:
+		m.LastFailedAt = fromMS(u48(tail))
+		m.LastErr = string(tail[6:])
+	}
+	return m, token, body, nil
+}
+
+// DecodeHeader parses only the header, unique key and failure of a record:
+// what is left to show of a record whose body is corrupt (the scripts
+// archive such records, and an operator still needs to see them).
 func DecodeHeader(queue, id string, b []byte) (*broker.Message, error) {
 	m, _, err := Decode(queue, id, b)
 	if err == nil {
 		return m, nil
 	}
-	m, _, herr := Decode(queue, id, headerOnly(b))
+	m, _, _, herr := decodeHeader(queue, id, b)
 	if herr != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-// headerOnly returns b with its body cut out (body length set to 0).
-func headerOnly(b []byte) []byte {
-	if len(b) < HeaderSize {
-		return b
-	}
-	bodyLen := int(binary.BigEndian.Uint32(b[offBodyLen:]))
-	if bodyLen > len(b)-HeaderSize {
-		return b
-	}
-	out := make([]byte, 0, len(b)-bodyLen)
-	out = append(out, b[:HeaderSize]...)
-	binary.BigEndian.PutUint32(out[offBodyLen:], 0)
-	return append(out, b[HeaderSize+bodyLen:]...)
 }
 
 func decodeBody(r *reader, m *broker.Message) error {
@@ -184,23 +244,39 @@ func decodeBody(r *reader, m *broker.Message) error {
 	if p := r.bytes(); len(p) > 0 {
 		m.Payload = p
 	}
-	n := r.uvarint()
-	if n > maxHeaders {
-		return fmt.Errorf("%w: %d headers", ErrCorrupt, n)
-	}
-	if n > 0 && r.err == nil {
-		m.Headers = make(map[string]string, n)
-		for i := uint64(0); i < n && r.err == nil; i++ {
-			k := r.str()
-			m.Headers[k] = r.str()
-		}
+	flags := r.byte()
+	if flags&^(hasHeaders|hasCompleted|hasTimeout|hasDeadline|hasRetention|hasUniqueTTL) != 0 && r.err == nil {
+		r.err = fmt.Errorf("unknown flags %#x", flags)
 	}
 	m.EnqueuedAt = fromMS(r.varint())
-	m.CompletedAt = fromMS(r.varint())
-	m.Timeout = r.dur()
-	m.Deadline = fromMS(r.varint())
-	m.Retention = r.dur()
-	m.UniqueTTL = r.dur()
+	if flags&hasHeaders != 0 {
+		n := r.uvarint()
+		if n > maxHeaders {
+			return fmt.Errorf("%w: %d headers", ErrCorrupt, n)
+		}
+		if r.err == nil {
+			m.Headers = make(map[string]string, n)
+			for i := uint64(0); i < n && r.err == nil; i++ {
+				k := r.str()
+				m.Headers[k] = r.str()
+			}
+		}
+	}
+	if flags&hasCompleted != 0 {
+		m.CompletedAt = fromMS(r.varint())
+	}
+	if flags&hasTimeout != 0 {
+		m.Timeout = r.dur()
+	}
+	if flags&hasDeadline != 0 {
+		m.Deadline = fromMS(r.varint())
+	}
+	if flags&hasRetention != 0 {
+		m.Retention = r.dur()
+	}
+	if flags&hasUniqueTTL != 0 {
+		m.UniqueTTL = r.dur()
+	}
 	if r.err != nil {
 		return fmt.Errorf("%w: body: %v", ErrCorrupt, r.err)
 	}
@@ -322,3 +398,16 @@ func (r *reader) bytes() []byte {
 }
 
 func (r *reader) str() string { return string(r.bytes()) }
+
+func (r *reader) byte() byte {
+	if r.err != nil {
+		return 0
+	}
+	if len(r.b) == 0 {
+		r.err = errors.New("truncated flags")
+		return 0
+	}
+	c := r.b[0]
+	r.b = r.b[1:]
+	return c
+}

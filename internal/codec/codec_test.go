@@ -59,7 +59,7 @@ func TestDecodeRejectsCorruptInput(t *testing.T) {
 		"short":         good[:10],
 		"bad version":   append([]byte{9}, good[1:]...),
 		"bad state":     append([]byte{1, 99}, good[2:]...),
-		"body too long": func() []byte { b := bytes.Clone(good); b[22], b[23] = 0xff, 0xff; return b }(),
+		"body too long": func() []byte { b := bytes.Clone(good); b[16], b[17] = 0xff, 0xff; return b }(),
 		"truncated":     good[:HeaderSize+5],
 	}
 	for name, b := range cases {
@@ -71,7 +71,7 @@ func TestDecodeRejectsCorruptInput(t *testing.T) {
 
 func TestDecodeHeaderOfCorruptBody(t *testing.T) {
 	b := Encode(sample(), 1)
-	bl := int(b[22])<<24 | int(b[23])<<16 | int(b[24])<<8 | int(b[25])
+	bl := int(b[16])<<16 | int(b[17])<<8 | int(b[18])
 	for i := HeaderSize; i < HeaderSize+bl; i++ {
 		b[i] = 0xff
 	}

@@ -1,48 +1,52 @@
 -- lib.lua: helpers prepended to every script. They read and patch the fixed
--- 28-byte record header described in internal/codec (1-based offsets here):
+-- 20-byte record header described in internal/codec (1-based offsets here):
 --   1 version | 2 state | 3-6 token | 7-8 retried | 9-10 max retry
---   11-16 process-at ms | 17-22 last-failed-at ms | 23-26 body len | 27-28 uniq len
---   29.. body | unique key | last error
+--   11-16 process-at ms | 17-19 body len | 20 uniq len
+--   21.. body | unique key | failure (empty, or failed-at ms (6) .. last error)
 -- States: 1 pending, 2 active, 3 scheduled, 4 retry, 5 archived, 6 completed.
 
 local function rec_ok(rec)
-  return rec and #rec >= 28 and string.byte(rec, 1) == 1
+  return rec and #rec >= 20 and string.byte(rec, 1) == 1
 end
 
 local function rec_state(rec) return string.byte(rec, 2) end
 local function rec_token(rec) return struct.unpack('>I4', rec, 3) end
 local function rec_retried(rec) return struct.unpack('>I2', rec, 7) end
 local function rec_maxretry(rec) return struct.unpack('>I2', rec, 9) end
+-- rec_end is the offset of the last byte before the failure section.
+local function rec_end(rec)
+  return 20 + struct.unpack('>I3', rec, 17) + string.byte(rec, 20)
+end
 
 local function rec_uniq(rec)
-  local bl = struct.unpack('>I4', rec, 23)
-  local ul = struct.unpack('>I2', rec, 27)
+  local ul = string.byte(rec, 20)
   if ul == 0 then return nil end
-  return string.sub(rec, 29 + bl, 28 + bl + ul)
+  local e = rec_end(rec)
+  return string.sub(rec, e - ul + 1, e)
 end
 
 -- rec_patch returns rec with the given fields replaced; nil keeps a field.
+-- failed and err replace the failure section together (either may be nil to
+-- keep its part).
 local function rec_patch(rec, state, token, retried, due, failed, err)
   local st = state and string.char(state) or string.sub(rec, 2, 2)
   local tk = token and struct.pack('>I4', token) or string.sub(rec, 3, 6)
   local rt = retried and struct.pack('>I2', math.min(retried, 65535)) or string.sub(rec, 7, 8)
   local du = due and struct.pack('>I6', due) or string.sub(rec, 11, 16)
-  local fa = failed and struct.pack('>I6', failed) or string.sub(rec, 17, 22)
-  local tail
-  if err then
-    local bl = struct.unpack('>I4', rec, 23)
-    local ul = struct.unpack('>I2', rec, 27)
-    tail = string.sub(rec, 29, 28 + bl + ul) .. err
-  else
-    tail = string.sub(rec, 29)
+  local e = rec_end(rec)
+  local tail = string.sub(rec, e + 1)
+  if failed or err then
+    local old_at, old_err = struct.pack('>I6', 0), ''
+    if #tail >= 6 then old_at, old_err = string.sub(tail, 1, 6), string.sub(tail, 7) end
+    tail = (failed and struct.pack('>I6', failed) or old_at) .. (err or old_err)
   end
-  return string.sub(rec, 1, 1) .. st .. tk .. rt .. string.sub(rec, 9, 10) .. du .. fa .. string.sub(rec, 23, 28) .. tail
+  return string.sub(rec, 1, 1) .. st .. tk .. rt .. string.sub(rec, 9, 10) .. du .. string.sub(rec, 17, e) .. tail
 end
 
 -- rec_corrupt builds a valid archived record with an empty body for bytes that
 -- could not be parsed; the bytes themselves are kept as the task's result.
 local function rec_corrupt(now, err)
-  return string.char(1, 5) .. struct.pack('>I4>I2>I2>I6>I6>I4>I2', 0, 0, 0, now, now, 0, 0) .. err
+  return string.char(1, 5) .. struct.pack('>I4>I2>I2>I6>I3B', 0, 0, 0, now, 0, 0) .. struct.pack('>I6', now) .. err
 end
 
 local function release_uniq(rec, uprefix, id)
