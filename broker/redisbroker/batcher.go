@@ -11,18 +11,22 @@ import (
 const maxBatchTasks = 1000
 
 // batcher lets concurrent Enqueue calls share round trips (group commit).
-// A caller that finds no round trip in flight sends its own tasks at once
-// (no added latency for a lone caller). Callers that arrive while one is in
-// flight queue up; when it returns, the first of them becomes the leader and
-// sends everything queued in one pipeline. No goroutine is started, so
-// nothing outlives the callers.
+// A caller that finds fewer than maxInflight round trips on the wire sends
+// its own tasks at once (no added latency for a lone caller). Callers that
+// arrive while the wire is full queue up; when a round trip returns, the
+// first of them leads the next one and sends everything queued in one
+// pipeline. No goroutine is started, so nothing outlives the callers.
 type batcher struct {
 	send func(ctx context.Context, msgs []*broker.Message) ([]error, error)
 
-	mu    sync.Mutex
-	busy  bool
-	queue []*enqReq
+	mu       sync.Mutex
+	inflight int // batches on the wire, at most maxInflight
+	queue    []*enqReq
 }
+
+// maxInflight is how many shared round trips may be on the wire at once:
+// with two, one batch fills while the other is sent.
+const maxInflight = 2
 
 type enqReq struct {
 	ctx  context.Context
@@ -30,45 +34,50 @@ type enqReq struct {
 	errs []error
 	err  error
 	done chan struct{} // closed when errs/err are set
-	lead chan struct{} // closed when this request must lead the next batch
+	lead chan struct{} // closed when this queued request must lead a batch
 }
 
 func (bt *batcher) enqueue(ctx context.Context, msgs []*broker.Message) ([]error, error) {
-	r := &enqReq{ctx: ctx, msgs: msgs, done: make(chan struct{}), lead: make(chan struct{})}
+	r := &enqReq{ctx: ctx, msgs: msgs, done: make(chan struct{})}
 	bt.mu.Lock()
-	bt.queue = append(bt.queue, r)
-	if bt.busy {
+	if bt.inflight >= maxInflight {
+		r.lead = make(chan struct{})
+		bt.queue = append(bt.queue, r)
 		bt.mu.Unlock()
 		select {
 		case <-r.done:
 			return r.errs, r.err
 		case <-r.lead:
+			// Taken off the queue and handed an in-flight slot.
 		}
 		bt.mu.Lock()
+	} else {
+		bt.inflight++
 	}
-	bt.busy = true
-	batch := bt.take()
+	batch := append([]*enqReq{r}, bt.take(len(r.msgs))...)
 	bt.mu.Unlock()
 
 	bt.run(batch)
 
 	bt.mu.Lock()
 	if len(bt.queue) > 0 {
-		close(bt.queue[0].lead) // hand over; busy stays true
+		next := bt.queue[0]
+		bt.queue = bt.queue[1:]
+		close(next.lead) // hand over the slot
 	} else {
-		bt.busy = false
+		bt.inflight--
 	}
 	bt.mu.Unlock()
 	<-r.done
 	return r.errs, r.err
 }
 
-// take removes up to maxBatchTasks worth of requests from the queue (at least
-// one). The caller holds mu.
-func (bt *batcher) take() []*enqReq {
-	n, tasks := 0, 0
-	for n < len(bt.queue) && (n == 0 || tasks+len(bt.queue[n].msgs) <= maxBatchTasks) {
-		tasks += len(bt.queue[n].msgs)
+// take removes queued requests, up to maxBatchTasks tasks in all counting
+// the have already in the batch. The caller holds mu.
+func (bt *batcher) take(have int) []*enqReq {
+	n := 0
+	for n < len(bt.queue) && have+len(bt.queue[n].msgs) <= maxBatchTasks {
+		have += len(bt.queue[n].msgs)
 		n++
 	}
 	batch := make([]*enqReq, n)

@@ -17,8 +17,11 @@ type scripts struct {
 }
 
 func loadScripts() *scripts {
-	lib := mustRead("lib.lua")
-	s := func(name string) *redis.Script { return redis.NewScript(lib + "\n" + mustRead(name)) }
+	lib := parseLib(mustRead("lib.lua"))
+	s := func(name string) *redis.Script {
+		body := mustRead(name)
+		return redis.NewScript(lib.prelude(body) + body)
+	}
 	return &scripts{
 		enqueue:   s("enqueue.lua"),
 		dequeue:   s("dequeue.lua"),
@@ -29,6 +32,58 @@ func loadScripts() *scripts {
 		maintain:  s("maintain.lua"),
 		admin:     s("admin.lua"),
 	}
+}
+
+// lib holds the helpers of lib.lua, one "local function" block each.
+type lib struct {
+	names []string          // in file order
+	code  map[string]string // name -> block
+}
+
+func parseLib(src string) lib {
+	l := lib{code: map[string]string{}}
+	blocks := strings.Split(src, "\nlocal function ")
+	for _, b := range blocks[1:] {
+		name := b[:strings.IndexAny(b, "( ")]
+		// A helper is a one-line "... end" or runs to its last line "end";
+		// comments after it belong to the next helper.
+		lines := strings.Split(b, "\n")
+		n := 1
+		if !strings.HasSuffix(lines[0], " end") {
+			for i, line := range lines {
+				if line == "end" {
+					n = i + 1
+				}
+			}
+		}
+		l.names = append(l.names, name)
+		l.code[name] = "local function " + strings.Join(lines[:n], "\n") + "\n"
+	}
+	return l
+}
+
+// prelude returns the helpers body uses, directly or through other helpers,
+// in file order. Redis runs a script's whole text on every call, so defining
+// only what is needed keeps each call cheap.
+func (l lib) prelude(body string) string {
+	need := map[string]bool{}
+	var visit func(text string)
+	visit = func(text string) {
+		for _, n := range l.names {
+			if !need[n] && strings.Contains(text, n+"(") {
+				need[n] = true
+				visit(l.code[n])
+			}
+		}
+	}
+	visit(body)
+	var sb strings.Builder
+	for _, n := range l.names {
+		if need[n] {
+			sb.WriteString(l.code[n])
+		}
+	}
+	return sb.String()
 }
 
 func mustRead(name string) string {
