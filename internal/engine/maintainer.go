@@ -97,6 +97,7 @@ func (m *maintainer) loop() {
 				}
 			}
 		}
+		start := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), brokerCallTimeout)
 		now := m.cfg.Now()
 		trim := time.Since(lastTrim) >= trimEvery
@@ -110,7 +111,7 @@ func (m *maintainer) loop() {
 		cancel()
 		if err != nil {
 			if errors.Is(err, context.DeadlineExceeded) || isTransport(err) {
-				m.cfg.health.fail("maintenance", err)
+				m.cfg.health.fail("maintenance", err, start)
 			} else {
 				// Not a connectivity problem (a misconfiguration such as a
 				// partition-count mismatch): say so every time.

@@ -43,13 +43,14 @@ func (n *notifier) loop() {
 	bo := backoff{min: 100 * time.Millisecond, max: 5 * time.Second}
 	first := true
 	for n.ctx.Err() == nil {
+		began := time.Now()
 		ch, err := n.cfg.Broker.Subscribe(n.ctx, n.queues)
 		if err != nil {
 			if n.ctx.Err() != nil {
 				return
 			}
-			n.cfg.health.fail("event subscription", err)
-			if !sleep(n.ctx.Done(), bo.next()) {
+			n.cfg.health.fail("event subscription", err, began)
+			if !n.pause(bo.next()) {
 				return
 			}
 			continue
@@ -74,8 +75,23 @@ func (n *notifier) loop() {
 		if time.Since(start) > time.Minute {
 			bo.reset()
 		}
-		if n.ctx.Err() == nil && !sleep(n.ctx.Done(), bo.next()) {
+		if n.ctx.Err() == nil && !n.pause(bo.next()) {
 			return
 		}
+	}
+}
+
+// pause waits d, or less when another loop sees the broker come back; it
+// reports false when the notifier is stopping.
+func (n *notifier) pause(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-n.ctx.Done():
+		return false
+	case <-n.cfg.health.recovered():
+		return true
+	case <-t.C:
+		return true
 	}
 }

@@ -183,6 +183,7 @@ func (p *processor) fetchLoop() {
 			}
 		}
 		order := queueOrder(p.queues, p.cfg.Queues, p.cfg.Strict, r)
+		start := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), brokerCallTimeout)
 		ds, err := p.cfg.Broker.Dequeue(ctx, order, n, p.cfg.Lease)
 		cancel()
@@ -202,7 +203,7 @@ func (p *processor) fetchLoop() {
 			p.workers.Go(func() { p.work(ctx, cancel, ref, d) })
 		}
 		if err != nil {
-			p.cfg.health.fail("dequeue", err)
+			p.cfg.health.fail("dequeue", err, start)
 			if !sleep(p.fetchStop, bo.next()) {
 				return
 			}
@@ -298,6 +299,7 @@ func (p *processor) settle(batch []broker.Settlement) {
 	bo := backoff{min: 50 * time.Millisecond, max: 2 * time.Second}
 	give := time.Now().Add(p.cfg.Lease)
 	for {
+		start := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), brokerCallTimeout)
 		errs, err := p.cfg.Broker.Settle(ctx, batch)
 		cancel()
@@ -320,7 +322,7 @@ func (p *processor) settle(batch []broker.Settlement) {
 			p.log.Error("tide: could not write task outcomes before their leases ran out; the tasks return through lease recovery", "tasks", len(batch), "err", err)
 			return
 		}
-		p.cfg.health.fail("acknowledge", err)
+		p.cfg.health.fail("acknowledge", err, start)
 		time.Sleep(bo.next())
 	}
 }
@@ -345,6 +347,7 @@ func (p *processor) keepLoop() {
 		if len(refs) == 0 {
 			continue
 		}
+		start := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), p.cfg.Lease/3)
 		errs, err := p.cfg.Broker.Extend(ctx, refs, p.cfg.Lease)
 		cancel()
@@ -368,7 +371,7 @@ func (p *processor) keepLoop() {
 		}
 		p.mu.Unlock()
 		if err != nil {
-			p.cfg.health.fail("lease renewal", err)
+			p.cfg.health.fail("lease renewal", err, start)
 		} else {
 			p.cfg.health.ok()
 		}
