@@ -33,6 +33,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -728,28 +729,44 @@ func (b *Broker) Subscribe(ctx context.Context, queues []string) (<-chan broker.
 		defer close(out)
 		defer done()
 		defer ps.Close()
-		in := ps.Channel()
+		// A blocked read does not see ctx; closing the connection ends it.
+		stop := context.AfterFunc(ctx, func() { _ = ps.Close() })
+		defer stop()
 		for {
-			select {
-			case <-ctx.Done():
-				return
-			case msg, ok := <-in:
-				if !ok {
+			msg, err := ps.ReceiveTimeout(ctx, subscriptionIdle)
+			if err != nil {
+				if ctx.Err() != nil {
 					return
 				}
-				ev, ok := parseEvent(byChan[msg.Channel], msg.Payload)
-				if !ok {
-					continue
+				var ne net.Error
+				if errors.As(err, &ne) && ne.Timeout() && ps.Ping(ctx) == nil {
+					continue // quiet, and the connection still answers
 				}
-				select {
-				case out <- ev:
-				default: // hints; the consumer is busy anyway
-				}
+				// The connection broke: events may have been missed while
+				// go-redis would re-dial quietly. End the subscription so
+				// the caller re-subscribes and looks for missed work.
+				return
+			}
+			m, ok := msg.(*redis.Message)
+			if !ok {
+				continue // subscription confirmations and pongs
+			}
+			ev, ok := parseEvent(byChan[m.Channel], m.Payload)
+			if !ok {
+				continue
+			}
+			select {
+			case out <- ev:
+			default: // hints; the consumer is busy anyway
 			}
 		}
 	}()
 	return out, nil
 }
+
+// subscriptionIdle is how long a subscription may be silent before it is
+// pinged to find out whether its connection still works.
+const subscriptionIdle = 15 * time.Second
 
 // today is the UTC day the day counters are kept under.
 func today() string { return time.Now().UTC().Format(time.DateOnly) }
