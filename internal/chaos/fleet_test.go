@@ -1,0 +1,170 @@
+package chaos
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// fleet runs worker processes (the test binary re-executed, see runWorker)
+// and remembers every incarnation, when it was SIGKILLed and how the others
+// exited.
+type fleet struct {
+	t                 *testing.T
+	dir, addr, prefix string
+
+	mu    sync.Mutex
+	all   []*proc          // every incarnation started
+	live  map[string]*proc // current incarnation by worker name
+	kills []kill
+}
+
+// proc is one worker process.
+type proc struct {
+	name     string
+	inc      int
+	cmd      *exec.Cmd
+	done     chan struct{} // closed when the process has exited
+	expected bool          // we signalled it (guarded by fleet.mu)
+	state    *os.ProcessState
+	started  time.Time
+}
+
+// kill is one SIGKILL of a worker process.
+type kill struct {
+	name string
+	inc  int
+	at   time.Time
+}
+
+func newFleet(t *testing.T, dir, addr, prefix string) *fleet {
+	f := &fleet{t: t, dir: dir, addr: addr, prefix: prefix, live: map[string]*proc{}}
+	t.Cleanup(func() {
+		f.mu.Lock()
+		ps := append([]*proc(nil), f.all...)
+		for _, p := range ps {
+			p.expected = true
+		}
+		f.mu.Unlock()
+		for _, p := range ps {
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	return f
+}
+
+// start starts the next incarnation of worker name, with extra environment
+// variables (NAME=value) if any.
+func (f *fleet) start(name string, env ...string) {
+	f.t.Helper()
+	f.mu.Lock()
+	inc := 1
+	if old := f.live[name]; old != nil {
+		inc = old.inc + 1
+	}
+	f.mu.Unlock()
+	errf, err := os.Create(stderrFile(f.dir, name, inc))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer errf.Close() // the child has its own copy
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(),
+		workerEnv+"="+name, envAddr+"="+f.addr, envPrefix+"="+f.prefix,
+		envDir+"="+f.dir, envIncarnat+"="+strconv.Itoa(inc))
+	cmd.Env = append(cmd.Env, env...)
+	cmd.Stdout, cmd.Stderr = errf, errf
+	if err := cmd.Start(); err != nil {
+		f.t.Fatalf("start worker %s: %v", name, err)
+	}
+	p := &proc{name: name, inc: inc, cmd: cmd, done: make(chan struct{}), started: time.Now()}
+	go func() {
+		_ = cmd.Wait()
+		p.state = cmd.ProcessState
+		close(p.done)
+	}()
+	f.mu.Lock()
+	f.all = append(f.all, p)
+	f.live[name] = p
+	f.mu.Unlock()
+}
+
+// killAndRestart SIGKILLs the live incarnation of name and starts the next.
+func (f *fleet) killAndRestart(name string) {
+	f.t.Helper()
+	f.mu.Lock()
+	p := f.live[name]
+	p.expected = true
+	f.mu.Unlock()
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+	f.mu.Lock()
+	f.kills = append(f.kills, kill{name: name, inc: p.inc, at: time.Now()})
+	f.mu.Unlock()
+	f.start(name)
+}
+
+// unexpected lists the processes that exited without being signalled.
+func (f *fleet) unexpected() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for _, p := range f.all {
+		select {
+		case <-p.done:
+			if !p.expected {
+				out = append(out, fmt.Sprintf("%s.%d: %v", p.name, p.inc, p.state))
+			}
+		default:
+		}
+	}
+	return out
+}
+
+// terminate sends SIGTERM to every live process and waits (bounded) for
+// them to exit; it returns one error per process that did not exit cleanly.
+func (f *fleet) terminate(limit time.Duration) []error {
+	f.mu.Lock()
+	var ps []*proc
+	for _, p := range f.live {
+		p.expected = true
+		ps = append(ps, p)
+	}
+	f.mu.Unlock()
+	for _, p := range ps {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	var errs []error
+	deadline := time.After(limit)
+	for _, p := range ps {
+		select {
+		case <-p.done:
+		case <-deadline:
+			errs = append(errs, fmt.Errorf("worker %s.%d did not exit within %v of SIGTERM", p.name, p.inc, limit))
+			continue
+		}
+		report, _ := os.ReadFile(exitFile(f.dir, p.name, p.inc))
+		switch code := p.state.ExitCode(); code {
+		case exitClean:
+		case exitLeak:
+			errs = append(errs, fmt.Errorf("worker %s.%d leaked goroutines: %s", p.name, p.inc, report))
+		default:
+			stderr, _ := os.ReadFile(stderrFile(f.dir, p.name, p.inc))
+			errs = append(errs, fmt.Errorf("worker %s.%d exited with %v: %s\n%s", p.name, p.inc, p.state, report, tail(stderr, 4000)))
+		}
+	}
+	return errs
+}
+
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
+}
