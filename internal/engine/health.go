@@ -19,7 +19,7 @@ type health struct {
 	down   bool
 	since  time.Time
 	fails  int
-	lastOK time.Time // when a call last succeeded
+	lastOK time.Time     // when a call last succeeded
 	back   chan struct{} // closed when the current outage ends
 }
 
