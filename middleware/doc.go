@@ -1,6 +1,7 @@
 // Package middleware provides tide.MiddlewareFunc values for a tide.ServeMux:
 // Recover (panics become errors), Logging (one slog line per attempt),
-// Timeout (a bound on every attempt), and OpenTelemetry tracing and metrics
+// Timeout (a bound on every attempt), RateLimit (a token bucket shared by
+// the handlers it wraps), and OpenTelemetry tracing and metrics
 // (Tracing, TracingClient, Metrics, RegisterQueueGauges).
 //
 // Middleware registered first with ServeMux.Use is outermost. A good order
