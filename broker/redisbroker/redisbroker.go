@@ -150,6 +150,9 @@ func New(rdb redis.UniversalClient, opts ...Option) *Broker {
 		maxArchived: DefaultMaxArchived, archiveTTL: DefaultArchiveTTL, s: loadScripts(),
 	}
 	b.batch.send = b.enqueueNow
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		hookClusterReload(cc)
+	}
 	var errs []error
 	for _, o := range opts {
 		if o == nil {
@@ -286,6 +289,13 @@ func (b *Broker) Enqueue(ctx context.Context, msgs []*broker.Message) ([]error, 
 	if len(msgs) == 0 {
 		return nil, nil
 	}
+	for _, m := range msgs {
+		if m.WaitReplicas > 0 {
+			// A replica wait can take its whole timeout: never make other
+			// callers' tasks share it.
+			return b.enqueueNow(ctx, msgs)
+		}
+	}
 	return b.batch.enqueue(ctx, msgs)
 }
 
@@ -351,27 +361,95 @@ func (b *Broker) enqueueNow(ctx context.Context, msgs []*broker.Message) ([]erro
 	return errs, nil
 }
 
-// runAndWait runs each partition's script followed by WAIT in one pipeline
-// on that partition's primary: WAIT counts the replicas that have the
-// connection's earlier writes, so it must share the script's connection. The
-// scripts' replies land in calls; one WAIT reply per call is returned.
+// runAndWait runs the calls and then one WAIT on every primary they touch:
+// WAIT counts the replicas that have the connection's earlier writes, so each
+// primary gets one pipeline holding its partitions' scripts followed by a
+// single WAIT, and the primaries are waited on in parallel. It returns the
+// WAIT reply that covers each call.
 func (b *Broker) runAndWait(ctx context.Context, calls []*call, groups []*group, replicas int, timeout time.Duration) ([]*redis.Cmd, error) {
-	waits := make([]*redis.Cmd, len(calls))
-	for gi, c := range calls {
-		var node redis.Cmdable = b.rdb
-		if cc, ok := b.rdb.(*redis.ClusterClient); ok {
-			m, err := cc.MasterForKey(ctx, groups[gi].k.k("t"))
-			if err != nil {
-				return nil, fmt.Errorf("tide: redisbroker: enqueue: find primary: %w", err)
-			}
-			node = m
+	cc, cluster := b.rdb.(*redis.ClusterClient)
+	for attempt := 0; ; attempt++ {
+		// Group the calls by primary (one group for a non-cluster client).
+		type node struct {
+			c     redis.Cmdable
+			calls []int
+			wait  *redis.Cmd
 		}
-		pipe := node.Pipeline()
-		c.cmd = c.script.Eval(ctx, pipe, c.keys, c.args...)
-		waits[gi] = pipe.Do(ctx, "WAIT", replicas, timeout.Milliseconds())
-		_, _ = pipe.Exec(ctx) // errors are read per command
+		var nodes []*node
+		byAddr := map[string]*node{}
+		for gi := range calls {
+			var c redis.Cmdable = b.rdb
+			addr := ""
+			if cluster {
+				m, err := cc.MasterForKey(ctx, groups[gi].k.k("t"))
+				if err != nil {
+					return nil, fmt.Errorf("tide: redisbroker: enqueue: find primary: %w", err)
+				}
+				c, addr = m, m.Options().Addr
+			}
+			n := byAddr[addr]
+			if n == nil {
+				n = &node{c: c}
+				byAddr[addr] = n
+				nodes = append(nodes, n)
+			}
+			n.calls = append(n.calls, gi)
+		}
+		var wg sync.WaitGroup
+		for _, n := range nodes {
+			wg.Go(func() {
+				for _, useEval := range []bool{false, true} {
+					pipe := n.c.Pipeline()
+					for _, gi := range n.calls {
+						c := calls[gi]
+						if useEval {
+							c.cmd = c.script.Eval(ctx, pipe, c.keys, c.args...)
+						} else {
+							c.cmd = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
+						}
+					}
+					n.wait = pipe.Do(ctx, "WAIT", replicas, timeout.Milliseconds())
+					_, _ = pipe.Exec(ctx) // errors are read per command
+					if !anyNoScript(calls, n.calls) {
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		waits := make([]*redis.Cmd, len(calls))
+		redirected := false
+		for _, n := range nodes {
+			for _, gi := range n.calls {
+				waits[gi] = n.wait
+				if err := calls[gi].cmd.Err(); err != nil && isRedirect(err) {
+					redirected = true
+				}
+			}
+		}
+		// A redirect means the script did not run on that node: the slot
+		// moved (a failover). Learn the new layout and send again, once.
+		if !redirected || !cluster || attempt > 0 {
+			return waits, nil
+		}
+		cc.ReloadState(ctx)
 	}
-	return waits, nil
+}
+
+func anyNoScript(calls []*call, idx []int) bool {
+	for _, gi := range idx {
+		if err := calls[gi].cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			return true
+		}
+	}
+	return false
+}
+
+// isRedirect reports a cluster reply that means "not here": the command was
+// not executed.
+func isRedirect(err error) bool {
+	s := err.Error()
+	return strings.HasPrefix(s, "MOVED ") || strings.HasPrefix(s, "ASK ") || strings.HasPrefix(s, "CLUSTERDOWN") || strings.HasPrefix(s, "TRYAGAIN")
 }
 
 // register records unseen queues (once per process): their names in
@@ -421,6 +499,7 @@ func (b *Broker) Dequeue(ctx context.Context, queues []string, n int, lease time
 		return nil, nil
 	}
 	var out []*broker.Delivery
+	var firstErr error
 	start := int(b.nextStart.Add(1))
 	for _, q := range queues {
 		parts := b.Partitions(q)
@@ -430,7 +509,13 @@ func (b *Broker) Dequeue(ctx context.Context, queues []string, n int, lease time
 				[]string{k.k("t"), k.k("pending"), k.k("active"), k.k("paused"), k.k("archived"), k.k("result"), k.k("scheduled"), k.k("retry")},
 				n-len(out), lease.Milliseconds(), time.Now().UnixMilli()).Slice()
 			if err != nil && !errors.Is(err, redis.Nil) {
-				return out, fmt.Errorf("tide: redisbroker: dequeue %s: %w", q, err)
+				// One unreachable partition (a cluster node failing over)
+				// must not starve the others: try them, report the error
+				// only when nothing could be had.
+				if firstErr == nil {
+					firstErr = fmt.Errorf("tide: redisbroker: dequeue %s: %w", q, err)
+				}
+				continue
 			}
 			for j := 0; j+1 < len(res); j += 2 {
 				id, _ := res[j].(string)
@@ -449,6 +534,9 @@ func (b *Broker) Dequeue(ctx context.Context, queues []string, n int, lease time
 		if len(out) >= n {
 			break
 		}
+	}
+	if len(out) == 0 && firstErr != nil {
+		return nil, firstErr
 	}
 	return out, nil
 }

@@ -204,7 +204,7 @@ func (p *processor) fetchLoop() {
 		}
 		if err != nil {
 			p.cfg.health.fail("dequeue", err, start)
-			if !sleep(p.fetchStop, bo.next()) {
+			if !p.pause(bo.next()) {
 				return
 			}
 			continue
@@ -218,6 +218,21 @@ func (p *processor) fetchLoop() {
 			case <-p.wakeC:
 			}
 		}
+	}
+}
+
+// pause waits d after a failed dequeue, or less when another loop sees the
+// broker come back; it reports false when fetching stops.
+func (p *processor) pause(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-p.fetchStop:
+		return false
+	case <-p.cfg.health.recovered():
+		return true
+	case <-t.C:
+		return true
 	}
 }
 
