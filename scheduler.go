@@ -441,12 +441,13 @@ func (s *Scheduler) Start() error {
 // Run starts the scheduler, waits for SIGINT or SIGTERM, then shuts it
 // down. It returns nil after a signal, or Start's error.
 func (s *Scheduler) Run() error {
-	if err := s.Start(); err != nil {
-		return err
-	}
+	// Listen before starting, as Server.Run does.
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sig)
+	if err := s.Start(); err != nil {
+		return err
+	}
 	got := <-sig
 	s.log.Info("tide: signal received; stopping scheduler", "signal", got.String())
 	s.Shutdown()

@@ -195,12 +195,14 @@ func (s *Server) Start(h Handler) error {
 // Run starts the server with h, waits for SIGINT or SIGTERM, then shuts down
 // gracefully. It returns nil after a signal, or Start's error.
 func (s *Server) Run(h Handler) error {
-	if err := s.Start(h); err != nil {
-		return err
-	}
+	// Listen before starting: a signal that arrives as soon as the server
+	// has started must still shut it down gracefully.
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sig)
+	if err := s.Start(h); err != nil {
+		return err
+	}
 	got := <-sig
 	s.log.Info("tide: signal received; shutting down", "signal", got.String())
 	s.Shutdown()
