@@ -20,6 +20,7 @@ import (
 
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker/redisbroker"
+	"github.com/tidequeue/tide/internal/redistest"
 )
 
 // The chaos run. Times are from the end of the initial enqueue.
@@ -71,11 +72,7 @@ func TestChaos(t *testing.T) {
 		}
 		t.Logf("run files kept in %s", dir)
 	}
-	rs, err := StartRedis(dir, "--appendonly", "yes", "--appendfsync", "always")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(rs.Stop)
+	rs := redistest.StartIn(t, dir, "--appendonly", "yes", "--appendfsync", "always")
 	px, err := NewProxy(rs.Addr)
 	if err != nil {
 		t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker/redisbroker"
+	"github.com/tidequeue/tide/internal/redistest"
 )
 
 // TestReconnect checks what a server does when Redis goes away and comes
@@ -35,11 +36,7 @@ func TestReconnect(t *testing.T) {
 		maxAttempts = 300
 	)
 	ctx := context.Background()
-	rs, err := StartRedis(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(rs.Stop)
+	rs := redistest.Start(t)
 	px, err := NewProxy(rs.Addr)
 	if err != nil {
 		t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker/redisbroker"
+	"github.com/tidequeue/tide/internal/redistest"
 )
 
 // The worker process: TestChaos re-executes the test binary with these
@@ -155,11 +156,7 @@ func runWorker() int {
 // behind is reported.
 func TestWorkerLeakCheck(t *testing.T) {
 	dir := t.TempDir()
-	rs, err := StartRedis(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(rs.Stop)
+	rs := redistest.StartIn(t, dir)
 	f := newFleet(t, dir, rs.Addr, "leakcheck")
 	f.start("clean")
 	f.start("leaky", envLeak+"=1")

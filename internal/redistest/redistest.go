@@ -25,6 +25,8 @@ type Server struct {
 	Addr string
 	Dir  string
 	cmd  *exec.Cmd
+	bin  string
+	args []string // the command line, for Restart
 }
 
 // Start starts a redis-server for t with the extra config arguments (for
@@ -32,11 +34,16 @@ type Server struct {
 // redis-server is not installed.
 func Start(t testing.TB, extra ...string) *Server {
 	t.Helper()
+	return StartIn(t, t.TempDir(), extra...)
+}
+
+// StartIn is Start with the data and log in dir.
+func StartIn(t testing.TB, dir string, extra ...string) *Server {
+	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		t.Fatalf("redis-server not found on PATH (install it, e.g. apt-get install -y redis-server, or set TIDE_REDIS_ADDR): %v", err)
 	}
-	dir := t.TempDir()
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ {
 		port, err := freePort()
@@ -47,6 +54,7 @@ func Start(t testing.TB, extra ...string) *Server {
 		args := append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
 			"--save", "", "--appendonly", "no", "--logfile", filepath.Join(dir, "redis.log"),
 			"--protected-mode", "no"}, extra...)
+		s.bin, s.args = bin, args
 		s.cmd = exec.Command(bin, args...)
 		if err := s.cmd.Start(); err != nil {
 			t.Fatalf("start redis-server: %v", err)
@@ -63,6 +71,29 @@ func Start(t testing.TB, extra ...string) *Server {
 	log, _ := os.ReadFile(filepath.Join(dir, "redis.log"))
 	t.Fatalf("redis-server did not start: %v\n%s", lastErr, log)
 	return nil
+}
+
+// Restart kills the server with SIGKILL (no shutdown save: only what it had
+// already written survives, e.g. an AOF with appendfsync always) and starts
+// it again on the same port, data directory and arguments, waiting until it
+// answers, which it does once its data is loaded. Starting is retried for a
+// few seconds in case the port is briefly unavailable.
+func (s *Server) Restart() error {
+	s.Stop()
+	var err error
+	for range 10 {
+		s.cmd = exec.Command(s.bin, s.args...)
+		if err = s.cmd.Start(); err == nil {
+			if err = s.waitReady(30 * time.Second); err == nil {
+				return nil
+			}
+			_ = s.cmd.Process.Kill()
+			_ = s.cmd.Wait()
+		}
+		s.cmd = nil
+		time.Sleep(200 * time.Millisecond)
+	}
+	return fmt.Errorf("redistest: restart %s: %w", s.Addr, err)
 }
 
 // Stop kills the server and waits for it to exit. It is idempotent.
