@@ -162,14 +162,7 @@ func startClusterNode(t testing.TB, bin string) (*Server, []string) {
 			"--cluster-replica-validity-factor", "0",
 			"--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0",
 		}
-		s.cmd = exec.Command(bin, args...)
-		if err := s.cmd.Start(); err != nil {
-			t.Fatalf("start redis-server: %v", err)
-		}
-		if err := s.waitReady(5 * time.Second); err != nil {
-			lastErr = err
-			_ = s.cmd.Process.Kill()
-			_ = s.cmd.Wait()
+		if lastErr = s.launch(bin, args, 5*time.Second); lastErr != nil {
 			continue
 		}
 		t.Cleanup(s.Stop)
@@ -275,18 +268,12 @@ func (c *Cluster) Restart(t testing.TB, addr string) {
 	}
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
-		s.cmd = exec.Command(c.bin, args...)
-		if err := s.cmd.Start(); err != nil {
-			t.Fatalf("restart redis-server: %v", err)
-		}
-		if lastErr = s.waitReady(5 * time.Second); lastErr == nil {
+		if lastErr = s.launch(c.bin, args, 5*time.Second); lastErr == nil {
 			c.mu.Lock()
 			delete(c.dead, addr)
 			c.mu.Unlock()
 			return
 		}
-		_ = s.cmd.Process.Kill()
-		_ = s.cmd.Wait()
 		time.Sleep(200 * time.Millisecond)
 	}
 	t.Fatalf("restarting %s failed (its port may have been taken meanwhile): %v%s", addr, lastErr, c.logs())

@@ -54,15 +54,7 @@ func StartIn(t testing.TB, dir string, extra ...string) *Server {
 		args := append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
 			"--save", "", "--appendonly", "no", "--logfile", filepath.Join(dir, "redis.log"),
 			"--protected-mode", "no"}, extra...)
-		s.bin, s.args = bin, args
-		s.cmd = exec.Command(bin, args...)
-		if err := s.cmd.Start(); err != nil {
-			t.Fatalf("start redis-server: %v", err)
-		}
-		if err := s.waitReady(5 * time.Second); err != nil {
-			lastErr = err
-			_ = s.cmd.Process.Kill()
-			_ = s.cmd.Wait()
+		if lastErr = s.launch(bin, args, 5*time.Second); lastErr != nil {
 			continue
 		}
 		t.Cleanup(s.Stop)
@@ -82,18 +74,31 @@ func (s *Server) Restart() error {
 	s.Stop()
 	var err error
 	for range 10 {
-		s.cmd = exec.Command(s.bin, s.args...)
-		if err = s.cmd.Start(); err == nil {
-			if err = s.waitReady(30 * time.Second); err == nil {
-				return nil
-			}
-			_ = s.cmd.Process.Kill()
-			_ = s.cmd.Wait()
+		if err = s.launch(s.bin, s.args, 30*time.Second); err == nil {
+			return nil
 		}
-		s.cmd = nil
 		time.Sleep(200 * time.Millisecond)
 	}
 	return fmt.Errorf("redistest: restart %s: %w", s.Addr, err)
+}
+
+// launch runs bin with args as s and waits up to limit until it answers
+// PING; on failure it leaves no process behind. It remembers the command
+// line for Restart.
+func (s *Server) launch(bin string, args []string, limit time.Duration) error {
+	s.bin, s.args = bin, args
+	s.cmd = exec.Command(bin, args...)
+	if err := s.cmd.Start(); err != nil {
+		s.cmd = nil
+		return fmt.Errorf("start %s: %w", bin, err)
+	}
+	if err := s.waitReady(limit); err != nil {
+		_ = s.cmd.Process.Kill()
+		_ = s.cmd.Wait()
+		s.cmd = nil
+		return err
+	}
+	return nil
 }
 
 // Stop kills the server and waits for it to exit. It is idempotent.

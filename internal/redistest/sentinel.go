@@ -118,14 +118,7 @@ func startSentinel(t testing.TB, bin, master string) *Server {
 			t.Fatalf("write sentinel config: %v", err)
 		}
 		s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Dir: dir}
-		s.cmd = exec.Command(bin, conf, "--sentinel")
-		if err := s.cmd.Start(); err != nil {
-			t.Fatalf("start redis-server --sentinel: %v", err)
-		}
-		if err := s.waitReady(5 * time.Second); err != nil {
-			lastErr = err
-			_ = s.cmd.Process.Kill()
-			_ = s.cmd.Wait()
+		if lastErr = s.launch(bin, []string{conf, "--sentinel"}, 5*time.Second); lastErr != nil {
 			continue
 		}
 		t.Cleanup(s.Stop)
