@@ -1,7 +1,6 @@
 package tide_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -27,6 +26,7 @@ import (
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/internal/testlog"
 )
 
 // certs writes a CA and a server and client certificate signed by it.
@@ -181,30 +181,12 @@ func TestTLSAndACL(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestPayloadsStayOutOfLogs: a failing, retried, archived and panicking task
 // leaves no trace of its payload in the server's logs at any level.
 func TestPayloadsStayOutOfLogs(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	var logs syncBuffer
+	var logs testlog.Buffer
 	const secret = "card=4111111111111111"
 	log := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	var calls int

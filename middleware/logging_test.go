@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/internal/testlog"
 	"github.com/tidequeue/tide/middleware"
 )
 
@@ -32,14 +33,14 @@ func lines(t *testing.T, s string) []map[string]any {
 	return out
 }
 
-func jsonLogger(w *syncBuffer) *slog.Logger {
+func jsonLogger(w *testlog.Buffer) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
 func TestLoggingAcrossRedis(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	var buf syncBuffer
+	var buf testlog.Buffer
 	var calls atomic.Int32
 	mux := tide.NewServeMux()
 	mux.Use(middleware.Logging(jsonLogger(&buf)))
@@ -82,7 +83,7 @@ func TestLoggingAcrossRedis(t *testing.T) {
 
 func TestLoggingOutsideServer(t *testing.T) {
 	t.Parallel()
-	var buf syncBuffer
+	var buf testlog.Buffer
 	mux := tide.NewServeMux()
 	mux.Use(middleware.Logging(jsonLogger(&buf)))
 	mux.HandleFunc("t", func(context.Context, *tide.Task) error { return nil })
@@ -120,7 +121,7 @@ func TestLoggingPayload(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			var buf syncBuffer
+			var buf testlog.Buffer
 			mux := tide.NewServeMux()
 			mux.Use(middleware.Logging(jsonLogger(&buf), middleware.WithPayload()))
 			mux.HandleFunc("t", func(context.Context, *tide.Task) error { return nil })
@@ -138,7 +139,7 @@ func TestLoggingPayload(t *testing.T) {
 
 func TestLoggingLevels(t *testing.T) {
 	t.Parallel()
-	var buf syncBuffer
+	var buf testlog.Buffer
 	mux := tide.NewServeMux()
 	mux.Use(middleware.Logging(jsonLogger(&buf), middleware.WithLevels(slog.LevelDebug, slog.LevelError)))
 	mux.HandleFunc("ok", func(context.Context, *tide.Task) error { return nil })
@@ -151,7 +152,7 @@ func TestLoggingLevels(t *testing.T) {
 	}
 
 	// A disabled level writes nothing.
-	var quiet syncBuffer
+	var quiet testlog.Buffer
 	mux = tide.NewServeMux()
 	mux.Use(middleware.Logging(slog.New(slog.NewJSONHandler(&quiet, nil)), middleware.WithLevels(slog.LevelDebug, slog.LevelWarn)))
 	mux.HandleFunc("ok", func(context.Context, *tide.Task) error { return nil })
@@ -163,7 +164,7 @@ func TestLoggingLevels(t *testing.T) {
 
 func TestLoggingPanic(t *testing.T) {
 	t.Parallel()
-	var buf syncBuffer
+	var buf testlog.Buffer
 	mux := tide.NewServeMux()
 	mux.Use(middleware.Logging(jsonLogger(&buf)))
 	mux.HandleFunc("t", func(context.Context, *tide.Task) error { panic("kaboom") })

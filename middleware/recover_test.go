@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/internal/testlog"
 	"github.com/tidequeue/tide/middleware"
 )
 
@@ -45,7 +46,7 @@ func panicHere() { panic("kaboom") }
 func TestRecoverAcrossRedis(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	var buf syncBuffer
+	var buf testlog.Buffer
 	var calls atomic.Int32
 	var errs atomic.Int32
 	mux := tide.NewServeMux()

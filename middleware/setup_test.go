@@ -1,12 +1,10 @@
 package middleware_test
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"log/slog"
 	"os"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -94,22 +92,3 @@ type boomError struct{}
 func (boomError) Error() string { return "boom" }
 
 var errBoom error = boomError{}
-
-// syncBuffer is a bytes.Buffer safe for a logger writing from worker
-// goroutines while the test reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}

@@ -8,7 +8,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/gateway"
 	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/internal/testlog"
 )
 
 // env is a Redis with a key prefix of the test's own, and a client and
@@ -45,24 +45,6 @@ func setup(t *testing.T) *env {
 	return e
 }
 
-// syncBuffer is a bytes.Buffer safe for a command running in a goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 type result struct {
 	code           int
 	stdout, stderr string
@@ -76,7 +58,7 @@ func (e *env) tide(args ...string) result {
 
 func (e *env) tideCtx(ctx context.Context, args ...string) result {
 	e.t.Helper()
-	var out, errb syncBuffer
+	var out, errb testlog.Buffer
 	full := append([]string{"--redis", e.addr, "--prefix", e.prefix}, args...)
 	code := run(ctx, full, func(k string) string { return e.vars[k] }, &out, &errb)
 	return result{code, out.String(), errb.String()}

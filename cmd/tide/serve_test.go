@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/internal/testlog"
 	"github.com/tidequeue/tide/webhook"
 )
 
@@ -25,7 +26,7 @@ var listening = regexp.MustCompile(`listening on (http://\S+)`)
 func (e *env) start(args ...string) (base string, stop func() result) {
 	e.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	var out, errb syncBuffer
+	var out, errb testlog.Buffer
 	done := make(chan int, 1)
 	full := append([]string{"--redis", e.addr, "--prefix", e.prefix}, args...)
 	go func() { done <- run(ctx, full, func(k string) string { return e.vars[k] }, &out, &errb) }()

@@ -1,12 +1,10 @@
 package chaos
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +13,7 @@ import (
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/internal/testlog"
 )
 
 // TestReconnect checks what a server does when Redis goes away and comes
@@ -46,7 +45,7 @@ func TestReconnect(t *testing.T) {
 	// The server goes through the proxy; the test's client and inspector
 	// talk to Redis directly, so they see the state while the server is cut
 	// off and add nothing to the proxy's counts.
-	var logs syncBuffer
+	var logs testlog.Buffer
 	srdb := redis.NewClient(&redis.Options{Addr: px.Addr()})
 	t.Cleanup(func() { _ = srdb.Close() })
 	srv := tide.NewServer(redisbroker.New(srdb, redisbroker.WithPrefix(prefix)), tide.Config{
@@ -155,7 +154,7 @@ func TestReconnect(t *testing.T) {
 
 	// (a) One line when Redis went away, one when it came back, in order.
 	var down, up []logLine
-	for _, l := range logs.lines(t) {
+	for _, l := range logLines(t, logs.String()) {
 		switch {
 		case strings.HasPrefix(l.Msg, "tide: broker unreachable"):
 			down = append(down, l)
@@ -198,27 +197,22 @@ type logLine struct {
 	raw         string
 }
 
-// syncBuffer is a bytes.Buffer safe for the server's concurrent logging.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
+// waitFor polls cond until it holds or the (generous) timeout passes.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func (s *syncBuffer) lines(t *testing.T) []logLine {
+// logLines parses JSON log output, one record a line.
+func logLines(t *testing.T, text string) []logLine {
 	var out []logLine
-	for _, raw := range strings.Split(s.String(), "\n") {
+	for _, raw := range strings.Split(text, "\n") {
 		if raw == "" {
 			continue
 		}
@@ -231,16 +225,4 @@ func (s *syncBuffer) lines(t *testing.T) []logLine {
 		out = append(out, l)
 	}
 	return out
-}
-
-// waitFor polls cond until it holds or the (generous) timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
