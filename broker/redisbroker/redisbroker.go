@@ -252,6 +252,10 @@ type group struct {
 }
 
 func groupBy[T any](b *Broker, items []T, loc func(T) (string, string)) []*group {
+	if len(items) == 1 { // the common single Enqueue: no map
+		q, id := loc(items[0])
+		return []*group{{k: b.keysFor(q, b.partOf(q, id)), idx: []int{0}}}
+	}
 	byKey := map[string]*group{}
 	var order []*group
 	for i, it := range items {
@@ -457,12 +461,10 @@ func isRedirect(err error) bool {
 // whose recorded partition count differs from this broker's is refused: tasks
 // would be looked for in the wrong partitions and never found.
 func (b *Broker) register(ctx context.Context, msgs []*broker.Message) error {
-	seen := map[string]bool{}
-	for _, m := range msgs {
-		if seen[m.Queue] {
-			continue
+	for i, m := range msgs {
+		if i > 0 && m.Queue == msgs[i-1].Queue {
+			continue // batches are usually one queue; registerQueue caches anyway
 		}
-		seen[m.Queue] = true
 		if err := b.registerQueue(ctx, m.Queue); err != nil {
 			return err
 		}

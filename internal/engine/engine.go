@@ -133,16 +133,29 @@ func queueOrder(qs []string, weights map[string]int, strict bool, r *rand.Rand) 
 		return out // pre-sorted by weight at construction
 	}
 	// Weighted sampling without replacement (Efraimidis–Spirakis keys).
-	keys := make(map[string]float64, len(out))
-	for _, q := range out {
+	keys := make([]float64, len(out))
+	for i, q := range out {
 		u := r.Float64()
 		for u == 0 {
 			u = r.Float64()
 		}
-		keys[q] = -math.Log(u) / float64(weights[q])
+		keys[i] = -math.Log(u) / float64(weights[q])
 	}
-	sort.Slice(out, func(i, j int) bool { return keys[out[i]] < keys[out[j]] })
+	sort.Sort(byKey{out, keys})
 	return out
+}
+
+// byKey sorts queue names by their sampling keys.
+type byKey struct {
+	qs   []string
+	keys []float64
+}
+
+func (b byKey) Len() int           { return len(b.qs) }
+func (b byKey) Less(i, j int) bool { return b.keys[i] < b.keys[j] }
+func (b byKey) Swap(i, j int) {
+	b.qs[i], b.qs[j] = b.qs[j], b.qs[i]
+	b.keys[i], b.keys[j] = b.keys[j], b.keys[i]
 }
 
 // backoff is a capped exponential back-off for retrying broker calls.
