@@ -306,6 +306,31 @@ func rate(n int, d time.Duration) float64 { return float64(n) / d.Seconds() }
 
 // warmUp runs n tasks through a freshly started server, one at a time, so
 // that connections are open and scripts loaded before measuring.
+// startRecorded starts a system and a server (the workload's concurrency)
+// whose handler records n tasks, warmed up on the default queue. done stops
+// the server and closes the system.
+func startRecorded(ctx context.Context, e *env, kind string, n int) (system, *recorder, func(), error) {
+	s, err := newSystem(kind, e.addr)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	rec := newRecorder(n)
+	srv, err := s.startServer(serverConfig{concurrency: e.sz.concurrency}, rec.handle)
+	if err != nil {
+		s.close()
+		return nil, nil, nil, err
+	}
+	done := func() {
+		srv.stop(time.Minute)
+		s.close()
+	}
+	if err := warmUp(ctx, s, rec, e.sz.warmups, defaultQueue); err != nil {
+		done()
+		return nil, nil, nil, err
+	}
+	return s, rec, done, nil
+}
+
 func warmUp(ctx context.Context, s system, rec *recorder, n int, queue string) error {
 	for i := range n {
 		if err := s.enqueue(ctx, queue, makePayload(kindWarmup, i, time.Now()), time.Time{}); err != nil {
@@ -418,21 +443,12 @@ func runProcess(ctx context.Context, e *env, kind string) (results, error) {
 }
 
 func runPickup(ctx context.Context, e *env, kind string) (results, error) {
-	s, err := newSystem(kind, e.addr)
-	if err != nil {
-		return nil, err
-	}
-	defer s.close()
 	n := e.sz.pickupN
-	rec := newRecorder(n)
-	srv, err := s.startServer(serverConfig{concurrency: e.sz.concurrency}, rec.handle)
+	s, rec, done, err := startRecorded(ctx, e, kind, n)
 	if err != nil {
 		return nil, err
 	}
-	defer srv.stop(time.Minute)
-	if err := warmUp(ctx, s, rec, e.sz.warmups, defaultQueue); err != nil {
-		return nil, err
-	}
+	defer done()
 	time.Sleep(time.Second) // let the server go idle
 	rng := rand.New(rand.NewPCG(1, 2))
 	span := int64(e.sz.pickupMax - e.sz.pickupMin)
@@ -458,21 +474,12 @@ func runPickup(ctx context.Context, e *env, kind string) (results, error) {
 }
 
 func runScheduled(ctx context.Context, e *env, kind string) (results, error) {
-	s, err := newSystem(kind, e.addr)
-	if err != nil {
-		return nil, err
-	}
-	defer s.close()
 	n := e.sz.schedN
-	rec := newRecorder(n)
-	srv, err := s.startServer(serverConfig{concurrency: e.sz.concurrency}, rec.handle)
+	s, rec, done, err := startRecorded(ctx, e, kind, n)
 	if err != nil {
 		return nil, err
 	}
-	defer srv.stop(time.Minute)
-	if err := warmUp(ctx, s, rec, e.sz.warmups, defaultQueue); err != nil {
-		return nil, err
-	}
+	defer done()
 	// Due times on whole milliseconds (tide keeps milliseconds), spread
 	// uniformly over schedSpread, starting schedLead from now.
 	rng := rand.New(rand.NewPCG(3, 4))
@@ -508,21 +515,12 @@ func runScheduled(ctx context.Context, e *env, kind string) (results, error) {
 }
 
 func runBurst(ctx context.Context, e *env, kind string) (results, error) {
-	s, err := newSystem(kind, e.addr)
-	if err != nil {
-		return nil, err
-	}
-	defer s.close()
 	n := e.sz.burstN
-	rec := newRecorder(n)
-	srv, err := s.startServer(serverConfig{concurrency: e.sz.concurrency}, rec.handle)
+	s, rec, done, err := startRecorded(ctx, e, kind, n)
 	if err != nil {
 		return nil, err
 	}
-	defer srv.stop(time.Minute)
-	if err := warmUp(ctx, s, rec, e.sz.warmups, defaultQueue); err != nil {
-		return nil, err
-	}
+	defer done()
 	// A whole second, so that asynq (which keeps due times in seconds) and
 	// tide agree on the instant.
 	due := time.Now().Add(e.sz.burstLead).Truncate(time.Second).Add(time.Second)
