@@ -2,7 +2,6 @@ package tide
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
 	"errors"
@@ -14,8 +13,8 @@ import (
 	"github.com/tidequeue/tide/broker"
 )
 
-// Client enqueues and deletes tasks. It is safe for concurrent use; create
-// one per process and share it.
+// Client enqueues, deletes and cancels tasks. It is safe for concurrent use;
+// create one per process and share it.
 type Client struct {
 	b      broker.Broker
 	now    func() time.Time
@@ -31,10 +30,11 @@ func NewClient(b broker.Broker) *Client {
 	return &Client{b: b, now: clockOf(b)}
 }
 
-// clockOf returns the broker's clock when it has one (membroker with a fake
-// clock), so that ProcessIn is measured on the same clock the broker uses.
+// clockOf returns the broker's clock when it is a broker.Clock (the Redis
+// server's time for the Redis broker, the fake clock of a membroker in
+// tests), so that ProcessIn is measured on the clock the broker decides with.
 func clockOf(b broker.Broker) func() time.Time {
-	if c, ok := b.(interface{ Now() time.Time }); ok {
+	if c, ok := b.(broker.Clock); ok {
 		return c.Now
 	}
 	return time.Now
@@ -51,153 +51,179 @@ func (c *Client) Close() error {
 // ProcessIn/ProcessAt (or due now) is pending at once; otherwise it is
 // scheduled. Enqueue returns ErrTaskIDConflict, ErrDuplicateTask, or an error
 // wrapping ErrInvalidTask that names what is wrong with the task.
+//
+// When the broker could not be reached the error wraps ErrUnavailable and
+// nothing was stored. When the request was sent but no answer came (Redis
+// stalled past the client's timeouts) the error also wraps ErrOutcomeUnknown
+// and Enqueue returns the task's info as well: the task may or may not
+// exist. Enqueue never stores a task twice because an answer was lost.
+// ErrNotReplicated (WaitForReplicas) also comes with the info: the task is
+// stored.
 func (c *Client) Enqueue(ctx context.Context, t *Task, opts ...Option) (*TaskInfo, error) {
 	if c.closed.Load() {
 		return nil, ErrClientClosed
 	}
-	m, generated, err := c.message(t, opts)
+	info, eo, err := c.task(t, opts)
 	if err != nil {
 		return nil, err
 	}
-	for attempt := 0; ; attempt++ {
-		errs, err := c.b.Enqueue(ctx, []*broker.Message{m})
-		if err != nil {
-			return nil, fmt.Errorf("tide: enqueue %s: %w", t.Type(), err)
-		}
-		if errors.Is(errs[0], ErrTaskIDConflict) && generated && attempt < maxIDRetries {
-			c.reroll(m) // a random ID met an existing one: draw again
-			continue
-		}
-		if errs[0] != nil {
-			return nil, errs[0]
-		}
-		return newTaskInfo(m), nil
+	if err := c.checkPlacement(ctx, info); err != nil {
+		return nil, err
 	}
+	errs, err := c.b.Enqueue(ctx, []*TaskInfo{info}, eo)
+	if err != nil {
+		return nil, fmt.Errorf("tide: enqueue %s: %w", t.Type(), err)
+	}
+	if err := errs[0]; err != nil {
+		if stored(err) {
+			return info, err
+		}
+		return nil, err
+	}
+	return info, nil
 }
 
-// maxIDRetries bounds how often a generated ID that collided is drawn again.
-const maxIDRetries = 3
-
-// reroll gives m a new random ID in the same partition.
-func (c *Client) reroll(m *broker.Message) {
-	parts := c.b.Partitions(m.Queue)
-	want := broker.Partition(m.ID, parts)
-	m.ID = newID()
-	for broker.Partition(m.ID, parts) != want {
-		m.ID = newID()
+// checkPlacement refuses Unique with TaskID, and an IdempotencyKey other than
+// the TaskID, on a queue with several partitions: the task and its lock or
+// key must share a partition, which only an ID the broker chooses (or the
+// key being the ID) can promise.
+func (c *Client) checkPlacement(ctx context.Context, t *TaskInfo) error {
+	if t.ID == "" || (t.UniqueKey == "" && (t.IdempotencyKey == "" || t.IdempotencyKey == t.ID)) {
+		return nil
 	}
+	n, err := c.b.Partitions(ctx, t.Queue)
+	if err != nil {
+		return fmt.Errorf("tide: enqueue %s: %w", t.Type, err)
+	}
+	switch {
+	case n > 1 && t.UniqueKey != "":
+		return fmt.Errorf("%w: Unique cannot be combined with TaskID on queue %q, which has %d partitions; the task ID already makes the task unique", ErrInvalidTask, t.Queue, n)
+	case n > 1:
+		return fmt.Errorf("%w: IdempotencyKey %q with TaskID %q on queue %q, which has %d partitions: use the task ID as the key", ErrInvalidTask, t.IdempotencyKey, t.ID, t.Queue, n)
+	}
+	return nil
+}
+
+// stored reports an Enqueue error that still comes with the task's info:
+// the task is, or may be, stored.
+func stored(err error) bool {
+	return errors.Is(err, ErrOutcomeUnknown) || errors.Is(err, ErrNotReplicated)
 }
 
 // EnqueueMany stores ts in as few round trips as the broker allows (one per
 // partition for the Redis broker). opts apply to every task, over each task's
 // own options. The returned slice has one entry per task, nil for a task that
-// was not stored; the error joins one error per failed task, each naming its
-// index and matching the sentinels (errors.Is(err, ErrDuplicateTask)).
-// Invalid tasks are reported without storing any task.
+// was not stored (see Enqueue for the errors that come with an entry); the
+// error joins one error per failed task, each naming its index and matching
+// the sentinels (errors.Is(err, ErrDuplicateTask)). Invalid tasks are
+// reported without storing any task. One partition that cannot be reached
+// fails only its own tasks.
 func (c *Client) EnqueueMany(ctx context.Context, ts []*Task, opts ...Option) ([]*TaskInfo, error) {
 	if c.closed.Load() {
 		return nil, ErrClientClosed
 	}
-	msgs := make([]*broker.Message, len(ts))
-	generated := make([]bool, len(ts))
+	infos := make([]*TaskInfo, len(ts))
+	var eo broker.EnqueueOptions
 	var invalid []error
 	for i, t := range ts {
-		m, gen, err := c.message(t, opts)
+		info, o, err := c.task(t, opts)
+		if err == nil {
+			err = c.checkPlacement(ctx, info)
+		}
 		if err != nil {
 			invalid = append(invalid, fmt.Errorf("task %d: %w", i, err))
 			continue
 		}
-		msgs[i], generated[i] = m, gen
+		infos[i] = info
+		eo.WaitReplicas, eo.WaitTimeout = max(eo.WaitReplicas, o.WaitReplicas), max(eo.WaitTimeout, o.WaitTimeout)
 	}
 	if invalid != nil {
 		return nil, errors.Join(invalid...)
 	}
-	if len(msgs) == 0 {
+	if len(ts) == 0 {
 		return nil, nil
 	}
-	errs, err := c.b.Enqueue(ctx, msgs)
+	errs, err := c.b.Enqueue(ctx, infos, eo)
 	if err != nil {
 		return nil, fmt.Errorf("tide: enqueue %d tasks: %w", len(ts), err)
 	}
-	// Random IDs that met existing ones are drawn again and sent again.
-	for attempt := 0; attempt < maxIDRetries; attempt++ {
-		var again []*broker.Message
-		var at []int
-		for i, e := range errs {
-			if generated[i] && errors.Is(e, ErrTaskIDConflict) {
-				c.reroll(msgs[i])
-				again, at = append(again, msgs[i]), append(at, i)
-			}
-		}
-		if len(again) == 0 {
-			break
-		}
-		errs2, err := c.b.Enqueue(ctx, again)
-		if err != nil {
-			return nil, fmt.Errorf("tide: enqueue %d tasks: %w", len(again), err)
-		}
-		for j, i := range at {
-			errs[i] = errs2[j]
-		}
-	}
-	infos := make([]*TaskInfo, len(ts))
 	var failed []error
-	for i, m := range msgs {
-		if errs[i] != nil {
-			failed = append(failed, fmt.Errorf("task %d (%s): %w", i, m.ID, errs[i]))
+	for i, e := range errs {
+		if e == nil {
 			continue
 		}
-		infos[i] = newTaskInfo(m)
+		failed = append(failed, fmt.Errorf("task %d (%s): %w", i, infos[i].ID, e))
+		if !stored(e) {
+			infos[i] = nil
+		}
 	}
 	return infos, errors.Join(failed...)
 }
 
 // Delete removes a pending, scheduled, retry, archived or completed task. It
 // returns ErrTaskNotFound when there is no such task and ErrTaskActive when
-// the task is being processed (cancel it with Inspector.CancelProcessing).
+// the task is being processed (use Cancel, which stops it whatever its
+// state).
 func (c *Client) Delete(ctx context.Context, queue, id string) error {
 	if c.closed.Load() {
 		return ErrClientClosed
 	}
-	if err := ValidateQueueName(queue); err != nil {
-		return err
-	}
-	if err := validateName("task ID", id); err != nil {
+	if err := checkQueueAndID(queue, id); err != nil {
 		return err
 	}
 	return c.b.Delete(ctx, queue, id)
 }
 
-// message validates t with opts and builds the broker message; generated
-// reports that its ID was drawn at random (not given with TaskID).
-func (c *Client) message(t *Task, opts []Option) (m *broker.Message, generated bool, err error) {
+// Cancel stops a task whatever its state: "the order was paid, stop the
+// timer". A task that is waiting (pending, scheduled, retry) or finished
+// (archived, completed) is deleted. A running task has its cancellation
+// recorded: its handler's context is cancelled with the cause
+// ErrTaskCanceled (at once, and at its server's next lease renewal at the
+// latest if the notice is lost), and unless the handler still succeeds the
+// task is archived as cancelled, never retried. Cancel returns
+// ErrTaskNotFound when there is no such task.
+func (c *Client) Cancel(ctx context.Context, queue, id string) error {
+	if c.closed.Load() {
+		return ErrClientClosed
+	}
+	if err := checkQueueAndID(queue, id); err != nil {
+		return err
+	}
+	return c.b.Cancel(ctx, queue, id)
+}
+
+// task validates t with opts and builds the task to store (with an empty ID
+// unless TaskID gave one: the broker chooses it) and the options of the
+// broker call.
+func (c *Client) task(t *Task, opts []Option) (*TaskInfo, broker.EnqueueOptions, error) {
+	var none broker.EnqueueOptions
 	if t == nil {
-		return nil, false, fmt.Errorf("%w: nil task", ErrInvalidTask)
+		return nil, none, fmt.Errorf("%w: nil task", ErrInvalidTask)
 	}
 	if err := validateName("task type", t.typ); err != nil {
-		return nil, false, err
+		return nil, none, err
 	}
 	if len(t.payload) > MaxPayloadSize {
-		return nil, false, fmt.Errorf("%w: %s payload is %d bytes, over the %d-byte limit (MaxPayloadSize)", ErrInvalidTask, t.typ, len(t.payload), MaxPayloadSize)
+		return nil, none, fmt.Errorf("%w: %s payload is %d bytes, over the %d-byte limit (MaxPayloadSize)", ErrInvalidTask, t.typ, len(t.payload), MaxPayloadSize)
 	}
 	hsize := 0
 	for k, v := range t.headers {
 		hsize += len(k) + len(v)
 	}
 	if hsize > MaxHeadersSize {
-		return nil, false, fmt.Errorf("%w: %s headers are %d bytes, over the %d-byte limit (MaxHeadersSize)", ErrInvalidTask, t.typ, hsize, MaxHeadersSize)
+		return nil, none, fmt.Errorf("%w: %s headers are %d bytes, over the %d-byte limit (MaxHeadersSize)", ErrInvalidTask, t.typ, hsize, MaxHeadersSize)
 	}
 	o := enqueueOptions{queue: DefaultQueue, maxRetry: DefaultMaxRetry}
 	for _, list := range [][]Option{t.opts, opts} {
 		for _, opt := range list {
 			if opt == nil {
-				return nil, false, fmt.Errorf("%w: nil Option", ErrInvalidTask)
+				return nil, none, fmt.Errorf("%w: nil Option", ErrInvalidTask)
 			}
 			if err := opt.apply(&o); err != nil {
 				if errors.Is(err, ErrInvalidTask) {
-					return nil, false, err
+					return nil, none, err
 				}
-				return nil, false, fmt.Errorf("%w: %v", ErrInvalidTask, err)
+				return nil, none, fmt.Errorf("%w: %v", ErrInvalidTask, err)
 			}
 		}
 	}
@@ -209,61 +235,29 @@ func (c *Client) message(t *Task, opts []Option) (m *broker.Message, generated b
 		due = o.processAt
 	}
 	due = due.Truncate(time.Millisecond)
-	m = &broker.Message{
-		ID:         o.id,
-		Queue:      o.queue,
-		Type:       t.typ,
-		Payload:    t.payload,
-		Headers:    maps.Clone(t.headers),
-		State:      broker.StatePending,
-		MaxRetry:   o.maxRetry,
-		ProcessAt:  due,
-		EnqueuedAt: now,
-		Timeout:    o.timeout,
-		Deadline:   o.deadline,
-		Retention:  o.retention,
-
-		WaitReplicas: o.replicas,
-		WaitTimeout:  o.waitFor,
+	info := &TaskInfo{
+		ID:            o.id,
+		Queue:         o.queue,
+		Type:          t.typ,
+		Payload:       t.payload,
+		Headers:       maps.Clone(t.headers),
+		State:         StatePending,
+		MaxRetry:      o.maxRetry,
+		NextProcessAt: due,
+		EnqueuedAt:    now,
+		Timeout:       o.timeout,
+		Deadline:      o.deadline,
+		Retention:     o.retention,
 	}
 	if due.After(now) {
-		m.State = broker.StateScheduled
+		info.State = StateScheduled
 	}
-	parts := c.b.Partitions(o.queue)
 	if o.uniqueTTL > 0 {
-		m.UniqueTTL = o.uniqueTTL
-		m.UniqueKey = uniqueKey(o.queue, t.typ, t.payload)
-		if m.ID != "" && parts > 1 {
-			return nil, false, fmt.Errorf("%w: Unique cannot be combined with TaskID on queue %q, which has %d partitions; the task ID already makes the task unique", ErrInvalidTask, o.queue, parts)
-		}
+		info.UniqueTTL = o.uniqueTTL
+		info.UniqueKey = uniqueKey(o.queue, t.typ, t.payload)
 	}
-	if m.ID == "" {
-		generated = true
-		m.ID = newID()
-		if m.UniqueKey != "" && parts > 1 {
-			// Place the task in its lock's partition so one script sees both.
-			want := broker.Partition(m.UniqueKey, parts)
-			for broker.Partition(m.ID, parts) != want {
-				m.ID = newID()
-			}
-		}
-	}
-	return m, generated, nil
-}
-
-// newID returns 72 random bits as 12 base64url characters. An ID is stored
-// twice per task (record field and index), so its length is memory: 12
-// characters fit Redis's 16-byte allocation class, where a 22-character form
-// of a UUID needs 32 bytes and the 36-character text form 48. A collision is
-// unlikely (about one in ten thousand among a billion live tasks) and
-// harmless: the broker refuses it (ErrTaskIDConflict) and the client draws
-// again, so tasks are never merged and Enqueue does not fail for it.
-func newID() string {
-	var b [9]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic("tide: no randomness for task IDs: " + err.Error()) // crypto/rand never fails on supported platforms
-	}
-	return base64.RawURLEncoding.EncodeToString(b[:])
+	info.IdempotencyKey = o.idemKey
+	return info, broker.EnqueueOptions{WaitReplicas: o.replicas, WaitTimeout: o.waitFor}, nil
 }
 
 // uniqueKey digests queue, type and payload into the lock name.

@@ -9,12 +9,15 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/broker/membroker"
 	"github.com/tidequeue/tide/broker/redisbroker"
 )
 
+// Input is checked before it reaches the broker, so the in-memory broker
+// serves: no Redis needed.
 func TestEnqueueRejectsBadInput(t *testing.T) {
 	t.Parallel()
-	e := setup(t)
+	e := struct{ c *tide.Client }{tide.NewClient(membroker.New())}
 	ctx := context.Background()
 	cases := []struct {
 		name string
@@ -236,8 +239,7 @@ func TestEnqueueMany(t *testing.T) {
 
 func TestClosedClient(t *testing.T) {
 	t.Parallel()
-	e := setup(t)
-	c := tide.NewClient(e.b)
+	c := tide.NewClient(membroker.New())
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +281,8 @@ func TestPauseQueue(t *testing.T) {
 }
 
 // TestGeneratedIDsAreDistinct: generated IDs are 12 characters and distinct;
-// what happens when one does collide is TestRedrawOnConflict's subject.
+// what happens when one does collide is the subject of redisbroker's
+// TestRedrawOnlyProvenCollisions.
 func TestGeneratedIDsAreDistinct(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -297,5 +300,49 @@ func TestGeneratedIDsAreDistinct(t *testing.T) {
 			t.Fatalf("ID %q (len %d, seen %v)", in.ID, len(in.ID), seen[in.ID])
 		}
 		seen[in.ID] = true
+	}
+}
+
+func TestIdempotencyKey(t *testing.T) {
+	t.Parallel()
+	for _, parts := range []int{1, 4} {
+		t.Run(map[int]string{1: "one partition", 4: "four partitions"}[parts], func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, redisbroker.WithPartitions(parts))
+			ctx := context.Background()
+			first, err := e.c.Enqueue(ctx, tide.NewTask("charge", []byte("1")), tide.IdempotencyKey("req-7"), tide.ProcessIn(time.Hour))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A retried request, even with another body, stores nothing and
+			// answers with the first task.
+			for range 5 {
+				again, err := e.c.Enqueue(ctx, tide.NewTask("charge", []byte("2")), tide.IdempotencyKey("req-7"))
+				if err != nil {
+					t.Fatalf("repeated key: %v, want nil", err)
+				}
+				if again.ID != first.ID {
+					t.Fatalf("repeated key: ID %q, want %q", again.ID, first.ID)
+				}
+			}
+			if n, err := tide.NewInspector(e.b).QueueInfo(ctx, "default"); err != nil || n.Scheduled != 1 || n.Pending != 0 {
+				t.Fatalf("queue after repeats: %+v, %v; want one scheduled task", n, err)
+			}
+			if _, err := e.c.Enqueue(ctx, tide.NewTask("charge", nil), tide.IdempotencyKey("")); !errors.Is(err, tide.ErrInvalidTask) {
+				t.Fatalf("empty key: %v, want ErrInvalidTask", err)
+			}
+			if parts > 1 {
+				_, err := e.c.Enqueue(ctx, tide.NewTask("charge", nil), tide.TaskID("order-1"), tide.IdempotencyKey("req-8"))
+				if !errors.Is(err, tide.ErrInvalidTask) {
+					t.Fatalf("TaskID with another key on a partitioned queue: %v, want ErrInvalidTask", err)
+				}
+			}
+			if _, err := e.c.Enqueue(ctx, tide.NewTask("charge", nil), tide.TaskID("order-2"), tide.IdempotencyKey("order-2")); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.c.Enqueue(ctx, tide.NewTask("charge", nil), tide.TaskID("order-2"), tide.IdempotencyKey("order-2")); err != nil {
+				t.Fatalf("TaskID repeated with itself as the key: %v, want nil", err)
+			}
+		})
 	}
 }

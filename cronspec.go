@@ -21,22 +21,22 @@ type cronSchedule struct {
 	loc *time.Location
 }
 
-// next returns the first tick after t, or the zero time when there is none
+// Next returns the first tick after t, or the zero time when there is none
 // within five years.
-func (c cronSchedule) next(t time.Time) time.Time {
+func (c cronSchedule) Next(t time.Time) time.Time {
 	if c.loc == nil {
 		return c.s.Next(t)
 	}
 	return c.s.Next(t.In(c.loc))
 }
 
-// prev returns the latest tick at or before now, looking back at most
+// Prev returns the latest tick at or before now, looking back at most
 // lookback; ok is false when there is none. It costs O(log(lookback)) calls
-// of next: a doubling search for a window that holds a tick, then a
+// of Next: a doubling search for a window that holds a tick, then a
 // bisection for the last time whose next tick is not after now.
-func (c cronSchedule) prev(now time.Time, lookback time.Duration) (tick time.Time, ok bool) {
+func (c cronSchedule) Prev(now time.Time, lookback time.Duration) (tick time.Time, ok bool) {
 	within := func(t time.Time) bool {
-		n := c.next(t)
+		n := c.Next(t)
 		return !n.IsZero() && !n.After(now)
 	}
 	w := time.Second
@@ -56,8 +56,12 @@ func (c cronSchedule) prev(now time.Time, lookback time.Duration) (tick time.Tim
 			hi = mid
 		}
 	}
-	return c.next(lo), true
+	return c.Next(lo), true
 }
+
+// cronParser reads crontab lines of 5 or 6 fields (seconds optional) and
+// descriptors.
+var cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
 
 // everySchedule is "@every d", aligned on the Unix epoch so that every
 // process has the same ticks.

@@ -32,11 +32,16 @@
 //
 // Delivery is at least once. A task is handed to a worker together with a
 // lease that the server renews while the handler runs; if the worker dies,
-// hangs or loses Redis, the lease runs out and the task is retried (the lost
-// attempt counts as one). Every acknowledgement carries the lease's fencing
-// token, so a worker that comes back late cannot overwrite the newer
-// delivery's outcome. There is no state in which a task is active without a
-// lease. Handlers should therefore be idempotent.
+// hangs or loses Redis, the lease runs out and the task is retried after a
+// back-off (the lost attempt counts as one). Every settlement carries the
+// lease's fencing token, which never repeats for a queue and task ID, so a
+// worker that comes back late cannot settle the newer delivery, not even of
+// a task re-created with the same ID. There is no state in which a task is
+// active without a lease. A request that Redis runs twice (a client re-sends
+// it after a lost reply) answers like the first run and stores nothing
+// twice. Handlers should still be idempotent: a task runs again when its
+// worker dies after the handler succeeded but before the settlement was
+// written.
 //
 // A failed task is retried after Config.RetryDelayFunc (exponential back-off
 // with jitter by default) until MaxRetry is used up; then, or at once when the

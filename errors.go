@@ -4,12 +4,13 @@ import (
 	"errors"
 
 	"github.com/tidequeue/tide/broker"
-	"github.com/tidequeue/tide/internal/engine"
 )
 
 // SkipRetry tells the server not to retry a failed task: wrap it in the error a
 // handler returns (fmt.Errorf("bad payload: %w", tide.SkipRetry)) and the task
 // is archived at once with that error.
+//
+//lint:ignore ST1012 the API contract names it SkipRetry (it is wrapped, not compared like ErrX values)
 var SkipRetry = errors.New("tide: skip retry")
 
 // Errors returned by Client, Server and Inspector. They are the broker's
@@ -31,6 +32,34 @@ var (
 	// ErrLeaseLost is reported when a worker's lease was taken from it (it
 	// expired and the task was recovered); the worker's result is discarded.
 	ErrLeaseLost = broker.ErrLeaseLost
+	// ErrTaskCanceled is the cause (context.Cause) of a handler's context
+	// when the task was cancelled (Client.Cancel,
+	// Inspector.CancelProcessing). A cancelled task that returns an error is
+	// archived with it.
+	ErrTaskCanceled = broker.ErrTaskCanceled
+	// ErrClosed is returned by every broker call after the broker was
+	// closed.
+	ErrClosed = broker.ErrClosed
+	// ErrUnavailable is wrapped by the error of a call that could not reach
+	// the broker's store (Redis down, a failover in progress). Retry later.
+	ErrUnavailable = broker.ErrUnavailable
+	// ErrOutcomeUnknown is wrapped (with ErrUnavailable) by the error of a
+	// call that was sent but got no answer: it may or may not have taken
+	// effect. Enqueue still returns the task's info with its ID; enqueue it
+	// again with TaskID(info.ID) to make sure it exists (ErrTaskIDConflict
+	// then means the first call stored it), or look it up.
+	ErrOutcomeUnknown = broker.ErrOutcomeUnknown
+	// ErrLayout is wrapped by the error of a call on a queue whose partition
+	// count recorded in Redis differs from the one this process was
+	// configured with; Server.Start fails with it.
+	ErrLayout = broker.ErrLayout
+	// ErrInvalidTask is wrapped by every error that rejects a task or option
+	// before it is stored (empty type, bad queue name, negative delay,
+	// over-size payload, ...). The message names the problem.
+	ErrInvalidTask = broker.ErrInvalidTask
+	// ErrQueueNotEmpty is wrapped by the error of Inspector.DeleteQueue for
+	// a queue that still holds tasks.
+	ErrQueueNotEmpty = broker.ErrQueueNotEmpty
 )
 
 // ErrServerClosed is returned by Server.Start and Server.Run after Shutdown.
@@ -38,11 +67,6 @@ var ErrServerClosed = errors.New("tide: server closed")
 
 // ErrClientClosed is returned by Client methods after Close.
 var ErrClientClosed = errors.New("tide: client closed")
-
-// ErrInvalidTask is wrapped by every error that rejects a task or option
-// before it reaches the broker (empty type, bad queue name, negative delay,
-// over-size payload, ...). The message names the problem.
-var ErrInvalidTask = errors.New("tide: invalid task")
 
 // ErrHandlerNotFound is wrapped by the error ServeMux returns for a task type
 // with no handler. It is retried like any failure, so a handler deployed
@@ -52,11 +76,6 @@ var ErrHandlerNotFound = errors.New("tide: no handler for task type")
 // ErrInvalidConfig is wrapped by the error NewServer stores and Start returns
 // for a Config with a bad value.
 var ErrInvalidConfig = errors.New("tide: invalid config")
-
-// ErrTaskCanceled is the cause (context.Cause) of a handler's context when an
-// operator cancelled the task with Inspector.CancelProcessing. A cancelled
-// task that returns an error is archived with this error.
-var ErrTaskCanceled = engine.ErrCanceled
 
 // ErrNotSupported is returned by Inspector methods when the broker does not
 // implement broker.Admin.

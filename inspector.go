@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/tidetype"
 )
 
 // Inspector reads and changes the state of queues and tasks: the admin API
@@ -28,53 +29,33 @@ func NewInspector(b broker.Broker) *Inspector {
 	return &Inspector{b: b, admin: a}
 }
 
-// QueueInfo describes a queue.
-type QueueInfo struct {
-	Queue  string
-	Paused bool
-	// Size is the number of tasks in every state.
-	Size                                                   int
-	Pending, Active, Scheduled, Retry, Archived, Completed int
-	// Processed and Failed count attempts finished today (UTC); Processed
-	// includes the failed ones.
-	Processed, Failed int
-	// Latency is how long the oldest pending task has been due; 0 when
-	// nothing is pending.
-	Latency time.Duration
-}
+// QueueInfo describes a queue: sizes by state, today's counters, pause state
+// and latency (see tidetype.QueueInfo).
+type QueueInfo = tidetype.QueueInfo
 
 // DailyStats are a queue's counters for one UTC day.
-type DailyStats struct {
-	Queue     string
-	Date      time.Time
-	Processed int
-	Failed    int
-}
+type DailyStats = tidetype.DailyStats
 
-// ServerInfo describes a live server.
-type ServerInfo struct {
-	ID          string
-	Host        string
-	PID         int
-	Concurrency int
-	Queues      map[string]int
-	Strict      bool
-	StartedAt   time.Time
-	// Active lists the tasks the server is running.
-	Active []ActiveTaskInfo
-}
+// ServerInfo describes a live server and the tasks it is running.
+type ServerInfo = tidetype.ServerInfo
 
-// ActiveTaskInfo is a task a server is running.
-type ActiveTaskInfo struct {
-	Queue, ID, Type string
-	StartedAt       time.Time
-}
+// ActiveTask is a task a server is running.
+type ActiveTask = tidetype.ActiveTask
 
-// SchedulerEntryInfo describes a periodic task of a live Scheduler.
-type SchedulerEntryInfo struct {
-	SchedulerID, ID, Spec, Type, Queue string
-	Next, Prev                         time.Time
-}
+// SchedulerEntry describes a periodic task of a live Scheduler.
+type SchedulerEntry = tidetype.SchedulerEntry
+
+// Attempt is one run of a task's handler (TaskInfo.Attempts).
+type Attempt = tidetype.Attempt
+
+// Point is one minute of a queue's activity (Inspector.Series).
+type Point = tidetype.Point
+
+// TaskFilter selects tasks in Inspector.SearchTasks.
+type TaskFilter = tidetype.TaskFilter
+
+// StoreInfo describes the store behind the broker (Inspector.StoreInfo).
+type StoreInfo = tidetype.StoreInfo
 
 func (in *Inspector) needAdmin() error {
 	if in.admin == nil {
@@ -107,21 +88,7 @@ func (in *Inspector) QueueInfo(ctx context.Context, queue string) (*QueueInfo, e
 	if err := ValidateQueueName(queue); err != nil {
 		return nil, err
 	}
-	s, err := in.admin.QueueStats(ctx, queue)
-	if err != nil {
-		return nil, err
-	}
-	qi := &QueueInfo{
-		Queue: queue, Paused: s.Paused, Processed: s.Processed, Failed: s.Failed,
-		Pending: s.Sizes[broker.StatePending], Active: s.Sizes[broker.StateActive],
-		Scheduled: s.Sizes[broker.StateScheduled], Retry: s.Sizes[broker.StateRetry],
-		Archived: s.Sizes[broker.StateArchived], Completed: s.Sizes[broker.StateCompleted],
-	}
-	qi.Size = qi.Pending + qi.Active + qi.Scheduled + qi.Retry + qi.Archived + qi.Completed
-	if !s.OldestPending.IsZero() {
-		qi.Latency = max(time.Since(s.OldestPending), 0)
-	}
-	return qi, nil
+	return in.admin.QueueInfo(ctx, queue)
 }
 
 // History returns the counters of the last n days (1 to 90), newest first.
@@ -132,15 +99,7 @@ func (in *Inspector) History(ctx context.Context, queue string, n int) ([]DailyS
 	if err := ValidateQueueName(queue); err != nil {
 		return nil, err
 	}
-	ds, err := in.admin.History(ctx, queue, n)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]DailyStats, len(ds))
-	for i, d := range ds {
-		out[i] = DailyStats{Queue: queue, Date: d.Date, Processed: d.Processed, Failed: d.Failed}
-	}
-	return out, nil
+	return in.admin.History(ctx, queue, n)
 }
 
 // GetTaskInfo returns the task with the given queue and ID, or
@@ -149,11 +108,7 @@ func (in *Inspector) GetTaskInfo(ctx context.Context, queue, id string) (*TaskIn
 	if err := checkQueueAndID(queue, id); err != nil {
 		return nil, err
 	}
-	m, err := in.b.GetTask(ctx, queue, id)
-	if err != nil {
-		return nil, err
-	}
-	return newTaskInfo(m), nil
+	return in.b.GetTask(ctx, queue, id)
 }
 
 // MaxPageSize is the largest page ListTasks returns.
@@ -175,15 +130,84 @@ func (in *Inspector) ListTasks(ctx context.Context, queue string, state TaskStat
 	if state < StatePending || state > StateCompleted {
 		return nil, fmt.Errorf("%w: unknown state %d", ErrInvalidTask, state)
 	}
-	ms, err := in.admin.ListTasks(ctx, queue, broker.State(state), (page-1)*size, size)
+	ts, err := in.admin.ListTasks(ctx, queue, state, (page-1)*size, size)
+	if err == nil && state == StateActive {
+		in.joinRunning(ctx, ts)
+	}
+	return ts, err
+}
+
+// joinRunning fills in, for active tasks, when they started and on which
+// server, from the live servers' heartbeats (at most 5 s old).
+func (in *Inspector) joinRunning(ctx context.Context, ts []*TaskInfo) {
+	if len(ts) == 0 {
+		return
+	}
+	ss, err := in.admin.Servers(ctx)
 	if err != nil {
+		return // the tasks are shown without it
+	}
+	type key struct{ queue, id string }
+	running := map[key]*ActiveTask{}
+	server := map[key]string{}
+	for _, s := range ss {
+		for i := range s.Active {
+			a := &s.Active[i]
+			running[key{a.Queue, a.ID}], server[key{a.Queue, a.ID}] = a, s.ID
+		}
+	}
+	for _, t := range ts {
+		if a := running[key{t.Queue, t.ID}]; a != nil {
+			t.Server, t.StartedAt = server[key{t.Queue, t.ID}], a.StartedAt
+		}
+	}
+}
+
+// SearchTasks returns up to limit tasks of queue in state that match f
+// (substrings of the ID, type, payload and last error; empty fields match
+// all), reading from offset in the order of ListTasks, and the offset to
+// continue from (-1 when nothing is left). One call reads a bounded number
+// of tasks, so it may return fewer than limit with a next offset.
+func (in *Inspector) SearchTasks(ctx context.Context, queue string, state TaskState, f TaskFilter, offset, limit int) ([]*TaskInfo, int, error) {
+	if err := in.needAdmin(); err != nil {
+		return nil, -1, err
+	}
+	if err := ValidateQueueName(queue); err != nil {
+		return nil, -1, err
+	}
+	if offset < 0 || limit < 1 || limit > MaxPageSize {
+		return nil, -1, fmt.Errorf("%w: offset %d, limit %d: offset must not be negative and limit 1 to %d", ErrInvalidTask, offset, limit, MaxPageSize)
+	}
+	if !state.Valid() {
+		return nil, -1, fmt.Errorf("%w: unknown state %d", ErrInvalidTask, state)
+	}
+	ts, next, err := in.admin.SearchTasks(ctx, queue, state, f, offset, limit)
+	if err == nil && state == StateActive {
+		in.joinRunning(ctx, ts)
+	}
+	return ts, next, err
+}
+
+// Series returns a queue's activity minute by minute from since (at most
+// three hours back; the broker keeps two) to now: attempts processed and
+// failed, and the pending count. It feeds the dashboard's live view.
+func (in *Inspector) Series(ctx context.Context, queue string, since time.Time) ([]Point, error) {
+	if err := in.needAdmin(); err != nil {
 		return nil, err
 	}
-	out := make([]*TaskInfo, len(ms))
-	for i, m := range ms {
-		out[i] = newTaskInfo(m)
+	if err := ValidateQueueName(queue); err != nil {
+		return nil, err
 	}
-	return out, nil
+	return in.admin.Series(ctx, queue, since)
+}
+
+// StoreInfo describes the store behind the broker: for Redis its version,
+// memory used and limit, eviction policy and connected clients.
+func (in *Inspector) StoreInfo(ctx context.Context) (*StoreInfo, error) {
+	if err := in.needAdmin(); err != nil {
+		return nil, err
+	}
+	return in.admin.StoreInfo(ctx)
 }
 
 // DeleteTask deletes a task that is not active; see Client.Delete.
@@ -220,7 +244,7 @@ func (in *Inspector) ArchiveTask(ctx context.Context, queue, id string) error {
 const bulkChunk = 500
 
 func (in *Inspector) bulk(ctx context.Context, queue string, state TaskState,
-	step func(context.Context, string, broker.State, int) (int, error)) (int, error) {
+	step func(context.Context, string, TaskState, int) (int, error)) (int, error) {
 	if err := in.needAdmin(); err != nil {
 		return 0, err
 	}
@@ -232,7 +256,7 @@ func (in *Inspector) bulk(ctx context.Context, queue string, state TaskState,
 		if err := ctx.Err(); err != nil {
 			return total, err
 		}
-		n, err := step(ctx, queue, broker.State(state), bulkChunk)
+		n, err := step(ctx, queue, state, bulkChunk)
 		total += n
 		if err != nil || n == 0 {
 			return total, err
@@ -243,7 +267,7 @@ func (in *Inspector) bulk(ctx context.Context, queue string, state TaskState,
 // DeleteAllTasks deletes every task of queue in state (not active) in
 // chunks, and returns how many it deleted.
 func (in *Inspector) DeleteAllTasks(ctx context.Context, queue string, state TaskState) (int, error) {
-	return in.bulk(ctx, queue, state, func(ctx context.Context, q string, s broker.State, n int) (int, error) {
+	return in.bulk(ctx, queue, state, func(ctx context.Context, q string, s TaskState, n int) (int, error) {
 		return in.admin.DeleteTasks(ctx, q, s, n)
 	})
 }
@@ -251,7 +275,7 @@ func (in *Inspector) DeleteAllTasks(ctx context.Context, queue string, state Tas
 // RunAllTasks makes every scheduled, retry or archived task of queue in
 // state pending now, in chunks, and returns how many it moved.
 func (in *Inspector) RunAllTasks(ctx context.Context, queue string, state TaskState) (int, error) {
-	return in.bulk(ctx, queue, state, func(ctx context.Context, q string, s broker.State, n int) (int, error) {
+	return in.bulk(ctx, queue, state, func(ctx context.Context, q string, s TaskState, n int) (int, error) {
 		return in.admin.RunTasks(ctx, q, s, n)
 	})
 }
@@ -259,15 +283,17 @@ func (in *Inspector) RunAllTasks(ctx context.Context, queue string, state TaskSt
 // ArchiveAllTasks archives every pending, scheduled or retry task of queue
 // in state, in chunks, and returns how many it archived.
 func (in *Inspector) ArchiveAllTasks(ctx context.Context, queue string, state TaskState) (int, error) {
-	return in.bulk(ctx, queue, state, func(ctx context.Context, q string, s broker.State, n int) (int, error) {
+	return in.bulk(ctx, queue, state, func(ctx context.Context, q string, s TaskState, n int) (int, error) {
 		return in.admin.ArchiveTasks(ctx, q, s, n)
 	})
 }
 
 // CancelProcessing cancels the handler's context of an active task on
 // whichever server runs it (the cause is ErrTaskCanceled); a handler that
-// then returns an error has its task archived. It returns ErrTaskNotFound,
-// or an error when the task is not active.
+// then returns an error has its task archived. The cancellation is recorded
+// with the task, so a server that misses the notice applies it at its next
+// lease renewal. It returns ErrTaskNotFound, or an error when the task is
+// not active (Client.Cancel stops a task in any state).
 func (in *Inspector) CancelProcessing(ctx context.Context, queue, id string) error {
 	if err := in.needAdmin(); err != nil {
 		return err
@@ -276,6 +302,20 @@ func (in *Inspector) CancelProcessing(ctx context.Context, queue, id string) err
 		return err
 	}
 	return in.admin.CancelProcessing(ctx, queue, id)
+}
+
+// DeleteQueue forgets an empty queue: it disappears from Queues and its
+// counters, pause flag and partition count are deleted. It returns an error
+// wrapping ErrQueueNotEmpty while the queue holds a task in any state (delete
+// them first with DeleteAllTasks); a later Enqueue creates the queue again.
+func (in *Inspector) DeleteQueue(ctx context.Context, queue string) error {
+	if err := in.needAdmin(); err != nil {
+		return err
+	}
+	if err := ValidateQueueName(queue); err != nil {
+		return err
+	}
+	return in.admin.DeleteQueue(ctx, queue)
 }
 
 // PauseQueue stops servers from taking tasks of queue until UnpauseQueue.
@@ -297,37 +337,36 @@ func (in *Inspector) UnpauseQueue(ctx context.Context, queue string) error {
 
 // Servers returns the live servers and the tasks they are running (as of
 // their last heartbeat, at most 5 s old).
-func (in *Inspector) Servers(ctx context.Context) ([]*ServerInfo, error) {
+func (in *Inspector) Servers(ctx context.Context) ([]ServerInfo, error) {
 	if err := in.needAdmin(); err != nil {
 		return nil, err
 	}
-	ss, err := in.admin.Servers(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]*ServerInfo, len(ss))
-	for i, s := range ss {
-		si := &ServerInfo{ID: s.ID, Host: s.Host, PID: s.PID, Concurrency: s.Concurrency, Queues: s.Queues, Strict: s.Strict, StartedAt: s.StartedAt}
-		for _, a := range s.Active {
-			si.Active = append(si.Active, ActiveTaskInfo{Queue: a.Queue, ID: a.ID, Type: a.Type, StartedAt: a.StartedAt})
-		}
-		out[i] = si
-	}
-	return out, nil
+	return in.admin.Servers(ctx)
 }
 
 // SchedulerEntries returns the periodic tasks of the live schedulers.
-func (in *Inspector) SchedulerEntries(ctx context.Context) ([]*SchedulerEntryInfo, error) {
+func (in *Inspector) SchedulerEntries(ctx context.Context) ([]SchedulerEntry, error) {
 	if err := in.needAdmin(); err != nil {
 		return nil, err
 	}
-	es, err := in.admin.SchedulerEntries(ctx)
-	if err != nil {
-		return nil, err
+	return in.admin.SchedulerEntries(ctx)
+}
+
+// Repartition changes queue to n partitions (1 to 1024) while servers and
+// clients keep working: new tasks go to the new partitions at once, waiting
+// tasks are moved over, running ones finish where they are, and nothing is
+// lost or doubled, whatever step a crash interrupts; calling it again with
+// the same n finishes a repartition that stopped. It returns when the old
+// partitions are retired, or with ctx's error. progress, when not nil, is
+// called with the tasks moved so far and those left in the old partitions.
+// It returns ErrNotSupported for a broker without partitions (membroker).
+func (in *Inspector) Repartition(ctx context.Context, queue string, n int, progress func(moved, left int)) error {
+	if err := ValidateQueueName(queue); err != nil {
+		return err
 	}
-	out := make([]*SchedulerEntryInfo, len(es))
-	for i, e := range es {
-		out[i] = &SchedulerEntryInfo{SchedulerID: e.SchedulerID, ID: e.ID, Spec: e.Spec, Type: e.Type, Queue: e.Queue, Next: e.Next, Prev: e.Prev}
+	r, ok := in.b.(broker.Repartitioner)
+	if !ok {
+		return ErrNotSupported
 	}
-	return out, nil
+	return r.Repartition(ctx, queue, n, progress)
 }

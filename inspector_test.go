@@ -142,7 +142,7 @@ func TestInspectorCancelProcessingAndServers(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-started
-	var ss []*tide.ServerInfo
+	var ss []tide.ServerInfo
 	eventually(t, 15*time.Second, "the server to report its active task", func() bool {
 		ss, err = in.Servers(ctx)
 		return err == nil && len(ss) == 1 && len(ss[0].Active) == 1
@@ -180,5 +180,99 @@ func TestInspectorCancelProcessingAndServers(t *testing.T) {
 	hist, err := in.History(ctx, "default", 7)
 	if err != nil || len(hist) != 7 || hist[0].Processed != 1 || hist[1].Processed != 0 {
 		t.Fatalf("history: %+v, %v", hist, err)
+	}
+}
+
+// What an operator sees of a running task (where and since when it runs,
+// when its lease ends), of a queue's last minutes, of the periodic entries'
+// last ticks and of the Redis behind it all.
+func TestInspectorOperatorViews(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	in := tide.NewInspector(e.b)
+	running := make(chan struct{})
+	release := make(chan struct{})
+	e.server(tide.Config{ServerID: "worker-9", LeaseDuration: 6 * time.Second}, tide.HandlerFunc(func(ctx context.Context, task *tide.Task) error {
+		if task.Type() == "slow" {
+			close(running)
+			<-release
+			return nil
+		}
+		if string(task.Payload()) == "fail" {
+			return errors.New("upstream said no")
+		}
+		return nil
+	}))
+	if _, err := e.c.Enqueue(ctx, tide.NewTask("slow", nil)); err != nil {
+		t.Fatal(err)
+	}
+	<-running
+	var active []*tide.TaskInfo
+	eventually(t, 15*time.Second, "the running task with its server", func() bool {
+		var err error
+		active, err = in.ListTasks(ctx, "default", tide.StateActive, 1, 10)
+		return err == nil && len(active) == 1 && active[0].Server == "worker-9"
+	})
+	if a := active[0]; a.StartedAt.IsZero() || a.LeaseExpiresAt.Before(time.Now()) {
+		t.Fatalf("running task: started %v, lease until %v", a.StartedAt, a.LeaseExpiresAt)
+	}
+	close(release)
+
+	info, err := e.c.Enqueue(ctx, tide.NewTask("job", []byte("fail")), tide.MaxRetry(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ti := e.waitState("default", info.ID, tide.StateArchived)
+	if len(ti.Attempts) != 1 || ti.Attempts[0].Server != "worker-9" || ti.Attempts[0].Err != "upstream said no" || ti.Attempts[0].Started.IsZero() {
+		t.Fatalf("attempt history: %+v", ti.Attempts)
+	}
+	found, _, err := in.SearchTasks(ctx, "default", tide.StateArchived, tide.TaskFilter{Err: "said no"}, 0, 10)
+	if err != nil || len(found) != 1 || found[0].ID != info.ID {
+		t.Fatalf("search by error: %+v, %v", found, err)
+	}
+	pts, err := in.Series(ctx, "default", time.Now().Add(-10*time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	processed, failed := 0, 0
+	for _, p := range pts {
+		processed, failed = processed+p.Processed, failed+p.Failed
+	}
+	if processed != 2 || failed != 1 {
+		t.Fatalf("series: processed %d, failed %d; want 2 and 1", processed, failed)
+	}
+	si, err := in.StoreInfo(ctx)
+	if err != nil || si.Kind != "redis" || si.Version == "" || si.UsedMemory <= 0 || si.EvictionPolicy == "" {
+		t.Fatalf("store info: %+v, %v", si, err)
+	}
+
+	s := tide.NewScheduler(e.b, &tide.SchedulerOpts{Logger: testLogger(t)})
+	if _, err := s.Register("@every 1s", tide.NewTask("tick", nil)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Shutdown)
+	var runs []tide.CronRun
+	eventually(t, 20*time.Second, "three ticks run", func() bool {
+		es, err := in.SchedulerEntries(ctx)
+		if err != nil || len(es) != 1 {
+			return false
+		}
+		runs, err = in.CronHistory(ctx, es[0], 5)
+		if err != nil || len(runs) < 3 {
+			return false
+		}
+		for _, r := range runs[:3] {
+			if r.Task == nil || r.Task.State != tide.StateCompleted {
+				return false
+			}
+		}
+		return true
+	})
+	if !runs[0].Tick.After(runs[1].Tick) {
+		t.Fatalf("history not newest first: %v then %v", runs[0].Tick, runs[1].Tick)
 	}
 }

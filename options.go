@@ -48,6 +48,7 @@ type enqueueOptions struct {
 	timeout   time.Duration
 	deadline  time.Time
 	uniqueTTL time.Duration
+	idemKey   string
 	retention time.Duration
 	replicas  int
 	waitFor   time.Duration
@@ -155,6 +156,29 @@ func Unique(ttl time.Duration) Option {
 			return fmt.Errorf("Unique(%v): ttl must be at least 1s", ttl)
 		}
 		o.uniqueTTL = ttl
+		return nil
+	})
+}
+
+// MaxIdempotencyKey is the longest key IdempotencyKey accepts, in bytes.
+const MaxIdempotencyKey = 255
+
+// IdempotencyKey makes Enqueue idempotent under key: an Enqueue into the
+// same queue with the same key within the broker's idempotency window
+// (redisbroker.WithIdempotencyWindow, default 24 hours) stores nothing and
+// succeeds with the first task's ID, whether that task still waits, runs or
+// finished long ago. Use it where the caller may repeat a request: an HTTP
+// handler a client retries, a relay out of a database table. Unlike
+// Unique, the key is not released when the task finishes, and the second
+// call is not an error. The key is 1 to 255 bytes. With TaskID on a queue
+// with several partitions, use the task ID itself as the key (or leave the
+// ID to the broker): the key and its task must share a partition.
+func IdempotencyKey(key string) Option {
+	return optionFunc(func(o *enqueueOptions) error {
+		if key == "" || len(key) > MaxIdempotencyKey {
+			return fmt.Errorf("IdempotencyKey: %d bytes, want 1 to %d", len(key), MaxIdempotencyKey)
+		}
+		o.idemKey = key
 		return nil
 	})
 }

@@ -22,7 +22,7 @@ func TestWaitForReplicas(t *testing.T) {
 
 	// No replica: the task is stored, but not confirmed.
 	info, err := c.Enqueue(ctx, tide.NewTask("t", nil), tide.WaitForReplicas(1, 100*time.Millisecond), tide.TaskID("lonely"))
-	if !errors.Is(err, tide.ErrNotReplicated) || info != nil {
+	if !errors.Is(err, tide.ErrNotReplicated) || info == nil || info.ID != "lonely" {
 		t.Fatalf("without a replica: %v, %v", info, err)
 	}
 	if _, err := c.Enqueue(ctx, tide.NewTask("t", nil), tide.TaskID("lonely")); !errors.Is(err, tide.ErrTaskIDConflict) {

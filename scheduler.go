@@ -7,16 +7,13 @@ import (
 	"log/slog"
 	"maps"
 	"os"
-	"os/signal"
 	"slices"
 	"strconv"
 	"sync"
-	"syscall"
 	"time"
 
-	"github.com/robfig/cron/v3"
-
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/internal/engine"
 )
 
 // This file holds the Scheduler: cron-driven periodic tasks.
@@ -81,22 +78,8 @@ func (p MisfirePolicy) String() string {
 // DefaultMisfireGrace is the default SchedulerOpts.MisfireGrace.
 const DefaultMisfireGrace = time.Minute
 
-const (
-	// cronMinRetention is the least Retention of a tick's task.
-	cronMinRetention = time.Minute
-	// cronLookback bounds how far back MisfireRunOnce looks for a missed tick.
-	cronLookback = 366 * 24 * time.Hour
-	// cronEnqueueTimeout bounds one enqueue call.
-	cronEnqueueTimeout = 5 * time.Second
-	// cronRetryMin and cronRetryMax bound the back-off between attempts to
-	// enqueue a tick after a broker error.
-	cronRetryMin, cronRetryMax = 100 * time.Millisecond, 30 * time.Second
-	// cronHeartbeat is how often entries are published to a broker.Admin,
-	// and cronEntryTTL how long a publication lasts.
-	cronHeartbeat, cronEntryTTL = 5 * time.Second, 15 * time.Second
-	// maxEntryIDLength leaves room in a task ID for "cron:", ":" and the tick.
-	maxEntryIDLength = MaxIDLength - 32
-)
+// maxEntryIDLength leaves room in a task ID for "cron:", ":" and the tick.
+const maxEntryIDLength = MaxIDLength - 32
 
 // SchedulerOpts configures a Scheduler. The zero value (or nil) is valid:
 // every field has a documented default.
@@ -130,7 +113,7 @@ type SchedulerOpts struct {
 	EnqueueErrorHandler func(t *Task, opts []Option, err error)
 
 	// SchedulerID names this scheduler in logs and in the entries it
-	// publishes for the CLI (when the broker implements broker.Admin).
+	// publishes for the CLI (when the broker implements broker.Registry).
 	// Default: host name, process ID and a random suffix.
 	SchedulerID string
 }
@@ -208,15 +191,18 @@ type Scheduler struct {
 	optsErr error
 	log     *slog.Logger
 	now     func() time.Time
+	cron    *engine.Cron
 
-	mu      sync.Mutex
-	state   int // 0 new, 1 running, 2 closed
-	entries []*cronEntry
-	byID    map[string]*cronEntry
-	stop    chan struct{}
-	wake    chan struct{} // the loop: an entry was added
-	beat    chan struct{} // the heartbeat: an entry was added
-	wg      sync.WaitGroup
+	mu    sync.Mutex
+	state int // 0 new, 1 running, 2 closed
+	byID  map[string]*engine.CronEntry
+	tasks map[string]registered // by entry ID
+}
+
+// registered is what an entry was registered with (private copies).
+type registered struct {
+	task *Task
+	opts []Option
 }
 
 // NewScheduler returns a scheduler that enqueues into b. opts may be nil.
@@ -228,18 +214,21 @@ func NewScheduler(b broker.Broker, opts *SchedulerOpts) *Scheduler {
 		panic("tide: NewScheduler: nil broker")
 	}
 	s := &Scheduler{
-		b:    b,
-		c:    NewClient(b),
-		now:  time.Now,
-		byID: make(map[string]*cronEntry),
-		wake: make(chan struct{}, 1),
-		beat: make(chan struct{}, 1),
+		b:     b,
+		c:     NewClient(b),
+		now:   clockOf(b),
+		byID:  make(map[string]*engine.CronEntry),
+		tasks: make(map[string]registered),
 	}
 	if opts != nil {
 		s.opts = *opts
 	}
 	s.opts, s.optsErr = s.opts.withDefaults()
 	s.log = s.opts.Logger
+	s.cron = engine.NewCron(engine.CronConfig{
+		Broker: b, SchedulerID: s.opts.SchedulerID, Grace: s.opts.MisfireGrace,
+		Logger: s.log, Now: s.now, Failed: s.failed,
+	})
 	return s
 }
 
@@ -267,7 +256,7 @@ func (o SchedulerOpts) withDefaults() (SchedulerOpts, error) {
 	}
 	if o.SchedulerID == "" {
 		host, _ := os.Hostname()
-		o.SchedulerID = fmt.Sprintf("%s:%d:%s", host, os.Getpid(), newID()[:8])
+		o.SchedulerID = fmt.Sprintf("%s:%d:%s", host, os.Getpid(), broker.NewID()[:8])
 	}
 	return o, errors.Join(errs...)
 }
@@ -315,7 +304,7 @@ func (s *Scheduler) RegisterEntry(e CronEntry) (string, error) {
 	if e.Task == nil {
 		return "", fmt.Errorf("%w: nil task", ErrInvalidTask)
 	}
-	ce, err := s.newEntry(e)
+	ce, reg, err := s.newEntry(e)
 	if err != nil {
 		return "", err
 	}
@@ -324,26 +313,23 @@ func (s *Scheduler) RegisterEntry(e CronEntry) (string, error) {
 	if s.state == 2 {
 		return "", ErrSchedulerClosed
 	}
-	if old, ok := s.byID[ce.id]; ok {
-		return "", fmt.Errorf("tide: scheduler entry %s is already registered (spec %q, task %s on queue %s)", ce.id, old.spec, old.task.typ, old.queue)
+	if old, ok := s.byID[ce.ID]; ok {
+		return "", fmt.Errorf("tide: scheduler entry %s is already registered (spec %q, task %s on queue %s)", ce.ID, old.Spec, old.Type, old.Queue)
 	}
-	s.byID[ce.id] = ce
-	s.entries = append(s.entries, ce)
-	if s.state == 1 {
-		nudge(s.wake)
-		nudge(s.beat)
-	}
-	return ce.id, nil
+	s.byID[ce.ID] = ce
+	s.tasks[ce.ID] = reg
+	s.cron.Add(ce)
+	return ce.ID, nil
 }
 
 // newEntry validates e and builds the entry.
-func (s *Scheduler) newEntry(e CronEntry) (*cronEntry, error) {
+func (s *Scheduler) newEntry(e CronEntry) (*engine.CronEntry, registered, error) {
 	sched, locName, err := parseCronSpec(e.Spec, s.opts.Location)
 	if err != nil {
-		return nil, err
+		return nil, registered{}, err
 	}
-	if first := sched.next(s.now()); first.IsZero() {
-		return nil, fmt.Errorf("tide: invalid cron spec %q: it never fires (no time matches within five years)", e.Spec)
+	if first := sched.Next(s.now()); first.IsZero() {
+		return nil, registered{}, fmt.Errorf("tide: invalid cron spec %q: it never fires (no time matches within five years)", e.Spec)
 	}
 	misfire := e.Misfire
 	switch misfire {
@@ -351,7 +337,7 @@ func (s *Scheduler) newEntry(e CronEntry) (*cronEntry, error) {
 		misfire = s.opts.Misfire
 	case MisfireSkip, MisfireRunOnce:
 	default:
-		return nil, fmt.Errorf("tide: cron entry %q: invalid misfire policy %v", e.Spec, e.Misfire)
+		return nil, registered{}, fmt.Errorf("tide: cron entry %q: invalid misfire policy %v", e.Spec, e.Misfire)
 	}
 	t := &Task{
 		typ:     e.Task.typ,
@@ -364,44 +350,73 @@ func (s *Scheduler) newEntry(e CronEntry) (*cronEntry, error) {
 	for _, list := range [][]Option{t.opts, opts} {
 		for _, opt := range list {
 			if opt == nil {
-				return nil, fmt.Errorf("%w: nil Option", ErrInvalidTask)
+				return nil, registered{}, fmt.Errorf("%w: nil Option", ErrInvalidTask)
 			}
 			if err := opt.apply(&o); err != nil {
 				if errors.Is(err, ErrInvalidTask) {
-					return nil, err
+					return nil, registered{}, err
 				}
-				return nil, fmt.Errorf("%w: %v", ErrInvalidTask, err)
+				return nil, registered{}, fmt.Errorf("%w: %v", ErrInvalidTask, err)
 			}
 		}
 	}
 	switch {
 	case o.id != "":
-		return nil, fmt.Errorf("%w: TaskID(%q) on a cron entry: the scheduler gives every tick's task its own ID (name the entry with CronEntry.ID instead)", ErrInvalidTask, o.id)
+		return nil, registered{}, fmt.Errorf("%w: TaskID(%q) on a cron entry: the scheduler gives every tick's task its own ID (name the entry with CronEntry.ID instead)", ErrInvalidTask, o.id)
 	case o.hasIn || !o.processAt.IsZero():
-		return nil, fmt.Errorf("%w: ProcessIn/ProcessAt on a cron entry: a tick's task is due at the tick", ErrInvalidTask)
+		return nil, registered{}, fmt.Errorf("%w: ProcessIn/ProcessAt on a cron entry: a tick's task is due at the tick", ErrInvalidTask)
 	}
 	id := e.ID
 	if id == "" {
 		id = cronEntryID(e.Spec, locName, t, &o)
 	} else if err := validateEntryID(id); err != nil {
-		return nil, err
+		return nil, registered{}, err
 	}
-	// Build one message as a tick would, so that whatever Enqueue would
-	// refuse (empty type, over-size payload, Unique with TaskID on a
-	// partitioned queue, ...) is refused now.
-	if _, _, err := s.c.message(t, append(slices.Clone(opts), TaskID(cronTaskID(id, time.Now())))); err != nil {
-		return nil, err
+	// Build one task as a tick would, so that whatever Enqueue would
+	// refuse (empty type, over-size payload, ...) is refused now.
+	info, _, err := s.c.task(t, append(slices.Clone(opts), TaskID(engine.CronTaskID(id, time.Now()))))
+	if err != nil {
+		return nil, registered{}, err
 	}
-	return &cronEntry{
-		id:        id,
-		spec:      e.Spec,
-		sched:     sched,
-		task:      t,
-		opts:      opts,
-		queue:     o.queue,
-		retention: o.retention,
-		misfire:   misfire,
-	}, nil
+	if info.UniqueKey != "" {
+		// A tick's task has an ID, and the broker refuses Unique with an
+		// ID on a queue with several partitions.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		n, err := s.b.Partitions(ctx, info.Queue)
+		cancel()
+		if err == nil && n > 1 {
+			return nil, registered{}, fmt.Errorf("%w: a periodic task cannot be Unique on queue %q, which has %d partitions (each tick's ID already makes it unique)", ErrInvalidTask, info.Queue, n)
+		}
+	}
+	return &engine.CronEntry{
+		ID:        id,
+		Spec:      e.Spec,
+		Type:      t.typ,
+		Queue:     o.queue,
+		Location:  s.opts.Location.String(),
+		Schedule:  sched,
+		RunOnce:   misfire == MisfireRunOnce,
+		Retention: o.retention,
+		Build: func(id string, _ time.Time, retention time.Duration) (*TaskInfo, broker.EnqueueOptions, error) {
+			return s.c.task(t, append(slices.Clone(opts), TaskID(id), Retention(retention)))
+		},
+	}, registered{task: t, opts: opts}, nil
+}
+
+// failed reports a failed attempt to enqueue a tick to
+// SchedulerOpts.EnqueueErrorHandler, with a copy of the task and the
+// options that repeat the attempt.
+func (s *Scheduler) failed(e *engine.CronEntry, tick time.Time, err error) {
+	h := s.opts.EnqueueErrorHandler
+	if h == nil {
+		return
+	}
+	s.mu.Lock()
+	reg := s.tasks[e.ID]
+	s.mu.Unlock()
+	cp := &Task{typ: reg.task.typ, payload: slices.Clone(reg.task.payload), headers: maps.Clone(reg.task.headers), opts: slices.Clone(reg.task.opts)}
+	opts := append(slices.Clone(reg.opts), TaskID(engine.CronTaskID(e.ID, tick)), Retention(e.RetentionFor(tick)))
+	safely(s.log, "EnqueueErrorHandler", func() { h(cp, opts, err) })
 }
 
 // Start starts enqueueing ticks and returns at once. It returns an error
@@ -409,8 +424,8 @@ func (s *Scheduler) newEntry(e CronEntry) (*cronEntry, error) {
 // Shutdown, and an error when the scheduler is already running.
 //
 // At Start every entry is considered as if the scheduler had been down
-// until now: see MisfirePolicy. When the broker implements broker.Admin the
-// scheduler also publishes its entries (for the CLI) every 5 seconds; a
+// until now: see MisfirePolicy. When the broker implements broker.Registry
+// the scheduler also publishes its entries (for the CLI) every 5 seconds; a
 // failure to publish is logged and does not stop the scheduler.
 func (s *Scheduler) Start() error {
 	if s.optsErr != nil {
@@ -425,34 +440,14 @@ func (s *Scheduler) Start() error {
 		return ErrSchedulerClosed
 	}
 	s.state = 1
-	s.stop = make(chan struct{})
-	s.wg.Add(1)
-	go s.loop()
-	if adm, ok := s.b.(broker.Admin); ok {
-		s.wg.Add(1)
-		go s.heartbeat(adm)
-	} else {
-		s.log.Debug("tide: broker does not implement broker.Admin; scheduler entries are not published", "scheduler", s.opts.SchedulerID)
-	}
-	s.log.Info("tide: scheduler started", "scheduler", s.opts.SchedulerID, "entries", len(s.entries))
+	s.cron.Start()
+	s.log.Info("tide: scheduler started", "scheduler", s.opts.SchedulerID, "entries", s.cron.Len())
 	return nil
 }
 
 // Run starts the scheduler, waits for SIGINT or SIGTERM, then shuts it
 // down. It returns nil after a signal, or Start's error.
-func (s *Scheduler) Run() error {
-	// Listen before starting, as Server.Run does.
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-	defer signal.Stop(sig)
-	if err := s.Start(); err != nil {
-		return err
-	}
-	got := <-sig
-	s.log.Info("tide: signal received; stopping scheduler", "signal", got.String())
-	s.Shutdown()
-	return nil
-}
+func (s *Scheduler) Run() error { return runUntilSignal(s.log, s.Start, s.Shutdown) }
 
 // Shutdown stops the scheduler and returns when its goroutines have
 // exited. An enqueue in flight is allowed to finish (it is bounded by a
@@ -464,319 +459,9 @@ func (s *Scheduler) Shutdown() {
 	s.mu.Lock()
 	was := s.state
 	s.state = 2
-	if was == 1 {
-		close(s.stop)
-	}
 	s.mu.Unlock()
-	s.wg.Wait()
 	if was == 1 {
+		s.cron.Stop()
 		s.log.Info("tide: scheduler stopped", "scheduler", s.opts.SchedulerID)
 	}
 }
-
-func nudge(c chan struct{}) {
-	select {
-	case c <- struct{}{}:
-	default:
-	}
-}
-
-// cronEntry is a registered entry and its place in time. Fields below the
-// line are guarded by Scheduler.mu.
-type cronEntry struct {
-	id, spec  string
-	sched     cronSchedule
-	task      *Task    // private copy
-	opts      []Option // private copy
-	queue     string
-	retention time.Duration // the task's own, before the floor
-	misfire   MisfirePolicy
-
-	started bool
-	latest  time.Time // latest tick at or before the last plan; zero when none
-	next    time.Time // first tick after the last plan; zero when none
-	last    time.Time // latest tick enqueued (or found enqueued)
-	wake    time.Time // when to plan again; zero: never
-	failing time.Time // tick whose enqueue failed and is being retried
-	attempt int       // failed attempts at enqueueing failing
-}
-
-// plan advances e to now and reports the tick to enqueue, if any: the
-// latest tick at or before now, when it is not enqueued yet and either the
-// policy is MisfireRunOnce or it is at most grace old. missed reports that
-// ticks were dropped (the first one dropped is from).
-func (e *cronEntry) plan(now time.Time, grace time.Duration) (tick time.Time, fire bool, from time.Time, missed bool) {
-	expected := e.next
-	switch {
-	case e.started && now.Before(e.next):
-		// No tick since the last plan: latest stays (a retry).
-	case e.started && !e.next.IsZero() && e.sched.next(e.next).After(now):
-		e.latest, e.next = e.next, e.sched.next(e.next)
-	default:
-		lookback := cronLookback
-		if e.misfire == MisfireSkip {
-			lookback = grace
-		}
-		e.latest, _ = e.sched.prev(now, lookback)
-		e.next = e.sched.next(now)
-	}
-	e.wake = e.next
-	if !e.latest.IsZero() && e.latest.After(e.last) {
-		if e.misfire == MisfireRunOnce || now.Sub(e.latest) <= grace {
-			tick, fire = e.latest, true
-		}
-	}
-	// Ticks this scheduler was waiting for and will never enqueue.
-	if e.started && !expected.IsZero() && !expected.After(now) && expected.After(e.last) && (!fire || expected.Before(tick)) {
-		from, missed = expected, true
-	}
-	e.started = true
-	return tick, fire, from, missed
-}
-
-// retention is the Retention of the task of tick: the task's own, raised to
-// max(2×interval, cronMinRetention).
-func (e *cronEntry) retentionFor(tick time.Time) time.Duration {
-	r := cronMinRetention
-	if n := e.sched.next(tick); !n.IsZero() {
-		r = max(r, 2*n.Sub(tick))
-	}
-	return max(r, e.retention)
-}
-
-// cronTaskID is the ID of the task of an entry's tick.
-func cronTaskID(entryID string, tick time.Time) string {
-	return "cron:" + entryID + ":" + strconv.FormatInt(tick.UnixMilli(), 10)
-}
-
-// fireItem is a tick to enqueue.
-type fireItem struct {
-	e    *cronEntry
-	tick time.Time
-	opts []Option
-	m    *broker.Message
-}
-
-// loop sleeps until the earliest wake-up of all entries, plans the entries
-// due and enqueues their ticks in one call.
-func (s *Scheduler) loop() {
-	defer s.wg.Done()
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	defer timer.Stop()
-	for {
-		select {
-		case <-s.stop:
-			return
-		default:
-		}
-		now := s.now()
-		s.mu.Lock()
-		batch := s.collect(now)
-		var wake time.Time
-		for _, e := range s.entries {
-			if !e.wake.IsZero() && (wake.IsZero() || e.wake.Before(wake)) {
-				wake = e.wake
-			}
-		}
-		s.mu.Unlock()
-		if len(batch) > 0 {
-			s.enqueue(batch)
-			continue
-		}
-		var fired <-chan time.Time
-		if !wake.IsZero() {
-			timer.Reset(wake.Sub(now))
-			fired = timer.C
-		}
-		select {
-		case <-s.stop:
-			return
-		case <-s.wake:
-			timer.Stop()
-		case <-fired:
-		}
-	}
-}
-
-// collect plans every entry whose wake-up has come. s.mu is held.
-func (s *Scheduler) collect(now time.Time) []fireItem {
-	var batch []fireItem
-	for _, e := range s.entries {
-		if e.started && (e.wake.IsZero() || e.wake.After(now)) {
-			continue
-		}
-		tick, fire, from, missed := e.plan(now, s.opts.MisfireGrace)
-		if missed {
-			attrs := []any{"entry", e.id, "spec", e.spec, "type", e.task.typ, "first_missed", from, "policy", e.misfire.String()}
-			if fire {
-				attrs = append(attrs, "catching_up", tick)
-			}
-			s.log.Warn("tide: missed cron ticks", attrs...)
-		}
-		if !e.failing.IsZero() && (!fire || !tick.Equal(e.failing)) {
-			s.log.Error("tide: gave up enqueueing a cron tick", "entry", e.id, "type", e.task.typ, "queue", e.queue,
-				"tick", e.failing, "attempts", e.attempt, "policy", e.misfire.String())
-			e.failing, e.attempt = time.Time{}, 0
-		}
-		if fire {
-			batch = append(batch, fireItem{e: e, tick: tick})
-		}
-	}
-	return batch
-}
-
-// enqueue stores the ticks of batch and records the outcome of each.
-func (s *Scheduler) enqueue(batch []fireItem) {
-	msgs := make([]*broker.Message, 0, len(batch))
-	results := make([]error, len(batch))
-	for i := range batch {
-		it := &batch[i]
-		it.opts = append(slices.Clone(it.e.opts), TaskID(cronTaskID(it.e.id, it.tick)), Retention(it.e.retentionFor(it.tick)))
-		it.m, _, results[i] = s.c.message(it.e.task, it.opts)
-		if results[i] == nil {
-			msgs = append(msgs, it.m)
-		}
-	}
-	if len(msgs) > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), cronEnqueueTimeout)
-		errs, err := s.b.Enqueue(ctx, msgs)
-		cancel()
-		j := 0
-		for i := range batch {
-			if results[i] != nil {
-				continue
-			}
-			switch {
-			case err != nil:
-				results[i] = err
-			case j < len(errs):
-				results[i] = errs[j]
-			}
-			j++
-		}
-	}
-
-	type report struct {
-		it  *fireItem
-		err error
-	}
-	var failed []report
-	s.mu.Lock()
-	for i := range batch {
-		it, err := &batch[i], results[i]
-		e := it.e
-		attrs := []any{"entry", e.id, "type", e.task.typ, "queue", e.queue, "tick", it.tick, "id", cronTaskID(e.id, it.tick)}
-		switch {
-		case err == nil:
-			s.log.Debug("tide: cron tick enqueued", attrs...)
-		case errors.Is(err, ErrTaskIDConflict):
-			s.log.Debug("tide: cron tick already enqueued (by another scheduler or before a restart)", attrs...)
-			err = nil
-		case errors.Is(err, ErrDuplicateTask):
-			s.log.Info("tide: cron tick skipped: the entry is Unique and its previous task is unfinished", attrs...)
-			err = nil
-		}
-		if err == nil {
-			if e.last.IsZero() {
-				nudge(s.beat) // publish the entry's first tick now, not in 5s
-			}
-			e.last, e.failing, e.attempt = it.tick, time.Time{}, 0
-			continue
-		}
-		failed = append(failed, report{it, err})
-		if errors.Is(err, ErrInvalidTask) || errors.Is(err, broker.ErrClosed) {
-			e.last, e.failing, e.attempt = it.tick, time.Time{}, 0 // retrying cannot help
-			s.log.Error("tide: cron tick not enqueued", append(attrs, "err", err)...)
-			continue
-		}
-		e.failing = it.tick
-		e.attempt++
-		retry := s.now().Add(min(cronRetryMax, cronRetryMin<<min(e.attempt-1, 20)))
-		if e.next.IsZero() || retry.Before(e.next) {
-			e.wake = retry
-		}
-		s.log.Error("tide: cron tick not enqueued; will retry", append(attrs, "attempt", e.attempt, "retry_at", e.wake, "err", err)...)
-	}
-	s.mu.Unlock()
-
-	if h := s.opts.EnqueueErrorHandler; h != nil {
-		for _, r := range failed {
-			t := r.it.e.task
-			cp := &Task{typ: t.typ, payload: t.payload, headers: maps.Clone(t.headers), opts: slices.Clone(t.opts)}
-			s.safely("EnqueueErrorHandler", func() { h(cp, slices.Clone(r.it.opts), r.err) })
-		}
-	}
-}
-
-// safely calls a user callback, logging (not propagating) a panic.
-func (s *Scheduler) safely(what string, f func()) {
-	defer func() {
-		if r := recover(); r != nil {
-			s.log.Error("tide: "+what+" panicked", "panic", fmt.Sprint(r))
-		}
-	}()
-	f()
-}
-
-// heartbeat publishes the entries to adm until Shutdown, then withdraws
-// them.
-func (s *Scheduler) heartbeat(adm broker.Admin) {
-	defer s.wg.Done()
-	ticker := time.NewTicker(cronHeartbeat)
-	defer ticker.Stop()
-	failing := false
-	publish := func(entries []broker.SchedulerEntry, ttl time.Duration) {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		err := adm.RegisterSchedulerEntries(ctx, s.opts.SchedulerID, entries, ttl)
-		switch {
-		case err != nil && !failing:
-			failing = true
-			s.log.Warn("tide: cannot publish scheduler entries (the scheduler keeps running)", "scheduler", s.opts.SchedulerID, "err", err)
-		case err != nil:
-			s.log.Debug("tide: cannot publish scheduler entries", "scheduler", s.opts.SchedulerID, "err", err)
-		case failing:
-			failing = false
-			s.log.Info("tide: publishing scheduler entries again", "scheduler", s.opts.SchedulerID)
-		}
-	}
-	for {
-		publish(s.snapshot(), cronEntryTTL)
-		select {
-		case <-s.stop:
-			publish([]broker.SchedulerEntry{}, time.Second) // withdraw
-			return
-		case <-ticker.C:
-		case <-s.beat:
-		}
-	}
-}
-
-// snapshot describes the entries for broker.Admin.
-func (s *Scheduler) snapshot() []broker.SchedulerEntry {
-	now := s.now()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]broker.SchedulerEntry, 0, len(s.entries))
-	for _, e := range s.entries {
-		next := e.next
-		if !e.started {
-			next = e.sched.next(now)
-		}
-		out = append(out, broker.SchedulerEntry{
-			SchedulerID: s.opts.SchedulerID,
-			ID:          e.id,
-			Spec:        e.spec,
-			Type:        e.task.typ,
-			Queue:       e.queue,
-			Next:        next,
-			Prev:        e.last,
-		})
-	}
-	return out
-}
-
-// cronParser reads crontab lines of 5 or 6 fields (seconds optional) and
-// descriptors.
-var cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)

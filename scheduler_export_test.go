@@ -1,6 +1,10 @@
 package tide
 
-import "time"
+import (
+	"time"
+
+	"github.com/tidequeue/tide/internal/engine"
+)
 
 // CronPlanForTest returns a function that plans an entry of spec as the
 // scheduler's loop does at each call, treating every tick it fires as
@@ -10,11 +14,11 @@ func CronPlanForTest(spec string, loc *time.Location, p MisfirePolicy, grace tim
 	if err != nil {
 		return nil, err
 	}
-	e := &cronEntry{sched: sched, misfire: p}
+	e := &engine.CronEntry{Schedule: sched, RunOnce: p == MisfireRunOnce}
 	return func(now time.Time) (time.Time, bool) {
-		tick, fire, _, _ := e.plan(now, grace)
+		tick, fire, _, _ := e.Plan(now, grace)
 		if fire {
-			e.last = tick
+			e.MarkEnqueued(tick)
 		}
 		return tick, fire
 	}, nil
@@ -26,7 +30,7 @@ func CronNextForTest(spec string, loc *time.Location, t time.Time) (time.Time, e
 	if err != nil {
 		return time.Time{}, err
 	}
-	return sched.next(t), nil
+	return sched.Next(t), nil
 }
 
 // CronPrevForTest returns the latest tick of spec at or before now.
@@ -35,9 +39,9 @@ func CronPrevForTest(spec string, loc *time.Location, now time.Time, lookback ti
 	if err != nil {
 		return time.Time{}, false, err
 	}
-	t, ok := sched.prev(now, lookback)
+	t, ok := sched.Prev(now, lookback)
 	return t, ok, nil
 }
 
 // CronTaskIDForTest is the ID of the task of an entry's tick.
-var CronTaskIDForTest = cronTaskID
+var CronTaskIDForTest = engine.CronTaskID

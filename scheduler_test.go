@@ -18,6 +18,7 @@ import (
 
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/tidetype"
 )
 
 // logCounter is a slog.Handler that counts records by message.
@@ -583,11 +584,11 @@ type failingBroker struct {
 	n atomic.Int32
 }
 
-func (b *failingBroker) Enqueue(ctx context.Context, msgs []*broker.Message) ([]error, error) {
+func (b *failingBroker) Enqueue(ctx context.Context, msgs []*tidetype.TaskInfo, o broker.EnqueueOptions) ([]error, error) {
 	if b.n.Add(-1) >= 0 {
-		return nil, errors.New("redis: connection refused")
+		return nil, fmt.Errorf("%w: connection refused", broker.ErrUnavailable)
 	}
-	return b.Broker.Enqueue(ctx, msgs)
+	return b.Broker.Enqueue(ctx, msgs, o)
 }
 
 // A tick whose enqueue fails is retried with back-off, and every failure is
@@ -658,7 +659,7 @@ func TestSchedulerPublishesEntries(t *testing.T) {
 		t.Fatal(err)
 	}
 	in := tide.NewInspector(e.b)
-	var got []*tide.SchedulerEntryInfo
+	var got []tide.SchedulerEntry
 	eventually(t, 5*time.Second, "the entry to be published", func() bool {
 		got, err = in.SchedulerEntries(context.Background())
 		return err == nil && len(got) == 1 && !got[0].Prev.IsZero()

@@ -6,14 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/signal"
 	"runtime/debug"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/internal/engine"
+	"github.com/tidequeue/tide/tidetype"
 )
 
 // Config configures a Server. The zero Config is valid: every field has a
@@ -145,15 +144,18 @@ func (c Config) withDefaults() (Config, error) {
 		c.Logger = slog.Default()
 	}
 	if c.ServerID == "" {
-		c.ServerID = fmt.Sprintf("%s:%d:%s", hostname(), os.Getpid(), newID()[:8])
+		c.ServerID = fmt.Sprintf("%s:%d:%s", hostname(), os.Getpid(), broker.NewID()[:8])
 	}
 	return c, errors.Join(errs...)
 }
 
 // Start starts processing tasks with h and returns at once. It returns an
-// error wrapping ErrInvalidConfig for a bad Config, ErrServerClosed after
-// Shutdown, and an error when the server is already running. Start panics
-// if h is nil.
+// error wrapping ErrInvalidConfig for a bad Config, an error wrapping
+// ErrLayout when a served queue's partition count recorded in the broker
+// differs from this process's configuration (nothing of it would settle),
+// ErrServerClosed after Shutdown, and an error when the server is already
+// running. A broker that cannot be reached does not stop Start: the server
+// keeps trying. Start panics if h is nil.
 func (s *Server) Start(h Handler) error {
 	if h == nil {
 		panic("tide: Server.Start: nil handler")
@@ -169,21 +171,24 @@ func (s *Server) Start(h Handler) error {
 	case 2:
 		return ErrServerClosed
 	}
+	if err := s.checkLayouts(); err != nil {
+		return err
+	}
 	s.handler = h
 	s.eng = engine.New(engine.Config{
-		Broker:      s.b,
-		Queues:      s.cfg.Queues,
-		Strict:      s.cfg.StrictPriority,
-		Concurrency: s.cfg.Concurrency,
-		Lease:       s.cfg.LeaseDuration,
-		Shutdown:    s.cfg.ShutdownTimeout,
-		Owner:       s.cfg.ServerID,
-		Logger:      s.log,
-		Run:         s.run,
-		Now:         s.now,
-		Info: broker.ServerInfo{
+		Broker:          s.b,
+		Queues:          s.cfg.Queues,
+		StrictPriority:  s.cfg.StrictPriority,
+		Concurrency:     s.cfg.Concurrency,
+		LeaseDuration:   s.cfg.LeaseDuration,
+		ShutdownTimeout: s.cfg.ShutdownTimeout,
+		ServerID:        s.cfg.ServerID,
+		Logger:          s.log,
+		Run:             s.run,
+		Now:             s.now,
+		Info: tidetype.ServerInfo{
 			Host: hostname(), PID: os.Getpid(), Concurrency: s.cfg.Concurrency,
-			Queues: s.cfg.Queues, Strict: s.cfg.StrictPriority, StartedAt: time.Now(),
+			Queues: s.cfg.Queues, StrictPriority: s.cfg.StrictPriority, StartedAt: time.Now(),
 		},
 	})
 	s.eng.Start()
@@ -195,23 +200,13 @@ func (s *Server) Start(h Handler) error {
 // Run starts the server with h, waits for SIGINT or SIGTERM, then shuts down
 // gracefully. It returns nil after a signal, or Start's error.
 func (s *Server) Run(h Handler) error {
-	// Listen before starting: a signal that arrives as soon as the server
-	// has started must still shut it down gracefully.
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-	defer signal.Stop(sig)
-	if err := s.Start(h); err != nil {
-		return err
-	}
-	got := <-sig
-	s.log.Info("tide: signal received; shutting down", "signal", got.String())
-	s.Shutdown()
-	return nil
+	return runUntilSignal(s.log, func() error { return s.Start(h) }, s.Shutdown)
 }
 
 // Shutdown stops fetching tasks, waits up to ShutdownTimeout for in-flight
 // tasks, requeues the ones still running (without using up a retry), writes
-// every outcome and returns when all of the server's goroutines have exited.
+// every settlement, gives up its partition claims (another server maintains
+// them at once) and returns when all of the server's goroutines have exited.
 // It is idempotent and safe to call from any goroutine.
 func (s *Server) Shutdown() {
 	s.mu.Lock()
@@ -226,14 +221,40 @@ func (s *Server) Shutdown() {
 	s.log.Info("tide: server stopped", "server", s.cfg.ServerID)
 }
 
+// layoutCheckTimeout bounds Start's look at the queues' partition counts.
+const layoutCheckTimeout = 5 * time.Second
+
+// checkLayouts asks the broker for every served queue's partition count, so
+// that a process configured with another count fails at Start instead of
+// running tasks it cannot settle. An unreachable broker is no reason to fail.
+func (s *Server) checkLayouts() error {
+	ctx, cancel := context.WithTimeout(context.Background(), layoutCheckTimeout)
+	defer cancel()
+	for q := range s.cfg.Queues {
+		if _, err := s.b.Partitions(ctx, q); err != nil {
+			if errors.Is(err, ErrLayout) || errors.Is(err, ErrClosed) {
+				return err
+			}
+			if !errors.Is(err, ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
+				return err
+			}
+			s.log.Warn("tide: broker unreachable at start; the server keeps trying", "queue", q, "err", err)
+			return nil
+		}
+	}
+	return nil
+}
+
 // run processes one delivery: it builds the task and its context, calls the
-// handler with panics recovered, and decides the outcome.
-func (s *Server) run(ctx context.Context, d *broker.Delivery) broker.Settlement {
-	m := d.Message
+// handler with panics recovered, and settles the attempt. decide alone
+// chooses the settlement; callbacks and the log line follow it and never
+// contradict it.
+func (s *Server) run(ctx context.Context, d *broker.Delivery) (broker.Settlement, bool) {
+	m := d.Task
 	t := &Task{typ: m.Type, payload: m.Payload, headers: m.Headers}
 	ctx = withTaskMeta(ctx, &taskMeta{
-		id: m.ID, queue: m.Queue, retried: m.Retried, maxRetry: m.MaxRetry, due: m.ProcessAt, b: s.b,
-		lease: broker.LeaseRef{Queue: m.Queue, ID: m.ID, Token: d.Token},
+		id: m.ID, queue: m.Queue, retried: m.Retried, maxRetry: m.MaxRetry, due: m.NextProcessAt, b: s.b,
+		lease: d.Lease(),
 	})
 	if m.Timeout > 0 {
 		var cancel context.CancelFunc
@@ -247,41 +268,69 @@ func (s *Server) run(ctx context.Context, d *broker.Delivery) broker.Settlement 
 	}
 	err := s.call(ctx, t)
 	now := s.now()
-	if err == nil {
-		return broker.Settlement{Outcome: broker.OutcomeDone, At: now}
-	}
-	if cause := context.Cause(ctx); errors.Is(cause, engine.ErrShutdown) {
-		// Cut off by Shutdown: the engine requeues the task without using a
-		// retry; it is not a failure of the task.
-		s.log.Info("tide: task interrupted by shutdown; requeued", "type", m.Type, "queue", m.Queue, "id", m.ID)
-		return broker.Settlement{Outcome: broker.OutcomeRequeue, At: now}
+	set, why := decide(m, err, context.Cause(ctx), now)
+	attrs := []any{"type", m.Type, "queue", m.Queue, "id", m.ID, "retried", m.Retried}
+	switch set.Kind {
+	case 0:
+		s.log.Warn("tide: lease lost while the task ran; its settlement is discarded (the task was recovered)", attrs...)
+		return set, false
+	case broker.SettleDone:
+		return set, true
+	case broker.SettleRequeue:
+		s.log.Info("tide: task interrupted by shutdown; requeued", attrs...)
+		return set, true
 	}
 	if s.cfg.ErrorHandler != nil {
-		s.safely("ErrorHandler", func() { s.cfg.ErrorHandler(ctx, t, err) })
+		safely(s.log, "ErrorHandler", func() { s.cfg.ErrorHandler(ctx, t, err) })
 	}
-	msg := err.Error()
-	if len(msg) > maxErrLen {
-		msg = msg[:maxErrLen] + "…(truncated)"
-	}
-	attrs := []any{"type", m.Type, "queue", m.Queue, "id", m.ID, "retried", m.Retried, "err", msg}
-	switch {
-	case errors.Is(err, SkipRetry):
-		s.log.Warn("tide: task failed with SkipRetry; archived", attrs...)
-		return broker.Settlement{Outcome: broker.OutcomeArchive, Err: msg, At: now}
-	case m.Retried >= m.MaxRetry:
-		s.log.Warn("tide: task failed with no retries left; archived", attrs...)
-		return broker.Settlement{Outcome: broker.OutcomeArchive, Err: msg, At: now}
-	case !m.Deadline.IsZero() && !now.Before(m.Deadline):
-		s.log.Warn("tide: task failed after its deadline; archived", attrs...)
-		return broker.Settlement{Outcome: broker.OutcomeArchive, Err: msg, At: now}
+	attrs = append(attrs, "err", set.Err)
+	if set.Kind == broker.SettleArchive {
+		s.log.Warn("tide: task failed; archived ("+why+")", attrs...)
+		return set, true
 	}
 	delay := DefaultRetryDelay(m.Retried+1, err, t)
-	s.safely("RetryDelayFunc", func() { delay = s.cfg.RetryDelayFunc(m.Retried+1, err, t) })
-	if delay < 0 {
-		delay = 0
+	safely(s.log, "RetryDelayFunc", func() { delay = s.cfg.RetryDelayFunc(m.Retried+1, err, t) })
+	set.RetryAt = now.Add(max(delay, 0))
+	s.log.Info("tide: task failed; will retry", append(attrs, "in", max(delay, 0))...)
+	return set, true
+}
+
+// decide is the one place that decides how an attempt ends, from the
+// handler's error and why the handler's context ended, before any callback
+// runs or any line is logged. A zero Kind means nothing is written: the
+// lease was lost and the task is someone else's now. why says, for an
+// archived task, what made it final.
+func decide(m *TaskInfo, err, cause error, now time.Time) (set broker.Settlement, why string) {
+	set.At = now
+	switch {
+	case errors.Is(cause, ErrLeaseLost):
+		return broker.Settlement{}, ""
+	case err == nil:
+		set.Kind = broker.SettleDone
+		return set, ""
+	case errors.Is(cause, engine.ErrShutdown):
+		// Cut off by Shutdown: not a failure of the task.
+		set.Kind = broker.SettleRequeue
+		return set, ""
 	}
-	s.log.Info("tide: task failed; will retry", append(attrs, "in", delay)...)
-	return broker.Settlement{Outcome: broker.OutcomeRetry, Err: msg, At: now, RetryAt: now.Add(delay)}
+	set.Err = err.Error()
+	if len(set.Err) > maxErrLen {
+		set.Err = set.Err[:maxErrLen] + "…(truncated)"
+	}
+	set.Kind = broker.SettleArchive
+	switch {
+	case errors.Is(cause, ErrTaskCanceled):
+		set.Err = ErrTaskCanceled.Error() + ": " + set.Err
+		return set, "cancelled"
+	case errors.Is(err, SkipRetry):
+		return set, "SkipRetry"
+	case m.Retried >= m.MaxRetry:
+		return set, "no retries left"
+	case !m.Deadline.IsZero() && !now.Before(m.Deadline):
+		return set, "past its deadline"
+	}
+	set.Kind = broker.SettleRetry
+	return set, ""
 }
 
 // call runs the handler, turning a panic into an error with its stack.
@@ -292,16 +341,6 @@ func (s *Server) call(ctx context.Context, t *Task) (err error) {
 		}
 	}()
 	return s.handler.ProcessTask(ctx, t)
-}
-
-// safely calls a user callback, logging (not propagating) a panic.
-func (s *Server) safely(what string, f func()) {
-	defer func() {
-		if r := recover(); r != nil {
-			s.log.Error("tide: "+what+" panicked", "panic", fmt.Sprint(r))
-		}
-	}()
-	f()
 }
 
 func hostname() string {

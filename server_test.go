@@ -151,6 +151,7 @@ func TestHandlerPanicIsRecovered(t *testing.T) {
 		tide.HandlerFunc(func(context.Context, *tide.Task) error {
 			if calls.Add(1) == 1 {
 				var m map[string]int
+				//lint:ignore SA5000 the handler panics on purpose
 				m["boom"] = 1 // nil map write
 			}
 			return nil
@@ -425,7 +426,7 @@ func TestStaleWorkerIsRefused(t *testing.T) {
 		t.Fatal("expired task was not recovered and redelivered")
 	}
 	old := broker.LeaseRef{Queue: "default", ID: info.ID, Token: ds[0].Token}
-	errs, err := stale.Settle(ctx, []broker.Settlement{{Lease: old, Outcome: broker.OutcomeDone, Message: ds[0].Message}})
+	errs, err := stale.Settle(ctx, []broker.Settlement{{Lease: old, Kind: broker.SettleDone, Task: ds[0].Task}})
 	if err != nil || !errors.Is(errs[0], tide.ErrLeaseLost) {
 		t.Fatalf("stale settle: %v %v, want ErrLeaseLost", err, errs)
 	}

@@ -3,10 +3,8 @@ package tide
 import (
 	"encoding/json"
 	"fmt"
-	"maps"
-	"time"
 
-	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/tidetype"
 )
 
 // Task is a unit of work: a type that selects the handler, a payload and
@@ -43,65 +41,26 @@ func (t *Task) Headers() map[string]string {
 	return t.headers
 }
 
-// TaskState is where a task is in its life.
-type TaskState int
+// TaskState is where a task is in its life:
+//
+//	Scheduled/Pending -> Active (leased) -> done (deleted, or Completed
+//	for a task with Retention) | Retry (back-off, then Pending) | Archived
+type TaskState = tidetype.TaskState
 
 // Task states.
 const (
-	StatePending   TaskState = TaskState(broker.StatePending)
-	StateActive    TaskState = TaskState(broker.StateActive)
-	StateScheduled TaskState = TaskState(broker.StateScheduled)
-	StateRetry     TaskState = TaskState(broker.StateRetry)
-	StateArchived  TaskState = TaskState(broker.StateArchived)
-	StateCompleted TaskState = TaskState(broker.StateCompleted)
+	StatePending   = tidetype.StatePending
+	StateActive    = tidetype.StateActive
+	StateScheduled = tidetype.StateScheduled
+	StateRetry     = tidetype.StateRetry
+	StateArchived  = tidetype.StateArchived
+	StateCompleted = tidetype.StateCompleted
 )
 
-// String returns the lower-case state name ("pending", "active", ...).
-func (s TaskState) String() string { return broker.State(s).String() }
-
-// TaskInfo describes a stored task. Enqueue and Inspector return it.
-type TaskInfo struct {
-	ID       string
-	Queue    string
-	Type     string
-	Payload  []byte
-	Headers  map[string]string
-	State    TaskState
-	MaxRetry int
-	Retried  int
-	LastErr  string
-
-	NextProcessAt time.Time
-	LastFailedAt  time.Time
-	CompletedAt   time.Time
-
-	Timeout   time.Duration
-	Deadline  time.Time
-	Retention time.Duration
-
-	Result []byte
-}
-
-func newTaskInfo(m *broker.Message) *TaskInfo {
-	return &TaskInfo{
-		ID:            m.ID,
-		Queue:         m.Queue,
-		Type:          m.Type,
-		Payload:       m.Payload,
-		Headers:       maps.Clone(m.Headers),
-		State:         TaskState(m.State),
-		MaxRetry:      m.MaxRetry,
-		Retried:       m.Retried,
-		LastErr:       m.LastErr,
-		NextProcessAt: m.ProcessAt,
-		LastFailedAt:  m.LastFailedAt,
-		CompletedAt:   m.CompletedAt,
-		Timeout:       m.Timeout,
-		Deadline:      m.Deadline,
-		Retention:     m.Retention,
-		Result:        m.Result,
-	}
-}
+// TaskInfo describes a stored task: what Enqueue and the Inspector return.
+// Its fields are documented on tidetype.TaskInfo, the one definition shared
+// with the brokers.
+type TaskInfo = tidetype.TaskInfo
 
 // TaskArgs is implemented by the argument structs of typed tasks. TaskType
 // returns the task type, and must return the same value for every value of

@@ -2,12 +2,27 @@ package broker
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
 	"time"
+
+	"github.com/tidequeue/tide/tidetype"
 )
 
-// Admin is the inspection and operations side of a broker: what the
-// Inspector, the CLI and the dashboard use. It is separate from Broker so
-// that the hot path stays small; both shipped brokers implement it.
+// ErrInvalidTask is wrapped by every error that rejects a task or an option
+// before it is stored (empty type, bad queue name, negative delay, over-size
+// payload, ...). The message names the problem. The root package re-exports
+// it.
+var ErrInvalidTask = errors.New("tide: invalid task")
+
+// ErrQueueNotEmpty is wrapped by the error of Admin.DeleteQueue for a queue
+// that still holds tasks.
+var ErrQueueNotEmpty = errors.New("tide: queue is not empty")
+
+// Admin is the operator side of a broker: what the Inspector, the CLI and the
+// dashboard use. It is separate from Broker so that the hot path stays
+// small; both shipped brokers implement it.
 //
 // Every method is bounded in cost: listings page, bulk operations handle at
 // most limit tasks per call (callers loop), and nothing scans all tasks of a
@@ -16,17 +31,34 @@ type Admin interface {
 	// Queues returns the names of all queues ever used, sorted.
 	Queues(ctx context.Context) ([]string, error)
 
-	// QueueStats returns sizes by state and today's counters of queue.
-	QueueStats(ctx context.Context, queue string) (*QueueStats, error)
+	// QueueInfo returns sizes by state, today's counters and the pause
+	// state of queue.
+	QueueInfo(ctx context.Context, queue string) (*tidetype.QueueInfo, error)
 
 	// History returns processed and failed counts of the last days days,
 	// newest first (UTC days).
-	History(ctx context.Context, queue string, days int) ([]DayStats, error)
+	History(ctx context.Context, queue string, days int) ([]tidetype.DailyStats, error)
 
 	// ListTasks returns up to limit tasks of queue in state, skipping offset:
 	// pending oldest first, scheduled and retry by due time, archived and
 	// completed by time, active by lease expiry.
-	ListTasks(ctx context.Context, queue string, state State, offset, limit int) ([]*Message, error)
+	ListTasks(ctx context.Context, queue string, state tidetype.TaskState, offset, limit int) ([]*tidetype.TaskInfo, error)
+
+	// SearchTasks reads the tasks of queue in state from offset, in the
+	// order of ListTasks, and returns up to limit that match f, with the
+	// offset to continue from (-1 when the state holds no more). A call
+	// looks at a bounded number of tasks, so it may return fewer than limit
+	// with a next offset: call again.
+	SearchTasks(ctx context.Context, queue string, state tidetype.TaskState, f tidetype.TaskFilter, offset, limit int) (tasks []*tidetype.TaskInfo, next int, err error)
+
+	// Series returns one point per minute from since (at most three hours
+	// back) to now: attempts processed and failed in the minute, and the
+	// pending count sampled in it.
+	Series(ctx context.Context, queue string, since time.Time) ([]tidetype.Point, error)
+
+	// StoreInfo describes the store: version, memory, eviction policy,
+	// clients.
+	StoreInfo(ctx context.Context) (*tidetype.StoreInfo, error)
 
 	// RunTask makes a scheduled, retry or archived task pending now.
 	// ErrTaskNotFound, or an error for a task in another state.
@@ -38,75 +70,62 @@ type Admin interface {
 	// RunTasks, ArchiveTasks and DeleteTasks apply the operation to up to
 	// limit tasks of queue in state and return how many they handled; 0 means
 	// none is left. Active tasks cannot be run, archived or deleted.
-	RunTasks(ctx context.Context, queue string, state State, limit int) (int, error)
-	ArchiveTasks(ctx context.Context, queue string, state State, limit int) (int, error)
-	DeleteTasks(ctx context.Context, queue string, state State, limit int) (int, error)
+	RunTasks(ctx context.Context, queue string, state tidetype.TaskState, limit int) (int, error)
+	ArchiveTasks(ctx context.Context, queue string, state tidetype.TaskState, limit int) (int, error)
+	DeleteTasks(ctx context.Context, queue string, state tidetype.TaskState, limit int) (int, error)
 
-	// CancelProcessing asks whichever server runs the active task to cancel
-	// its handler's context. It returns ErrTaskNotFound when the task does
-	// not exist and an error when it is not active.
+	// DeleteQueue forgets an empty queue: it disappears from Queues and its
+	// bookkeeping (counters, pause flag, partition count) is deleted. It
+	// returns an error wrapping ErrQueueNotEmpty while the queue holds a task
+	// in any state; a later Enqueue creates the queue again.
+	DeleteQueue(ctx context.Context, queue string) error
+
+	// CancelProcessing records the cancellation of an active task; the
+	// server running it cancels its handler's context (see Broker.Cancel).
+	// It returns ErrTaskNotFound when the task does not exist and an error
+	// when it is not active.
 	CancelProcessing(ctx context.Context, queue, id string) error
 
+	// Servers returns the live servers.
+	Servers(ctx context.Context) ([]tidetype.ServerInfo, error)
+	// SchedulerEntries returns the entries of all live schedulers.
+	SchedulerEntries(ctx context.Context) ([]tidetype.SchedulerEntry, error)
+}
+
+// Repartitioner is implemented by brokers whose queues have partitions that
+// an operator can change while the queue is in use (the Redis broker).
+type Repartitioner interface {
+	// Repartition changes queue to n partitions without losing or doubling
+	// a task while servers and clients keep working, and returns when it is
+	// done; calling it again resumes one that stopped. progress, when not
+	// nil, is called with the tasks moved so far and those still to move.
+	Repartition(ctx context.Context, queue string, n int, progress func(moved, left int)) error
+}
+
+// Registry is where servers and schedulers announce themselves: what
+// Admin.Servers and Admin.SchedulerEntries read. Both shipped brokers
+// implement it; a broker without it simply lists no servers.
+type Registry interface {
 	// RegisterServer records (or refreshes) a live server for ttl.
-	RegisterServer(ctx context.Context, s ServerInfo, ttl time.Duration) error
+	RegisterServer(ctx context.Context, s tidetype.ServerInfo, ttl time.Duration) error
 	// UnregisterServer removes a server's record (on clean shutdown).
 	UnregisterServer(ctx context.Context, id string) error
-	// Servers returns the live servers.
-	Servers(ctx context.Context) ([]ServerInfo, error)
-
 	// RegisterSchedulerEntries records (or refreshes) a scheduler's entries
 	// for ttl, replacing what that scheduler recorded before.
-	RegisterSchedulerEntries(ctx context.Context, schedulerID string, entries []SchedulerEntry, ttl time.Duration) error
-	// SchedulerEntries returns the entries of all live schedulers.
-	SchedulerEntries(ctx context.Context) ([]SchedulerEntry, error)
+	RegisterSchedulerEntries(ctx context.Context, schedulerID string, entries []tidetype.SchedulerEntry, ttl time.Duration) error
 }
 
-// QueueStats describes one queue.
-type QueueStats struct {
-	Queue     string
-	Paused    bool
-	Sizes     map[State]int // every state, 0 included
-	Processed int           // attempts finished today (UTC), failed ones included
-	Failed    int           // failed attempts today (UTC)
-	// OldestPending is when the oldest pending task became due; zero when
-	// nothing is pending. Now minus it is the queue's latency.
-	OldestPending time.Time
-}
-
-// DayStats are one day's counters of a queue.
-type DayStats struct {
-	Date      time.Time // midnight UTC
-	Processed int
-	Failed    int
-}
-
-// ServerInfo describes a live server.
-type ServerInfo struct {
-	ID          string
-	Host        string
-	PID         int
-	Concurrency int
-	Queues      map[string]int
-	Strict      bool
-	StartedAt   time.Time
-	Active      []ActiveTask
-}
-
-// ActiveTask is a task a server is processing.
-type ActiveTask struct {
-	Queue     string
-	ID        string
-	Type      string
-	StartedAt time.Time
-}
-
-// SchedulerEntry is one periodic task of a scheduler.
-type SchedulerEntry struct {
-	SchedulerID string
-	ID          string
-	Spec        string
-	Type        string
-	Queue       string
-	Next        time.Time
-	Prev        time.Time // zero before the first tick
+// NewID returns a new random task ID: 72 random bits as 12 base64url
+// characters. An ID is stored twice per task (record field and index), so
+// its length is memory: 12 characters fit Redis's 16-byte allocation class,
+// where a 22-character form of a UUID needs 32 bytes and the 36-character
+// text form 48. Brokers assign it to tasks enqueued without an ID; a
+// collision with an existing task (about one in ten thousand among a billion
+// live tasks) is detected by the broker, which draws again.
+func NewID() string {
+	var b [9]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("tide: no randomness for task IDs: " + err.Error()) // crypto/rand never fails on supported platforms
+	}
+	return base64.RawURLEncoding.EncodeToString(b[:])
 }

@@ -1,22 +1,34 @@
 // Package broker defines the storage contract of tide.
 //
 // The root tide package knows storage only through the Broker interface. A
-// Broker keeps task messages in queues, hands them out under leases and applies
-// the outcome a worker reports. Two implementations ship with tide:
+// Broker keeps tasks in queues, hands them out under leases and applies the
+// settlement a worker reports. Two implementations ship with tide:
 // broker/redisbroker (production) and broker/membroker (in-process, for demos
 // and tests). broker/brokertest is the behavioural suite both pass; a new
 // implementation must pass it too.
 //
 // Every method is safe for concurrent use. Methods that take a slice return one
 // error per element (nil when that element succeeded) plus an error for the call
-// as a whole (the store could not be reached); when the call error is non-nil
-// the per-element slice is nil and nothing may be assumed about any element.
+// as a whole; when the call error is non-nil the per-element slice is nil and
+// nothing may be assumed about any element.
+//
+// # Faults
+//
+// A broker reports a store it cannot reach with an error wrapping
+// ErrUnavailable. When a request may have been applied although no answer
+// came back (a reply lost or timed out after the request was sent), the error
+// also wraps ErrOutcomeUnknown: the caller must not assume either way. Every
+// state change is safe to apply twice: a request the transport sends again
+// (go-redis re-sends a command whose reply timed out) answers like the first
+// run and changes nothing more.
 package broker
 
 import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/tidequeue/tide/tidetype"
 )
 
 // Errors a Broker reports. The root package re-exports them under the same
@@ -33,102 +45,54 @@ var (
 	// ErrTaskActive is returned by Delete for a task that a worker is
 	// processing; cancel it instead.
 	ErrTaskActive = errors.New("tide: task is active; cancel it instead of deleting it")
-	// ErrLeaseLost is returned for an acknowledgement, lease extension or
-	// result write whose token is no longer the task's current lease: the lease
+	// ErrLeaseLost is returned for a settlement, lease extension or result
+	// write whose token is no longer the task's current lease: the lease
 	// expired and the task was recovered (and possibly handed to another
-	// worker), or the task was deleted.
+	// worker), or the task was deleted, or re-created with the same ID.
 	ErrLeaseLost = errors.New("tide: lease lost (stale token)")
+	// ErrTaskCanceled is returned by Extend for a lease whose task was
+	// cancelled (Cancel, Admin.CancelProcessing): the worker stops its
+	// handler; the lease itself is still valid so that the worker can
+	// settle. It is also the cause of a cancelled handler's context.
+	ErrTaskCanceled = errors.New("tide: task cancelled")
 	// ErrNotReplicated is returned by Enqueue for a task that asked for
-	// replica acknowledgements (WaitReplicas) and did not get them in time.
-	// The task is stored on the primary and will most likely be processed;
-	// it may be lost only if the primary fails before replicating it.
+	// replica acknowledgements (EnqueueOptions.WaitReplicas) and did not get
+	// them in time. The task is stored on the primary and will most likely
+	// be processed; it may be lost only if the primary fails before
+	// replicating it.
 	ErrNotReplicated = errors.New("tide: task stored but not confirmed by the requested number of replicas")
 	// ErrClosed is returned by every method after Close.
 	ErrClosed = errors.New("tide: broker closed")
+	// ErrUnavailable is wrapped by the error of a call that could not reach
+	// the store (connection refused or broken, timeout, cluster down,
+	// failover in progress). Callers retry with back-off.
+	ErrUnavailable = errors.New("tide: broker unavailable")
+	// ErrOutcomeUnknown is wrapped, together with ErrUnavailable, by the
+	// error of a call whose request was sent but whose answer never came:
+	// it may or may not have been applied. A call that surely was not
+	// applied (the connection could not be made) wraps ErrUnavailable only.
+	ErrOutcomeUnknown = errors.New("tide: outcome unknown (request sent, no reply)")
+	// ErrLayout is wrapped by the error of a call on a queue whose
+	// partition layout recorded in the store differs from the broker's
+	// configuration; the message names both.
+	ErrLayout = errors.New("tide: partition layout mismatch")
 )
 
-// State is where a task is in its life.
-type State uint8
-
-// Task states. The zero value is not a valid state.
-const (
-	StatePending State = iota + 1
-	StateActive
-	StateScheduled
-	StateRetry
-	StateArchived
-	StateCompleted
-)
-
-// String returns the lower-case name of the state ("pending", ...).
-func (s State) String() string {
-	switch s {
-	case StatePending:
-		return "pending"
-	case StateActive:
-		return "active"
-	case StateScheduled:
-		return "scheduled"
-	case StateRetry:
-		return "retry"
-	case StateArchived:
-		return "archived"
-	case StateCompleted:
-		return "completed"
-	}
-	return "unknown"
-}
-
-// Message is a task as the broker stores it. Times are kept with millisecond
-// precision.
-type Message struct {
-	ID      string
-	Queue   string
-	Type    string
-	Payload []byte
-	Headers map[string]string
-
-	State    State
-	MaxRetry int
-	Retried  int
-	LastErr  string
-
-	// ProcessAt is when the task is (or was) due. For a pending task it is the
-	// time it became ready; for scheduled and retry tasks the time it will.
-	ProcessAt    time.Time
-	EnqueuedAt   time.Time
-	LastFailedAt time.Time
-	CompletedAt  time.Time
-
-	Timeout   time.Duration // per attempt; 0 means none
-	Deadline  time.Time     // absolute; zero means none
-	Retention time.Duration // keep as completed this long; 0 means delete
-
-	// UniqueKey, when not empty, is the uniqueness lock taken at Enqueue and
-	// released when the task finishes; UniqueTTL bounds how long it is held.
-	UniqueKey string
-	UniqueTTL time.Duration
-
-	// Result is what the handler wrote with WriteResult (read-only views).
-	Result []byte
-
-	// WaitReplicas, when positive, asks Enqueue to confirm that this many
-	// replicas have the task before reporting success, waiting at most
-	// WaitTimeout; otherwise the task's error is ErrNotReplicated. Brokers
-	// without replicas ignore it.
-	WaitReplicas int
-	WaitTimeout  time.Duration
-}
-
-// Delivery is a message handed to a worker under a lease.
+// Delivery is a task handed to a worker under a lease.
 type Delivery struct {
-	Message *Message
-	// Token is the fencing token of this delivery. Every acknowledgement,
+	Task *tidetype.TaskInfo
+	// Token is the fencing token of this delivery. Every settlement,
 	// extension and result write carries it; a stale token is refused with
-	// ErrLeaseLost.
+	// ErrLeaseLost. A token never repeats for a queue and task ID, not even
+	// when the ID is re-created after the old task finished.
 	Token uint64
 	// LeaseFor is how long the lease lasts from the moment of delivery.
 	LeaseFor time.Duration
+}
+
+// Lease returns the reference to d's lease.
+func (d *Delivery) Lease() LeaseRef {
+	return LeaseRef{Queue: d.Task.Queue, ID: d.Task.ID, Token: d.Token}
 }
 
 // LeaseRef names one delivery's lease.
@@ -138,38 +102,68 @@ type LeaseRef struct {
 	Token uint64
 }
 
-// Outcome is what a worker reports for a delivery.
-type Outcome uint8
+// SettleKind is how a delivery ends.
+type SettleKind uint8
 
-// Outcomes of a delivery.
+// Settle kinds.
 const (
-	// OutcomeDone: the handler succeeded. The task is deleted, or kept as
+	// SettleDone: the handler succeeded. The task is deleted, or kept as
 	// completed when its Retention is positive.
-	OutcomeDone Outcome = iota + 1
-	// OutcomeRetry: the handler failed; the task waits in retry until
+	SettleDone SettleKind = iota + 1
+	// SettleRetry: the handler failed; the task waits in retry until
 	// Settlement.RetryAt with Retried incremented.
-	OutcomeRetry
-	// OutcomeArchive: the task failed for good (SkipRetry, retries exhausted,
-	// undecodable) and is archived with Settlement.Err.
-	OutcomeArchive
-	// OutcomeRequeue: the worker gives the task back without it counting as
+	SettleRetry
+	// SettleArchive: the task failed for good (SkipRetry, retries
+	// exhausted, cancelled, undecodable) and is archived with
+	// Settlement.Err.
+	SettleArchive
+	// SettleRequeue: the worker gives the task back without it counting as
 	// an attempt (shutdown); it is pending again at once.
-	OutcomeRequeue
+	SettleRequeue
 )
 
-// Settlement reports the outcome of one delivery.
+// String returns "done", "retry", "archive", "requeue" or "unknown".
+func (k SettleKind) String() string {
+	switch k {
+	case SettleDone:
+		return "done"
+	case SettleRetry:
+		return "retry"
+	case SettleArchive:
+		return "archive"
+	case SettleRequeue:
+		return "requeue"
+	}
+	return "unknown"
+}
+
+// Settlement reports how one delivery ended.
 type Settlement struct {
-	Lease   LeaseRef
-	Outcome Outcome
-	// Message is the delivered message; brokers may use it to write the new
+	Lease LeaseRef
+	Kind  SettleKind
+	// Task is the delivered task; brokers may use it to write the new
 	// record without reading the old one.
-	Message *Message
-	// Err is the failure message for OutcomeRetry and OutcomeArchive.
+	Task *tidetype.TaskInfo
+	// Err is the failure message for SettleRetry and SettleArchive.
 	Err string
 	// RetryAt is when a retried task becomes pending again.
 	RetryAt time.Time
-	// At is when the outcome happened (LastFailedAt or CompletedAt).
+	// At is when the attempt ended (LastFailedAt or CompletedAt).
 	At time.Time
+	// Started is when the attempt started and Server the server that ran
+	// it, for the task's attempt history; both may be zero.
+	Started time.Time
+	Server  string
+}
+
+// EnqueueOptions apply to one Enqueue call.
+type EnqueueOptions struct {
+	// WaitReplicas, when positive, asks Enqueue to confirm that this many
+	// replicas have the tasks before reporting success, waiting at most
+	// WaitTimeout; otherwise each task's error is ErrNotReplicated. Brokers
+	// without replicas ignore it.
+	WaitReplicas int
+	WaitTimeout  time.Duration
 }
 
 // MaintainRequest asks a broker to maintain one partition of a queue.
@@ -180,11 +174,13 @@ type MaintainRequest struct {
 	// owner at a time; the claim lasts OwnerTTL and is renewed by each call.
 	Owner    string
 	OwnerTTL time.Duration
-	// Now is the caller's clock; tasks due at or before it are forwarded.
-	Now time.Time
-	// NoTrim skips deleting completed tasks past their retention and
-	// trimming the archive; callers that maintain often trim now and then.
-	NoTrim bool
+	// Release gives up the caller's claim (a clean shutdown) instead of
+	// maintaining, so that another server takes the partition over at once.
+	Release bool
+	// RecoverBackoff is how long a task recovered after its lease expired
+	// waits in retry before its first retry; it doubles with every retry
+	// the task has used, up to an hour. Zero makes it pending at once.
+	RecoverBackoff time.Duration
 }
 
 // MaintainResult reports what Maintain did and when to call again.
@@ -194,10 +190,13 @@ type MaintainResult struct {
 	Owned   bool
 	RetryIn time.Duration
 	// Forwarded counts scheduled and retry tasks moved to pending; Recovered
-	// counts active tasks whose lease had expired.
-	Forwarded, Recovered int
-	// NextDue is the due time of the earliest scheduled or retry task, zero
-	// when there is none.
+	// counts active tasks whose lease had expired; Trimmed counts completed
+	// and archived tasks deleted for their age or the archive's size.
+	Forwarded, Recovered, Trimmed int
+	// More reports that a step stopped at its limit: call again at once.
+	More bool
+	// NextDue is the due time of the earliest scheduled or retry task, on
+	// the broker's clock; zero when there is none.
 	NextDue time.Time
 	// NextLeaseIn is how long until the earliest lease of an active task
 	// expires; zero when no task is active.
@@ -216,10 +215,35 @@ const (
 	// EventScheduled: a task was scheduled for At, earlier than every other
 	// scheduled or retry task of the partition.
 	EventScheduled
-	// EventCancel: an operator asked to cancel the active task ID (see
-	// Admin.CancelProcessing); the server running it cancels its handler.
+	// EventCancel: the active task ID was cancelled; the server running it
+	// cancels its handler. The cancellation is also recorded, and Extend
+	// reports it, so a lost event delays it by one lease renewal at most.
 	EventCancel
+	// EventReleased: the owner of the partition gave up its claim (a clean
+	// shutdown); another server may claim it now.
+	EventReleased
+	// EventLayout: the queue's partitions changed (a repartition started or
+	// ended); servers read its layout again.
+	EventLayout
 )
+
+// String returns "pending", "scheduled", "cancel", "released", "layout" or
+// "unknown".
+func (k EventKind) String() string {
+	switch k {
+	case EventPending:
+		return "pending"
+	case EventScheduled:
+		return "scheduled"
+	case EventCancel:
+		return "cancel"
+	case EventReleased:
+		return "released"
+	case EventLayout:
+		return "layout"
+	}
+	return "unknown"
+}
 
 // Event is a hint that work arrived. Events may be lost (a reconnect) or
 // repeated; consumers must also poll, slowly.
@@ -232,35 +256,44 @@ type Event struct {
 }
 
 // Broker stores tasks. See the package documentation for the conventions on
-// per-element errors.
+// per-element errors and faults.
 type Broker interface {
-	// Enqueue stores new messages. Each message has ID, Queue, Type, State
-	// (StatePending or StateScheduled) and ProcessAt set. Per-message errors
-	// are ErrTaskIDConflict and ErrDuplicateTask.
-	Enqueue(ctx context.Context, msgs []*Message) ([]error, error)
+	// Enqueue stores new tasks. Each has Queue, Type, State (StatePending
+	// or StateScheduled) and NextProcessAt set. A task with an empty ID gets
+	// one from the broker (written to its ID field), chosen so that it does
+	// not meet an existing task; a task with an ID keeps it. Per-task
+	// errors are ErrTaskIDConflict, ErrDuplicateTask and ErrNotReplicated.
+	Enqueue(ctx context.Context, tasks []*tidetype.TaskInfo, opts EnqueueOptions) ([]error, error)
 
-	// Dequeue leases up to n pending messages from the queues, trying them in
+	// Dequeue leases up to n pending tasks from the queues, trying them in
 	// the given order, each for lease. It does not block: it returns an
-	// empty slice when nothing is pending. Paused queues are skipped.
+	// empty slice when nothing is pending. Paused queues are skipped. A
+	// scheduled or retry task is never handed out before it is due on the
+	// broker's clock.
 	Dequeue(ctx context.Context, queues []string, n int, lease time.Duration) ([]*Delivery, error)
 
 	// Extend renews leases by d from now. A lease that is no longer current
-	// gets ErrLeaseLost.
+	// gets ErrLeaseLost; a lease whose task was cancelled is renewed and
+	// gets ErrTaskCanceled.
 	Extend(ctx context.Context, leases []LeaseRef, d time.Duration) ([]error, error)
 
-	// Settle applies outcomes. A settlement whose lease is no longer current
+	// Settle applies settlements. One whose lease is no longer current
 	// gets ErrLeaseLost and changes nothing.
 	Settle(ctx context.Context, ss []Settlement) ([]error, error)
 
 	// SetResult stores data as the result of a leased task.
 	SetResult(ctx context.Context, lease LeaseRef, data []byte) error
 
-	// Partitions returns how many partitions queue has (at least 1).
-	Partitions(queue string) int
+	// Partitions returns how many partitions queue has (at least 1), as
+	// recorded in the store. A broker configured with another count for
+	// the queue returns an error wrapping ErrLayout.
+	Partitions(ctx context.Context, queue string) (int, error)
 
 	// Maintain claims or renews ownership of one partition and, when owned,
-	// forwards due tasks, recovers expired leases (retry, or archive when
-	// retries are exhausted) and trims archived and completed tasks.
+	// forwards due tasks, recovers expired leases (retry after
+	// RecoverBackoff, or archive when retries are exhausted or the task was
+	// cancelled; LastErr says the lease expired) and trims archived and
+	// completed tasks.
 	Maintain(ctx context.Context, req MaintainRequest) (MaintainResult, error)
 
 	// Subscribe delivers events for the queues until ctx is done, then
@@ -268,12 +301,18 @@ type Broker interface {
 	// breaks; callers subscribe again.
 	Subscribe(ctx context.Context, queues []string) (<-chan Event, error)
 
-	// GetTask returns the message with its current state and result.
-	GetTask(ctx context.Context, queue, id string) (*Message, error)
+	// GetTask returns the task with its current state and result.
+	GetTask(ctx context.Context, queue, id string) (*tidetype.TaskInfo, error)
 
 	// Delete removes a pending, scheduled, retry, archived or completed task.
 	// It returns ErrTaskNotFound or ErrTaskActive.
 	Delete(ctx context.Context, queue, id string) error
+
+	// Cancel stops a task whatever its state: a task that is not active is
+	// deleted; an active one has its cancellation recorded (Extend reports
+	// it to the worker, an EventCancel tells it at once). It returns
+	// ErrTaskNotFound when there is no such task.
+	Cancel(ctx context.Context, queue, id string) error
 
 	// Pause stops Dequeue from handing out the queue's tasks until Unpause.
 	Pause(ctx context.Context, queue string) error
@@ -285,9 +324,18 @@ type Broker interface {
 	Close() error
 }
 
+// Clock is implemented by brokers that keep their own time. Due times,
+// leases and retention are decided on the broker's clock; a client or server
+// on a broker that is a Clock computes due times with it, so that a process
+// whose own clock is off neither starts tasks early nor schedules them late.
+// The Redis broker's clock is the Redis server's; membroker's is the clock
+// it was given (WithClock).
+type Clock interface {
+	Now() time.Time
+}
+
 // Partition maps key to one of n partitions (FNV-1a, modulo n). Brokers place a
-// task in Partition(ID, n); the client picks IDs of unique tasks so that the
-// task and its lock land in the same partition. n < 2 gives 0.
+// task in Partition(ID, n). n < 2 gives 0.
 func Partition(key string, n int) int {
 	if n < 2 {
 		return 0

@@ -1,5 +1,7 @@
 package gateway
 
+//lint:file-ignore ST1005 config errors start with the Config field they name (Tokens, ...)
+
 import (
 	"bytes"
 	"context"

@@ -139,7 +139,7 @@ func TestParseEnqueueGoodInput(t *testing.T) {
 		`{"type": "a", "payload": "just text"}`:       func(ti *tide.TaskInfo) bool { return string(ti.Payload) == `"just text"` },
 		`{"type": "a", "payload": null}`:              func(ti *tide.TaskInfo) bool { return len(ti.Payload) == 0 },
 		`{"type": "a", "delay_seconds": 90.5}`: func(ti *tide.TaskInfo) bool {
-			return ti.State == tide.StateScheduled && ti.NextProcessAt.Sub(time.Now()) > 85*time.Second
+			return ti.State == tide.StateScheduled && time.Until(ti.NextProcessAt) > 85*time.Second
 		},
 		`{"type": "a", "process_at": "2000-01-01T00:00:00Z"}`: func(ti *tide.TaskInfo) bool { return ti.State == tide.StatePending },
 		`{"type": "a", "process_at": "2035-01-01T00:00:00+01:00"}`: func(ti *tide.TaskInfo) bool {

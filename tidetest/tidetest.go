@@ -167,7 +167,7 @@ func (h *Harness) Settle() {
 		busy := false
 		for _, q := range h.queues {
 			if _, err := h.Broker.Maintain(ctx, broker.MaintainRequest{
-				Queue: q, Owner: owner, OwnerTTL: time.Hour, Now: h.Clock.Now(),
+				Queue: q, Owner: owner, OwnerTTL: time.Hour,
 			}); err != nil {
 				h.t.Fatalf("tidetest: maintain %s: %v", q, err)
 			}

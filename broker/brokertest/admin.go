@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/tidetype"
 )
 
 // adminTests run when the broker implements broker.Admin.
@@ -21,17 +22,145 @@ var adminTests = []struct {
 	{"AdminCounters", testAdminCounters},
 	{"AdminCancel", testAdminCancel},
 	{"AdminRegistry", testAdminRegistry},
+	{"AdminDeleteQueue", testAdminDeleteQueue},
+	{"AdminAttempts", testAdminAttempts},
+	{"AdminSearchSeriesStore", testAdminSearchSeriesStore},
+}
+
+// A task's failed attempts are kept with their start, end, server and error
+// (and the successful one when the task is kept); an active task shows when
+// its lease runs out.
+func testAdminAttempts(t *testing.T, b broker.Broker, a broker.Admin) {
+	ctx := context.Background()
+	m := newMsg("q", "flaky")
+	m.Retention = time.Hour
+	enqueue(t, b, m)
+	for i, errMsg := range []string{"first failure", "second failure"} {
+		d := redeliver(t, b, "q", time.Minute)
+		if i == 0 {
+			ts, err := a.ListTasks(ctx, "q", tidetype.StateActive, 0, 10)
+			if err != nil || len(ts) != 1 || ts[0].LeaseExpiresAt.Before(time.Now().Add(50*time.Second)) {
+				t.Fatalf("active list: %+v, %v; want the lease's expiry about a minute ahead", ts, err)
+			}
+		}
+		s := retryOf(d, time.Now(), errMsg)
+		s.Started, s.Server = time.Now().Add(-time.Second), "srv-1"
+		settleOK(t, b, s)
+	}
+	d := redeliver(t, b, "q", time.Minute)
+	s := outcomeOf(d, broker.SettleDone)
+	s.Server = "srv-2"
+	settleOK(t, b, s)
+	got := get(t, b, "q", "flaky")
+	if len(got.Attempts) != 3 {
+		t.Fatalf("attempts: %+v, want 3", got.Attempts)
+	}
+	first, last := got.Attempts[0], got.Attempts[2]
+	if first.Outcome != "retry" || first.Err != "first failure" || first.Server != "srv-1" || first.Started.IsZero() || first.Ended.Before(first.Started) {
+		t.Fatalf("first attempt: %+v", first)
+	}
+	if last.Outcome != "done" || last.Server != "srv-2" || last.Err != "" {
+		t.Fatalf("last attempt: %+v", last)
+	}
+	// At most MaxAttempts are kept.
+	enqueue(t, b, newMsg("q", "hopeless"))
+	for i := range tidetype.MaxAttempts + 3 {
+		d := redeliver(t, b, "q", time.Minute)
+		settleOK(t, b, retryOf(d, time.Now(), fmt.Sprint("failure ", i)))
+	}
+	if h := get(t, b, "q", "hopeless").Attempts; len(h) != tidetype.MaxAttempts || h[len(h)-1].Err != fmt.Sprint("failure ", tidetype.MaxAttempts+2) {
+		t.Fatalf("history of %d failures: %d kept, last %+v", tidetype.MaxAttempts+3, len(h), h[len(h)-1])
+	}
+}
+
+// SearchTasks filters by ID, type, payload and error and pages; Series
+// counts this minute's attempts; StoreInfo describes the store.
+func testAdminSearchSeriesStore(t *testing.T, b broker.Broker, a broker.Admin) {
+	ctx := context.Background()
+	var ms []*tidetype.TaskInfo
+	for i := range 30 {
+		m := newMsg("s", fmt.Sprintf("order-%02d", i))
+		m.Payload = []byte(fmt.Sprintf(`{"customer":"c%d"}`, i%3))
+		ms = append(ms, m)
+	}
+	enqueue(t, b, ms...)
+	var found []string
+	for off := 0; off >= 0; {
+		ts, next, err := a.SearchTasks(ctx, "s", tidetype.StatePending, tidetype.TaskFilter{Payload: `"c1"`}, off, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, x := range ts {
+			found = append(found, x.ID)
+		}
+		if next >= 0 && next <= off {
+			t.Fatalf("search did not advance: %d -> %d", off, next)
+		}
+		off = next
+	}
+	if len(found) != 10 {
+		t.Fatalf("search by payload found %d tasks (%v), want 10", len(found), found)
+	}
+	if ts, _, err := a.SearchTasks(ctx, "s", tidetype.StatePending, tidetype.TaskFilter{ID: "order-07"}, 0, 10); err != nil || len(ts) != 1 || ts[0].ID != "order-07" {
+		t.Fatalf("search by ID: %+v, %v", ts, err)
+	}
+	d := dequeueOne(t, b, "s", time.Minute)
+	settleOK(t, b, retryOf(d, time.Now().Add(time.Hour), "gateway timeout"))
+	if ts, _, err := a.SearchTasks(ctx, "s", tidetype.StateRetry, tidetype.TaskFilter{Err: "timeout"}, 0, 10); err != nil || len(ts) != 1 {
+		t.Fatalf("search by error: %+v, %v", ts, err)
+	}
+	pts, err := a.Series(ctx, "s", time.Now().Add(-5*time.Minute))
+	if err != nil || len(pts) < 5 {
+		t.Fatalf("series: %d points, %v", len(pts), err)
+	}
+	total := 0
+	for _, p := range pts {
+		total += p.Failed
+	}
+	if total != 1 {
+		t.Fatalf("series counts %d failures in the last minutes, want 1: %+v", total, pts)
+	}
+	si, err := a.StoreInfo(ctx)
+	if err != nil || si.Kind == "" || si.Nodes < 1 {
+		t.Fatalf("store info: %+v, %v", si, err)
+	}
+}
+
+// A queue can be deleted only when empty; it then disappears from Queues,
+// and an Enqueue brings it back.
+func testAdminDeleteQueue(t *testing.T, b broker.Broker, a broker.Admin) {
+	ctx := context.Background()
+	enqueue(t, b, newMsg("gone", "x"))
+	if err := a.DeleteQueue(ctx, "gone"); !errors.Is(err, broker.ErrQueueNotEmpty) {
+		t.Fatalf("deleting a queue with a task: %v, want ErrQueueNotEmpty", err)
+	}
+	if err := b.Delete(ctx, "gone", "x"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.DeleteQueue(ctx, "gone"); err != nil {
+		t.Fatalf("deleting an empty queue: %v", err)
+	}
+	if qs, err := a.Queues(ctx); err != nil || contains(qs, "gone") {
+		t.Fatalf("queues after the deletion: %v, %v", qs, err)
+	}
+	enqueue(t, b, newMsg("gone", "y"))
+	if qs, _ := a.Queues(ctx); !contains(qs, "gone") {
+		t.Fatalf("the queue did not come back with a new task: %v", qs)
+	}
+	if d := dequeueOne(t, b, "gone", time.Minute); d.Task.ID != "y" {
+		t.Fatalf("dequeued %q", d.Task.ID)
+	}
 }
 
 func testAdminStatsAndListing(t *testing.T, b broker.Broker, a broker.Admin) {
 	ctx := context.Background()
-	var msgs []*broker.Message
+	var msgs []*tidetype.TaskInfo
 	for i := range 9 {
 		msgs = append(msgs, newMsg("alpha", fmt.Sprintf("p%d", i)))
 	}
 	for i := range 4 {
 		m := newMsg("alpha", fmt.Sprintf("s%d", i))
-		m.State, m.ProcessAt = broker.StateScheduled, time.Now().Add(time.Duration(i+1)*time.Hour)
+		m.State, m.NextProcessAt = tidetype.StateScheduled, time.Now().Add(time.Duration(i+1)*time.Hour)
 		msgs = append(msgs, m)
 	}
 	msgs = append(msgs, newMsg("beta", "b0"))
@@ -42,19 +171,19 @@ func testAdminStatsAndListing(t *testing.T, b broker.Broker, a broker.Admin) {
 	if err != nil || !contains(qs, "alpha") || !contains(qs, "beta") {
 		t.Fatalf("Queues = %v, %v", qs, err)
 	}
-	st, err := a.QueueStats(ctx, "alpha")
+	st, err := a.QueueInfo(ctx, "alpha")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Sizes[broker.StatePending] != 9 || st.Sizes[broker.StateScheduled] != 4 || st.Sizes[broker.StateActive] != 0 || st.OldestPending.IsZero() {
+	if st.Pending != 9 || st.Scheduled != 4 || st.Active != 0 || st.OldestPending.IsZero() {
 		t.Fatalf("alpha stats = %+v", st)
 	}
-	if st, _ := a.QueueStats(ctx, "beta"); st.Sizes[broker.StateActive] != 1 {
+	if st, _ := a.QueueInfo(ctx, "beta"); st.Active != 1 {
 		t.Fatalf("beta stats = %+v", st)
 	}
 	seen := map[string]bool{}
 	for off := 0; ; off += 2 {
-		page, err := a.ListTasks(ctx, "alpha", broker.StatePending, off, 2)
+		page, err := a.ListTasks(ctx, "alpha", tidetype.StatePending, off, 2)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -62,7 +191,7 @@ func testAdminStatsAndListing(t *testing.T, b broker.Broker, a broker.Admin) {
 			break
 		}
 		for _, m := range page {
-			if seen[m.ID] || m.State != broker.StatePending || m.Type != taskType {
+			if seen[m.ID] || m.State != tidetype.StatePending || m.Type != taskType {
 				t.Fatalf("page at %d: %+v (seen %v)", off, m, seen[m.ID])
 			}
 			seen[m.ID] = true
@@ -71,18 +200,18 @@ func testAdminStatsAndListing(t *testing.T, b broker.Broker, a broker.Admin) {
 	if len(seen) != 9 {
 		t.Fatalf("listed %d pending tasks, want 9", len(seen))
 	}
-	sched, err := a.ListTasks(ctx, "alpha", broker.StateScheduled, 0, 10)
+	sched, err := a.ListTasks(ctx, "alpha", tidetype.StateScheduled, 0, 10)
 	if err != nil || len(sched) != 4 {
 		t.Fatalf("scheduled listing: %d, %v", len(sched), err)
 	}
-	if b.Partitions("alpha") == 1 {
+	if partitions(t, b, "alpha") == 1 {
 		for i := 1; i < len(sched); i++ {
-			if sched[i].ProcessAt.Before(sched[i-1].ProcessAt) {
-				t.Fatalf("scheduled tasks not in due order: %v then %v", sched[i-1].ProcessAt, sched[i].ProcessAt)
+			if sched[i].NextProcessAt.Before(sched[i-1].NextProcessAt) {
+				t.Fatalf("scheduled tasks not in due order: %v then %v", sched[i-1].NextProcessAt, sched[i].NextProcessAt)
 			}
 		}
 	}
-	if _, err := a.ListTasks(ctx, "alpha", broker.StatePending, 0, 0); err == nil {
+	if _, err := a.ListTasks(ctx, "alpha", tidetype.StatePending, 0, 0); err == nil {
 		t.Fatal("limit 0 accepted")
 	}
 }
@@ -90,18 +219,18 @@ func testAdminStatsAndListing(t *testing.T, b broker.Broker, a broker.Admin) {
 func testAdminRunArchive(t *testing.T, b broker.Broker, a broker.Admin) {
 	ctx := context.Background()
 	s := newMsg("q", "sched")
-	s.State, s.ProcessAt = broker.StateScheduled, time.Now().Add(time.Hour)
+	s.State, s.NextProcessAt = tidetype.StateScheduled, time.Now().Add(time.Hour)
 	enqueue(t, b, s, newMsg("q", "pend"))
 	if err := a.RunTask(ctx, "q", "sched"); err != nil {
 		t.Fatal(err)
 	}
-	if m := get(t, b, "q", "sched"); m.State != broker.StatePending {
+	if m := get(t, b, "q", "sched"); m.State != tidetype.StatePending {
 		t.Fatalf("after RunTask: %s", m.State)
 	}
 	if err := a.ArchiveTask(ctx, "q", "pend"); err != nil {
 		t.Fatal(err)
 	}
-	if m := get(t, b, "q", "pend"); m.State != broker.StateArchived {
+	if m := get(t, b, "q", "pend"); m.State != tidetype.StateArchived {
 		t.Fatalf("after ArchiveTask: %s", m.State)
 	}
 	if err := a.ArchiveTask(ctx, "q", "pend"); err == nil {
@@ -114,21 +243,21 @@ func testAdminRunArchive(t *testing.T, b broker.Broker, a broker.Admin) {
 		t.Fatalf("RunTask(missing) = %v", err)
 	}
 	d := dequeueOne(t, b, "q", time.Minute)
-	if err := a.ArchiveTask(ctx, "q", d.Message.ID); err == nil {
+	if err := a.ArchiveTask(ctx, "q", d.Task.ID); err == nil {
 		t.Fatal("archiving an active task succeeded")
 	}
 }
 
 func testAdminBulk(t *testing.T, b broker.Broker, a broker.Admin) {
 	ctx := context.Background()
-	var msgs []*broker.Message
+	var msgs []*tidetype.TaskInfo
 	for i := range 30 {
 		m := newMsg("q", fmt.Sprintf("t%d", i))
-		m.State, m.ProcessAt = broker.StateScheduled, time.Now().Add(time.Hour)
+		m.State, m.NextProcessAt = tidetype.StateScheduled, time.Now().Add(time.Hour)
 		msgs = append(msgs, m)
 	}
 	enqueue(t, b, msgs...)
-	drain := func(step func(context.Context, string, broker.State, int) (int, error), st broker.State) int {
+	drain := func(step func(context.Context, string, tidetype.TaskState, int) (int, error), st tidetype.TaskState) int {
 		total := 0
 		for range 100 {
 			n, err := step(ctx, "q", st, 7)
@@ -146,25 +275,25 @@ func testAdminBulk(t *testing.T, b broker.Broker, a broker.Admin) {
 		t.Fatal("bulk operation never finished")
 		return 0
 	}
-	if n := drain(a.RunTasks, broker.StateScheduled); n != 30 {
+	if n := drain(a.RunTasks, tidetype.StateScheduled); n != 30 {
 		t.Fatalf("RunTasks moved %d, want 30", n)
 	}
-	if n := drain(a.ArchiveTasks, broker.StatePending); n != 30 {
+	if n := drain(a.ArchiveTasks, tidetype.StatePending); n != 30 {
 		t.Fatalf("ArchiveTasks moved %d, want 30", n)
 	}
-	if n := drain(a.DeleteTasks, broker.StateArchived); n != 30 {
+	if n := drain(a.DeleteTasks, tidetype.StateArchived); n != 30 {
 		t.Fatalf("DeleteTasks removed %d, want 30", n)
 	}
-	st, err := a.QueueStats(ctx, "q")
+	st, err := a.QueueInfo(ctx, "q")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for s, n := range st.Sizes {
-		if n != 0 {
+	for _, s := range tidetype.States {
+		if n := st.Count(s); n != 0 {
 			t.Fatalf("%d tasks left in %s", n, s)
 		}
 	}
-	if _, err := a.DeleteTasks(ctx, "q", broker.StateActive, 10); err == nil {
+	if _, err := a.DeleteTasks(ctx, "q", tidetype.StateActive, 10); err == nil {
 		t.Fatal("bulk delete of active tasks accepted")
 	}
 }
@@ -174,13 +303,13 @@ func testAdminCounters(t *testing.T, b broker.Broker, a broker.Admin) {
 	enqueue(t, b, newMsg("q", "ok"), newMsg("q", "bad"))
 	for range 2 {
 		d := dequeueOne(t, b, "q", time.Minute)
-		o := outcomeOf(d, broker.OutcomeDone)
-		if d.Message.ID == "bad" {
+		o := outcomeOf(d, broker.SettleDone)
+		if d.Task.ID == "bad" {
 			o = retryOf(d, time.Now().Add(time.Hour), "boom")
 		}
 		settleOK(t, b, o)
 	}
-	st, err := a.QueueStats(ctx, "q")
+	st, err := a.QueueInfo(ctx, "q")
 	if err != nil || st.Processed != 2 || st.Failed != 1 {
 		t.Fatalf("counters = %+v, %v", st, err)
 	}
@@ -218,14 +347,18 @@ func testAdminCancel(t *testing.T, b broker.Broker, a broker.Admin) {
 	}
 }
 
-func testAdminRegistry(t *testing.T, _ broker.Broker, a broker.Admin) {
+func testAdminRegistry(t *testing.T, b broker.Broker, a broker.Admin) {
 	ctx := context.Background()
-	info := broker.ServerInfo{ID: "srv-1", Host: "h", PID: 7, Concurrency: 3, Queues: map[string]int{"q": 1},
-		Active: []broker.ActiveTask{{Queue: "q", ID: "x", Type: "t"}}}
-	if err := a.RegisterServer(ctx, info, time.Minute); err != nil {
+	reg, ok := b.(broker.Registry)
+	if !ok {
+		t.Skip("the broker does not implement broker.Registry")
+	}
+	info := tidetype.ServerInfo{ID: "srv-1", Host: "h", PID: 7, Concurrency: 3, Queues: map[string]int{"q": 1},
+		Active: []tidetype.ActiveTask{{Queue: "q", ID: "x", Type: "t"}}}
+	if err := reg.RegisterServer(ctx, info, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.RegisterServer(ctx, broker.ServerInfo{ID: "srv-short"}, 50*time.Millisecond); err != nil {
+	if err := reg.RegisterServer(ctx, tidetype.ServerInfo{ID: "srv-short"}, 50*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 5*time.Second, "the short-lived server record to expire", func() bool {
@@ -236,14 +369,14 @@ func testAdminRegistry(t *testing.T, _ broker.Broker, a broker.Admin) {
 	if ss[0].ID != "srv-1" || len(ss[0].Active) != 1 || ss[0].Queues["q"] != 1 {
 		t.Fatalf("servers = %+v", ss)
 	}
-	if err := a.UnregisterServer(ctx, "srv-1"); err != nil {
+	if err := reg.UnregisterServer(ctx, "srv-1"); err != nil {
 		t.Fatal(err)
 	}
 	if ss, _ := a.Servers(ctx); len(ss) != 0 {
 		t.Fatalf("servers after unregister = %+v", ss)
 	}
-	es := []broker.SchedulerEntry{{SchedulerID: "s1", ID: "e1", Spec: "@every 1m", Type: "t", Queue: "q"}}
-	if err := a.RegisterSchedulerEntries(ctx, "s1", es, time.Minute); err != nil {
+	es := []tidetype.SchedulerEntry{{SchedulerID: "s1", ID: "e1", Spec: "@every 1m", Type: "t", Queue: "q"}}
+	if err := reg.RegisterSchedulerEntries(ctx, "s1", es, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	got, err := a.SchedulerEntries(ctx)

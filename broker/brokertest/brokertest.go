@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/tidetype"
 )
 
 // Timeouts of the polling helpers. They bound how long the suite waits for
@@ -66,6 +67,7 @@ func Run(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
 		{"MixedBatch", testMixedBatch},
 		{"Unique", testUnique},
 		{"UniqueExpires", testUniqueExpires},
+		{"IdempotencyKey", testIdempotencyKey},
 		{"Delayed", testDelayed},
 		{"Retry", testRetry},
 		{"Archive", testArchive},
@@ -111,15 +113,15 @@ func Run(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
 func testRoundTrip(t *testing.T, b broker.Broker) {
 	now := time.Now()
 	full := newMsg("q", "full")
-	full.ID = uniqueID(b, "q", "full", "round-trip-key")
+	full.ID = uniqueID(t, b, "q", "full", "round-trip-key")
 	full.Type = "brokertest:full"
 	full.Payload = []byte{0, 1, 2, 0xff, 0xfe, '\n', 0, 'x'}
 	full.Headers = map[string]string{"traceparent": "00-abc-def-01", "empty": "", "ünï": "cödé"}
-	full.State = broker.StateScheduled
+	full.State = tidetype.StateScheduled
 	full.MaxRetry = 7
 	full.Retried = 2
 	full.LastErr = "previous failure"
-	full.ProcessAt = now.Add(time.Hour + 123456*time.Nanosecond)
+	full.NextProcessAt = now.Add(time.Hour + 123456*time.Nanosecond)
 	full.EnqueuedAt = now.Add(-time.Minute + 987654*time.Nanosecond)
 	full.LastFailedAt = now.Add(-time.Second)
 	full.CompletedAt = now.Add(-2 * time.Second)
@@ -136,8 +138,8 @@ func testRoundTrip(t *testing.T, b broker.Broker) {
 	emptySlice.Payload = []byte{}
 	emptySlice.Headers = map[string]string{}
 
-	want := map[string]*broker.Message{}
-	for _, m := range []*broker.Message{full, empty, emptySlice} {
+	want := map[string]*tidetype.TaskInfo{}
+	for _, m := range []*tidetype.TaskInfo{full, empty, emptySlice} {
 		want[m.ID] = cloneMsg(m)
 	}
 	enqueue(t, b, full, empty, emptySlice)
@@ -172,29 +174,29 @@ func testRoundTrip(t *testing.T, b broker.Broker) {
 		t.Fatalf("Dequeue returned %d deliveries, want the 2 pending ones", len(ds))
 	}
 	for _, d := range ds {
-		w := want[d.Message.ID]
+		w := want[d.Task.ID]
 		if w == nil {
-			t.Fatalf("Dequeue returned unexpected task %q", d.Message.ID)
+			t.Fatalf("Dequeue returned unexpected task %q", d.Task.ID)
 		}
-		checkMessage(t, "Delivery "+d.Message.ID, d.Message, w)
-		if d.Message.State != broker.StateActive {
-			t.Errorf("Delivery %s State = %v, want active", d.Message.ID, d.Message.State)
+		checkMessage(t, "Delivery "+d.Task.ID, d.Task, w)
+		if d.Task.State != tidetype.StateActive {
+			t.Errorf("Delivery %s State = %v, want active", d.Task.ID, d.Task.State)
 		}
 		if d.Token == 0 {
-			t.Errorf("Delivery %s has token 0", d.Message.ID)
+			t.Errorf("Delivery %s has token 0", d.Task.ID)
 		}
 		if d.LeaseFor != time.Minute {
-			t.Errorf("Delivery %s LeaseFor = %v, want 1m", d.Message.ID, d.LeaseFor)
+			t.Errorf("Delivery %s LeaseFor = %v, want 1m", d.Task.ID, d.LeaseFor)
 		}
-		if st := get(t, b, "q", d.Message.ID).State; st != broker.StateActive {
-			t.Errorf("GetTask(%s).State after Dequeue = %v, want active", d.Message.ID, st)
+		if st := get(t, b, "q", d.Task.ID).State; st != tidetype.StateActive {
+			t.Errorf("GetTask(%s).State after Dequeue = %v, want active", d.Task.ID, st)
 		}
 	}
 }
 
 func testFIFO(t *testing.T, b broker.Broker) {
 	var ids []string
-	var batch []*broker.Message
+	var batch []*tidetype.TaskInfo
 	for i := range 10 {
 		m := newMsg("q", fmt.Sprintf("batch-%02d", i))
 		batch = append(batch, m)
@@ -212,12 +214,12 @@ func testFIFO(t *testing.T, b broker.Broker) {
 		if len(ds) != 1 {
 			t.Fatalf("Dequeue(n=1) returned %d deliveries after %d of %d tasks", len(ds), len(got), len(ids))
 		}
-		got = append(got, ds[0].Message.ID)
+		got = append(got, ds[0].Task.ID)
 	}
 	if ds := dequeue(t, b, []string{"q"}, 1, time.Minute); len(ds) != 0 {
-		t.Fatalf("Dequeue returned %q after all tasks were taken", ds[0].Message.ID)
+		t.Fatalf("Dequeue returned %q after all tasks were taken", ds[0].Task.ID)
 	}
-	if b.Partitions("q") > 1 {
+	if partitions(t, b, "q") > 1 {
 		slices.Sort(got)
 		want := slices.Sorted(slices.Values(ids))
 		if !slices.Equal(got, want) {
@@ -281,13 +283,13 @@ func testIDConflict(t *testing.T, b broker.Broker) {
 
 func testMixedBatch(t *testing.T, b broker.Broker) {
 	key := "mixed-key"
-	holder := newMsg("q", uniqueID(b, "q", "holder", key))
+	holder := newMsg("q", uniqueID(t, b, "q", "holder", key))
 	holder.UniqueKey, holder.UniqueTTL = key, time.Hour
 	enqueue(t, b, newMsg("q", "existing"), holder)
 
-	dupUnique := newMsg("q", uniqueID(b, "q", "dup-unique", key))
+	dupUnique := newMsg("q", uniqueID(t, b, "q", "dup-unique", key))
 	dupUnique.UniqueKey, dupUnique.UniqueTTL = key, time.Hour
-	batch := []*broker.Message{
+	batch := []*tidetype.TaskInfo{
 		newMsg("q", "a"),
 		newMsg("q", "existing"),
 		newMsg("q", "b"),
@@ -329,19 +331,19 @@ func testUnique(t *testing.T, b broker.Broker) {
 			settleOK(t, b, retryOf(d, time.Now().Add(time.Hour), "boom"))
 		}},
 		{name: "HeldThroughRequeue", dequeue: true, finish: func(t *testing.T, q string, d *broker.Delivery, id string) {
-			settleOK(t, b, outcomeOf(d, broker.OutcomeRequeue))
+			settleOK(t, b, outcomeOf(d, broker.SettleRequeue))
 		}},
 		{name: "ReleasedOnDone", dequeue: true, released: true, finish: func(t *testing.T, q string, d *broker.Delivery, id string) {
-			settleOK(t, b, outcomeOf(d, broker.OutcomeDone))
+			settleOK(t, b, outcomeOf(d, broker.SettleDone))
 		}},
 		{name: "ReleasedOnDoneWithRetention", retention: time.Hour, dequeue: true, released: true, finish: func(t *testing.T, q string, d *broker.Delivery, id string) {
-			settleOK(t, b, outcomeOf(d, broker.OutcomeDone))
-			if st := get(t, b, q, id).State; st != broker.StateCompleted {
+			settleOK(t, b, outcomeOf(d, broker.SettleDone))
+			if st := get(t, b, q, id).State; st != tidetype.StateCompleted {
 				t.Fatalf("task is %v, want completed", st)
 			}
 		}},
 		{name: "ReleasedOnArchive", dequeue: true, released: true, finish: func(t *testing.T, q string, d *broker.Delivery, id string) {
-			s := outcomeOf(d, broker.OutcomeArchive)
+			s := outcomeOf(d, broker.SettleArchive)
 			s.Err = "bad"
 			settleOK(t, b, s)
 		}},
@@ -356,12 +358,12 @@ func testUnique(t *testing.T, b broker.Broker) {
 			t.Parallel()
 			q := "unique-" + c.name
 			key := "key-" + c.name
-			first := newMsg(q, uniqueID(b, q, "first", key))
+			first := newMsg(q, uniqueID(t, b, q, "first", key))
 			first.UniqueKey, first.UniqueTTL = key, time.Hour
 			first.Retention = c.retention
 			enqueue(t, b, first)
 
-			second := newMsg(q, uniqueID(b, q, "second", key))
+			second := newMsg(q, uniqueID(t, b, q, "second", key))
 			second.UniqueKey, second.UniqueTTL = key, time.Hour
 			if errs := enqueueErrs(t, b, second); !errors.Is(errs[0], broker.ErrDuplicateTask) {
 				t.Fatalf("second task with the lock held: error %v, want ErrDuplicateTask", errs[0])
@@ -369,7 +371,7 @@ func testUnique(t *testing.T, b broker.Broker) {
 			// The lock is per queue.
 			elsewhere := cloneMsg(second)
 			elsewhere.Queue = q + "-other"
-			elsewhere.ID = uniqueID(b, elsewhere.Queue, "elsewhere", key)
+			elsewhere.ID = uniqueID(t, b, elsewhere.Queue, "elsewhere", key)
 			enqueue(t, b, elsewhere)
 
 			var d *broker.Delivery
@@ -392,12 +394,12 @@ func testUnique(t *testing.T, b broker.Broker) {
 func testUniqueExpires(t *testing.T, b broker.Broker) {
 	const ttl = 300 * time.Millisecond
 	key := "expiring"
-	first := newMsg("q", uniqueID(b, "q", "first", key))
+	first := newMsg("q", uniqueID(t, b, "q", "first", key))
 	first.UniqueKey, first.UniqueTTL = key, ttl
 	start := time.Now()
 	enqueue(t, b, first)
 
-	second := newMsg("q", uniqueID(b, "q", "second", key))
+	second := newMsg("q", uniqueID(t, b, "q", "second", key))
 	second.UniqueKey, second.UniqueTTL = key, ttl
 	errs := enqueueErrs(t, b, second)
 	if errs[0] == nil && time.Since(start) < ttl {
@@ -420,7 +422,7 @@ func testUniqueExpires(t *testing.T, b broker.Broker) {
 		t.Fatalf("lock released after %v, before its ttl %v", time.Since(start), ttl)
 	}
 	// The first task is still there, pending.
-	if st := get(t, b, "q", first.ID).State; st != broker.StatePending {
+	if st := get(t, b, "q", first.ID).State; st != tidetype.StatePending {
 		t.Fatalf("first task is %v, want pending", st)
 	}
 }
@@ -428,9 +430,9 @@ func testUniqueExpires(t *testing.T, b broker.Broker) {
 func testDelayed(t *testing.T, b broker.Broker) {
 	due := msTrunc(time.Now().Add(time.Second))
 	m := newMsg("q", "delayed")
-	m.State, m.ProcessAt = broker.StateScheduled, due
+	m.State, m.NextProcessAt = tidetype.StateScheduled, due
 	enqueue(t, b, m)
-	if st := get(t, b, "q", "delayed").State; st != broker.StateScheduled && time.Now().Before(due) {
+	if st := get(t, b, "q", "delayed").State; st != tidetype.StateScheduled && time.Now().Before(due) {
 		t.Fatalf("task due in the future is %v, want scheduled", st)
 	}
 	dequeueNoneBefore(t, b, "q", due)
@@ -442,18 +444,18 @@ func testDelayed(t *testing.T, b broker.Broker) {
 			t.Fatalf("Maintain NextDue = %v, want %v", r.NextDue, due)
 		}
 	}
-	awaitState(t, b, "q", "delayed", broker.StatePending)
+	awaitState(t, b, "q", "delayed", tidetype.StatePending)
 	if time.Now().Before(due) {
 		t.Fatalf("task became pending before it was due")
 	}
 	d := dequeueOne(t, b, "q", time.Minute)
-	if d.Message.ID != "delayed" {
-		t.Fatalf("dequeued %q, want delayed", d.Message.ID)
+	if d.Task.ID != "delayed" {
+		t.Fatalf("dequeued %q, want delayed", d.Task.ID)
 	}
-	if !sameTime(d.Message.ProcessAt, due) {
-		t.Fatalf("forwarded task ProcessAt = %v, want the due time %v", d.Message.ProcessAt, due)
+	if !sameTime(d.Task.NextProcessAt, due) {
+		t.Fatalf("forwarded task ProcessAt = %v, want the due time %v", d.Task.NextProcessAt, due)
 	}
-	settleOK(t, b, outcomeOf(d, broker.OutcomeDone))
+	settleOK(t, b, outcomeOf(d, broker.SettleDone))
 }
 
 func testRetry(t *testing.T, b broker.Broker) {
@@ -467,7 +469,7 @@ func testRetry(t *testing.T, b broker.Broker) {
 
 	got := get(t, b, "q", "r")
 	switch {
-	case got.State != broker.StateRetry:
+	case got.State != tidetype.StateRetry:
 		t.Fatalf("State = %v, want retry", got.State)
 	case got.Retried != 1:
 		t.Fatalf("Retried = %d, want 1", got.Retried)
@@ -475,22 +477,22 @@ func testRetry(t *testing.T, b broker.Broker) {
 		t.Fatalf("LastErr = %q, want boom", got.LastErr)
 	case !sameTime(got.LastFailedAt, at):
 		t.Fatalf("LastFailedAt = %v, want %v", got.LastFailedAt, at)
-	case !sameTime(got.ProcessAt, retryAt):
-		t.Fatalf("ProcessAt = %v, want RetryAt %v", got.ProcessAt, retryAt)
+	case !sameTime(got.NextProcessAt, retryAt):
+		t.Fatalf("ProcessAt = %v, want RetryAt %v", got.NextProcessAt, retryAt)
 	}
 	dequeueNoneBefore(t, b, "q", retryAt)
-	awaitState(t, b, "q", "r", broker.StatePending)
+	awaitState(t, b, "q", "r", tidetype.StatePending)
 	if time.Now().Before(retryAt) {
 		t.Fatalf("retry task became pending before RetryAt")
 	}
 	d2 := dequeueOne(t, b, "q", time.Minute)
-	if d2.Message.Retried != 1 || d2.Message.LastErr != "boom" {
-		t.Fatalf("redelivered Retried=%d LastErr=%q, want 1 and boom", d2.Message.Retried, d2.Message.LastErr)
+	if d2.Task.Retried != 1 || d2.Task.LastErr != "boom" {
+		t.Fatalf("redelivered Retried=%d LastErr=%q, want 1 and boom", d2.Task.Retried, d2.Task.LastErr)
 	}
 	if d2.Token <= d.Token {
 		t.Fatalf("redelivery token %d not above first token %d", d2.Token, d.Token)
 	}
-	settleOK(t, b, outcomeOf(d2, broker.OutcomeDone))
+	settleOK(t, b, outcomeOf(d2, broker.SettleDone))
 	if _, err := b.GetTask(t.Context(), "q", "r"); !errors.Is(err, broker.ErrTaskNotFound) {
 		t.Fatalf("GetTask after done: %v, want ErrTaskNotFound", err)
 	}
@@ -501,13 +503,13 @@ func testArchive(t *testing.T, b broker.Broker) {
 	m.Retried = 1
 	enqueue(t, b, m)
 	d := dequeueOne(t, b, "q", time.Minute)
-	s := outcomeOf(d, broker.OutcomeArchive)
+	s := outcomeOf(d, broker.SettleArchive)
 	s.Err = "bad payload"
 	s.At = time.Now()
 	settleOK(t, b, s)
 	got := get(t, b, "q", "a")
 	switch {
-	case got.State != broker.StateArchived:
+	case got.State != tidetype.StateArchived:
 		t.Fatalf("State = %v, want archived", got.State)
 	case got.Retried != 1:
 		t.Fatalf("Retried = %d, want it unchanged at 1", got.Retried)
@@ -520,7 +522,7 @@ func testArchive(t *testing.T, b broker.Broker) {
 	if ds := dequeue(t, b, []string{"q"}, 1, time.Minute); len(ds) != 0 {
 		t.Fatalf("archived task was dequeued")
 	}
-	if st := get(t, b, "q", "a").State; st != broker.StateArchived {
+	if st := get(t, b, "q", "a").State; st != tidetype.StateArchived {
 		t.Fatalf("after Maintain the task is %v, want archived", st)
 	}
 }
@@ -529,21 +531,21 @@ func testRequeue(t *testing.T, b broker.Broker) {
 	enqueue(t, b, newMsg("q", "rq"))
 	d := dequeueOne(t, b, "q", time.Minute)
 	settleOK(t, b, retryOf(d, time.Now(), "first failure"))
-	awaitState(t, b, "q", "rq", broker.StatePending)
+	awaitState(t, b, "q", "rq", tidetype.StatePending)
 	d2 := dequeueOne(t, b, "q", time.Minute)
-	settleOK(t, b, outcomeOf(d2, broker.OutcomeRequeue))
+	settleOK(t, b, outcomeOf(d2, broker.SettleRequeue))
 	got := get(t, b, "q", "rq")
-	if got.State != broker.StatePending || got.Retried != 1 {
+	if got.State != tidetype.StatePending || got.Retried != 1 {
 		t.Fatalf("after requeue State=%v Retried=%d, want pending and 1", got.State, got.Retried)
 	}
 	d3 := dequeueOne(t, b, "q", time.Minute)
-	if d3.Message.Retried != 1 {
-		t.Fatalf("requeued delivery Retried = %d, want 1", d3.Message.Retried)
+	if d3.Task.Retried != 1 {
+		t.Fatalf("requeued delivery Retried = %d, want 1", d3.Task.Retried)
 	}
 	if d3.Token <= d2.Token {
 		t.Fatalf("token after requeue %d not above %d", d3.Token, d2.Token)
 	}
-	settleOK(t, b, outcomeOf(d3, broker.OutcomeDone))
+	settleOK(t, b, outcomeOf(d3, broker.SettleDone))
 }
 
 func testRetention(t *testing.T, b broker.Broker) {
@@ -555,12 +557,12 @@ func testRetention(t *testing.T, b broker.Broker) {
 	if err := b.SetResult(t.Context(), leaseOf(d), []byte("the result")); err != nil {
 		t.Fatalf("SetResult: %v", err)
 	}
-	s := outcomeOf(d, broker.OutcomeDone)
+	s := outcomeOf(d, broker.SettleDone)
 	s.At = time.Now()
 	settleOK(t, b, s)
 	got := get(t, b, "q", "kept")
 	switch {
-	case got.State != broker.StateCompleted:
+	case got.State != tidetype.StateCompleted:
 		t.Fatalf("State = %v, want completed", got.State)
 	case !sameTime(got.CompletedAt, s.At):
 		t.Fatalf("CompletedAt = %v, want %v", got.CompletedAt, s.At)
@@ -593,11 +595,11 @@ func testSetResult(t *testing.T, b broker.Broker) {
 		if err := b.SetResult(t.Context(), leaseOf(d), data); err != nil {
 			t.Fatalf("SetResult: %v", err)
 		}
-		if got := get(t, b, "q", "res"); !bytes.Equal(got.Result, data) || got.State != broker.StateActive {
+		if got := get(t, b, "q", "res"); !bytes.Equal(got.Result, data) || got.State != tidetype.StateActive {
 			t.Fatalf("after SetResult(%q): Result %q State %v, want the data and active", data, got.Result, got.State)
 		}
 	}
-	settleOK(t, b, outcomeOf(d, broker.OutcomeDone))
+	settleOK(t, b, outcomeOf(d, broker.SettleDone))
 	if got := get(t, b, "q", "res"); !bytes.Equal(got.Result, []byte{0, 1, 2, 0xff}) {
 		t.Fatalf("completed task Result = %q", got.Result)
 	}
@@ -615,11 +617,11 @@ func testDelete(t *testing.T, b broker.Broker) {
 			q := "delete-" + st.String()
 			putInState(t, b, q, "victim", st)
 			err := b.Delete(t.Context(), q, "victim")
-			if st == broker.StateActive {
+			if st == tidetype.StateActive {
 				if !errors.Is(err, broker.ErrTaskActive) {
 					t.Fatalf("Delete of an active task: %v, want ErrTaskActive", err)
 				}
-				if got := get(t, b, q, "victim"); got.State != broker.StateActive {
+				if got := get(t, b, q, "victim"); got.State != tidetype.StateActive {
 					t.Fatalf("after refused Delete the task is %v, want active", got.State)
 				}
 				return
@@ -691,7 +693,7 @@ func testPause(t *testing.T, b broker.Broker) {
 		t.Fatalf("Unpause of a queue that was not paused: %v", err)
 	}
 	d := dequeueOne(t, b, "p", time.Minute)
-	if d.Message.ID != "p1" {
-		t.Fatalf("after Unpause dequeued %q, want p1", d.Message.ID)
+	if d.Task.ID != "p1" {
+		t.Fatalf("after Unpause dequeued %q, want p1", d.Task.ID)
 	}
 }

@@ -7,35 +7,40 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/tidetype"
 )
 
+// recoverBackoff is the MaintainRequest.RecoverBackoff the suite uses: a
+// recovered task waits in retry this long before it is pending again.
+const recoverBackoff = 50 * time.Millisecond
+
 // allStates lists every task state, for tests that cover each.
-func allStates() []broker.State {
-	return []broker.State{
-		broker.StatePending, broker.StateScheduled, broker.StateActive,
-		broker.StateRetry, broker.StateArchived, broker.StateCompleted,
+func allStates() []tidetype.TaskState {
+	return []tidetype.TaskState{
+		tidetype.StatePending, tidetype.StateScheduled, tidetype.StateActive,
+		tidetype.StateRetry, tidetype.StateArchived, tidetype.StateCompleted,
 	}
 }
 
 // newMsg returns a pending message due now.
-func newMsg(queue, id string) *broker.Message {
+func newMsg(queue, id string) *tidetype.TaskInfo {
 	now := time.Now()
-	return &broker.Message{
-		ID:         id,
-		Queue:      queue,
-		Type:       taskType,
-		Payload:    []byte("payload of " + id),
-		State:      broker.StatePending,
-		MaxRetry:   3,
-		ProcessAt:  now,
-		EnqueuedAt: now,
+	return &tidetype.TaskInfo{
+		ID:            id,
+		Queue:         queue,
+		Type:          taskType,
+		Payload:       []byte("payload of " + id),
+		State:         tidetype.StatePending,
+		MaxRetry:      3,
+		NextProcessAt: now,
+		EnqueuedAt:    now,
 	}
 }
 
 // uniqueID returns an ID starting with base that lands in the same partition
 // of queue as the unique key, as the client arranges for unique tasks.
-func uniqueID(b broker.Broker, queue, base, key string) string {
-	n := b.Partitions(queue)
+func uniqueID(t *testing.T, b broker.Broker, queue, base, key string) string {
+	n := partitions(t, b, queue)
 	if n < 2 {
 		return base
 	}
@@ -49,31 +54,31 @@ func uniqueID(b broker.Broker, queue, base, key string) string {
 
 // putInState creates task id in queue (which must hold nothing else) and
 // brings it to st.
-func putInState(t *testing.T, b broker.Broker, queue, id string, st broker.State) {
+func putInState(t *testing.T, b broker.Broker, queue, id string, st tidetype.TaskState) {
 	t.Helper()
 	m := newMsg(queue, id)
 	switch st {
-	case broker.StateScheduled:
-		m.State, m.ProcessAt = broker.StateScheduled, time.Now().Add(time.Hour)
-	case broker.StateCompleted:
+	case tidetype.StateScheduled:
+		m.State, m.NextProcessAt = tidetype.StateScheduled, time.Now().Add(time.Hour)
+	case tidetype.StateCompleted:
 		m.Retention = time.Hour
 	}
 	enqueue(t, b, m)
 	switch st {
-	case broker.StateActive, broker.StateRetry, broker.StateArchived, broker.StateCompleted:
+	case tidetype.StateActive, tidetype.StateRetry, tidetype.StateArchived, tidetype.StateCompleted:
 		d := dequeueOne(t, b, queue, time.Minute)
-		if d.Message.ID != id {
-			t.Fatalf("putInState: dequeued %q, want %q", d.Message.ID, id)
+		if d.Task.ID != id {
+			t.Fatalf("putInState: dequeued %q, want %q", d.Task.ID, id)
 		}
 		switch st {
-		case broker.StateRetry:
+		case tidetype.StateRetry:
 			settleOK(t, b, retryOf(d, time.Now().Add(time.Hour), "boom"))
-		case broker.StateArchived:
-			s := outcomeOf(d, broker.OutcomeArchive)
+		case tidetype.StateArchived:
+			s := outcomeOf(d, broker.SettleArchive)
 			s.Err = "bad"
 			settleOK(t, b, s)
-		case broker.StateCompleted:
-			settleOK(t, b, outcomeOf(d, broker.OutcomeDone))
+		case tidetype.StateCompleted:
+			settleOK(t, b, outcomeOf(d, broker.SettleDone))
 		}
 	}
 	if got := get(t, b, queue, id).State; got != st {
@@ -81,9 +86,9 @@ func putInState(t *testing.T, b broker.Broker, queue, id string, st broker.State
 	}
 }
 
-func enqueueErrs(t *testing.T, b broker.Broker, msgs ...*broker.Message) []error {
+func enqueueErrs(t *testing.T, b broker.Broker, msgs ...*tidetype.TaskInfo) []error {
 	t.Helper()
-	errs, err := b.Enqueue(t.Context(), msgs)
+	errs, err := b.Enqueue(t.Context(), msgs, broker.EnqueueOptions{})
 	if err != nil {
 		t.Fatalf("Enqueue: %v", err)
 	}
@@ -93,7 +98,7 @@ func enqueueErrs(t *testing.T, b broker.Broker, msgs ...*broker.Message) []error
 	return errs
 }
 
-func enqueue(t *testing.T, b broker.Broker, msgs ...*broker.Message) {
+func enqueue(t *testing.T, b broker.Broker, msgs ...*tidetype.TaskInfo) {
 	t.Helper()
 	for i, err := range enqueueErrs(t, b, msgs...) {
 		if err != nil {
@@ -112,7 +117,7 @@ func dequeue(t *testing.T, b broker.Broker, queues []string, n int, lease time.D
 		t.Fatalf("Dequeue(n=%d) returned %d deliveries", n, len(ds))
 	}
 	for _, d := range ds {
-		if d == nil || d.Message == nil {
+		if d == nil || d.Task == nil {
 			t.Fatalf("Dequeue returned a nil delivery or message")
 		}
 	}
@@ -138,10 +143,10 @@ func dequeueNoneBefore(t *testing.T, b broker.Broker, queue string, due time.Tim
 		return
 	}
 	if time.Now().Before(due) {
-		t.Fatalf("task %q was dequeued before it was due at %v", ds[0].Message.ID, due)
+		t.Fatalf("task %q was dequeued before it was due at %v", ds[0].Task.ID, due)
 	}
 	for _, d := range ds {
-		settleOK(t, b, outcomeOf(d, broker.OutcomeRequeue))
+		settleOK(t, b, outcomeOf(d, broker.SettleRequeue))
 	}
 }
 
@@ -173,7 +178,7 @@ func awaitRecovered(t *testing.T, b broker.Broker, queue string, n int) {
 }
 
 // awaitState maintains queue until task id is in state st.
-func awaitState(t *testing.T, b broker.Broker, queue, id string, st broker.State) {
+func awaitState(t *testing.T, b broker.Broker, queue, id string, st tidetype.TaskState) {
 	t.Helper()
 	eventually(t, waitLong, fmt.Sprintf("task %s/%s to become %v", queue, id, st), func() bool {
 		maintain(t, b, queue)
@@ -186,9 +191,9 @@ func awaitState(t *testing.T, b broker.Broker, queue, id string, st broker.State
 func maintain(t *testing.T, b broker.Broker, queue string) broker.MaintainResult {
 	t.Helper()
 	agg := broker.MaintainResult{Owned: true}
-	for p := range b.Partitions(queue) {
+	for p := range partitions(t, b, queue) {
 		r, err := b.Maintain(t.Context(), broker.MaintainRequest{
-			Queue: queue, Partition: p, Owner: owner, OwnerTTL: time.Minute, Now: time.Now(),
+			Queue: queue, Partition: p, Owner: owner, OwnerTTL: time.Minute, RecoverBackoff: recoverBackoff,
 		})
 		if err != nil {
 			t.Fatalf("Maintain(%s, %d): %v", queue, p, err)
@@ -198,6 +203,7 @@ func maintain(t *testing.T, b broker.Broker, queue string) broker.MaintainResult
 		}
 		agg.Forwarded += r.Forwarded
 		agg.Recovered += r.Recovered
+		agg.Trimmed += r.Trimmed
 		agg.Pending += r.Pending
 		if !r.NextDue.IsZero() && (agg.NextDue.IsZero() || r.NextDue.Before(agg.NextDue)) {
 			agg.NextDue = r.NextDue
@@ -209,7 +215,17 @@ func maintain(t *testing.T, b broker.Broker, queue string) broker.MaintainResult
 	return agg
 }
 
-func get(t *testing.T, b broker.Broker, queue, id string) *broker.Message {
+// partitions returns how many partitions queue has.
+func partitions(t *testing.T, b broker.Broker, queue string) int {
+	t.Helper()
+	n, err := b.Partitions(t.Context(), queue)
+	if err != nil {
+		t.Fatalf("Partitions(%s): %v", queue, err)
+	}
+	return n
+}
+
+func get(t *testing.T, b broker.Broker, queue, id string) *tidetype.TaskInfo {
 	t.Helper()
 	m, err := b.GetTask(t.Context(), queue, id)
 	if err != nil {
@@ -222,15 +238,15 @@ func get(t *testing.T, b broker.Broker, queue, id string) *broker.Message {
 }
 
 func leaseOf(d *broker.Delivery) broker.LeaseRef {
-	return broker.LeaseRef{Queue: d.Message.Queue, ID: d.Message.ID, Token: d.Token}
+	return broker.LeaseRef{Queue: d.Task.Queue, ID: d.Task.ID, Token: d.Token}
 }
 
-func outcomeOf(d *broker.Delivery, o broker.Outcome) broker.Settlement {
-	return broker.Settlement{Lease: leaseOf(d), Outcome: o, Message: d.Message, At: time.Now()}
+func outcomeOf(d *broker.Delivery, o broker.SettleKind) broker.Settlement {
+	return broker.Settlement{Lease: leaseOf(d), Kind: o, Task: d.Task, At: time.Now()}
 }
 
 func retryOf(d *broker.Delivery, at time.Time, msg string) broker.Settlement {
-	s := outcomeOf(d, broker.OutcomeRetry)
+	s := outcomeOf(d, broker.SettleRetry)
 	s.RetryAt, s.Err = at, msg
 	return s
 }
@@ -250,7 +266,7 @@ func settle(t *testing.T, b broker.Broker, s broker.Settlement) error {
 func settleOK(t *testing.T, b broker.Broker, s broker.Settlement) {
 	t.Helper()
 	if err := settle(t, b, s); err != nil {
-		t.Fatalf("Settle %s/%s (outcome %d): %v", s.Lease.Queue, s.Lease.ID, s.Outcome, err)
+		t.Fatalf("Settle %s/%s (outcome %d): %v", s.Lease.Queue, s.Lease.ID, s.Kind, err)
 	}
 }
 
@@ -268,7 +284,7 @@ func extendOK(t *testing.T, b broker.Broker, d *broker.Delivery, by time.Duratio
 func queuesOf(ds []*broker.Delivery) []string {
 	qs := make([]string, len(ds))
 	for i, d := range ds {
-		qs[i] = d.Message.Queue
+		qs[i] = d.Task.Queue
 	}
 	return qs
 }
@@ -325,7 +341,7 @@ func awaitClosed(t *testing.T, ch <-chan broker.Event) {
 
 // checkMessage compares every stored field of got with want, times and
 // durations to the millisecond. State and Result are checked by callers.
-func checkMessage(t *testing.T, where string, got, want *broker.Message) {
+func checkMessage(t *testing.T, where string, got, want *tidetype.TaskInfo) {
 	t.Helper()
 	if got.ID != want.ID || got.Queue != want.Queue || got.Type != want.Type {
 		t.Errorf("%s: ID/Queue/Type = %q/%q/%q, want %q/%q/%q", where, got.ID, got.Queue, got.Type, want.ID, want.Queue, want.Type)
@@ -352,7 +368,7 @@ func checkMessage(t *testing.T, where string, got, want *broker.Message) {
 		name      string
 		got, want time.Time
 	}{
-		{"ProcessAt", got.ProcessAt, want.ProcessAt},
+		{"ProcessAt", got.NextProcessAt, want.NextProcessAt},
 		{"EnqueuedAt", got.EnqueuedAt, want.EnqueuedAt},
 		{"LastFailedAt", got.LastFailedAt, want.LastFailedAt},
 		{"CompletedAt", got.CompletedAt, want.CompletedAt},
@@ -390,7 +406,7 @@ func sameTime(a, b time.Time) bool {
 
 func msTrunc(t time.Time) time.Time { return time.UnixMilli(t.UnixMilli()) }
 
-func cloneMsg(m *broker.Message) *broker.Message {
+func cloneMsg(m *tidetype.TaskInfo) *tidetype.TaskInfo {
 	c := *m
 	c.Payload = bytes.Clone(m.Payload)
 	if m.Headers != nil {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/tidetype"
 )
 
 func testExtend(t *testing.T, b broker.Broker) {
@@ -19,11 +20,11 @@ func testExtend(t *testing.T, b broker.Broker) {
 	if r := maintain(t, b, "q"); r.Recovered != 0 {
 		t.Fatalf("Maintain recovered %d tasks whose lease was extended", r.Recovered)
 	}
-	if st := get(t, b, "q", "long").State; st != broker.StateActive {
+	if st := get(t, b, "q", "long").State; st != tidetype.StateActive {
 		t.Fatalf("extended task is %v, want active", st)
 	}
 	extendOK(t, b, d, 30*time.Second)
-	settleOK(t, b, outcomeOf(d, broker.OutcomeDone))
+	settleOK(t, b, outcomeOf(d, broker.SettleDone))
 
 	errs, err := b.Extend(t.Context(), []broker.LeaseRef{leaseOf(d), {Queue: "q", ID: "nope", Token: 1}}, time.Minute)
 	if err != nil {
@@ -44,7 +45,7 @@ func testLeaseExpiry(t *testing.T, b broker.Broker) {
 	awaitRecovered(t, b, "q", 1)
 	got := get(t, b, "q", "lost")
 	switch {
-	case got.State != broker.StateRetry && got.State != broker.StatePending:
+	case got.State != tidetype.StateRetry && got.State != tidetype.StatePending:
 		t.Fatalf("recovered task is %v, want retry or pending", got.State)
 	case got.Retried != 1:
 		t.Fatalf("recovered task Retried = %d, want 1", got.Retried)
@@ -54,13 +55,13 @@ func testLeaseExpiry(t *testing.T, b broker.Broker) {
 		t.Fatalf("recovered task has no LastFailedAt")
 	}
 	d2 := redeliver(t, b, "q", time.Minute)
-	if d2.Message.ID != "lost" || d2.Token <= d.Token {
-		t.Fatalf("redelivered %q token %d, want lost with a token above %d", d2.Message.ID, d2.Token, d.Token)
+	if d2.Task.ID != "lost" || d2.Token <= d.Token {
+		t.Fatalf("redelivered %q token %d, want lost with a token above %d", d2.Task.ID, d2.Token, d.Token)
 	}
-	if d2.Message.Retried != 1 {
-		t.Fatalf("redelivered Retried = %d, want 1", d2.Message.Retried)
+	if d2.Task.Retried != 1 {
+		t.Fatalf("redelivered Retried = %d, want 1", d2.Task.Retried)
 	}
-	settleOK(t, b, outcomeOf(d2, broker.OutcomeDone))
+	settleOK(t, b, outcomeOf(d2, broker.SettleDone))
 }
 
 func testStaleToken(t *testing.T, b broker.Broker) {
@@ -74,7 +75,7 @@ func testStaleToken(t *testing.T, b broker.Broker) {
 		t.Fatalf("redelivery token %d not above %d", cur.Token, old.Token)
 	}
 
-	for _, o := range []broker.Outcome{broker.OutcomeDone, broker.OutcomeRetry, broker.OutcomeArchive, broker.OutcomeRequeue} {
+	for _, o := range []broker.SettleKind{broker.SettleDone, broker.SettleRetry, broker.SettleArchive, broker.SettleRequeue} {
 		s := outcomeOf(old, o)
 		s.Err, s.RetryAt = "late", time.Now()
 		if err := settle(t, b, s); !errors.Is(err, broker.ErrLeaseLost) {
@@ -95,15 +96,15 @@ func testStaleToken(t *testing.T, b broker.Broker) {
 
 	// The current delivery is undisturbed.
 	got := get(t, b, "q", "fenced")
-	if got.State != broker.StateActive || len(got.Result) != 0 || got.Retried != 1 {
+	if got.State != tidetype.StateActive || len(got.Result) != 0 || got.Retried != 1 {
 		t.Fatalf("after stale calls: State %v Result %q Retried %d, want active, no result, 1", got.State, got.Result, got.Retried)
 	}
 	extendOK(t, b, cur, time.Minute)
 	if err := b.SetResult(t.Context(), leaseOf(cur), []byte("ok")); err != nil {
 		t.Fatalf("SetResult with the current token: %v", err)
 	}
-	settleOK(t, b, outcomeOf(cur, broker.OutcomeDone))
-	if err := settle(t, b, outcomeOf(cur, broker.OutcomeDone)); !errors.Is(err, broker.ErrLeaseLost) {
+	settleOK(t, b, outcomeOf(cur, broker.SettleDone))
+	if err := settle(t, b, outcomeOf(cur, broker.SettleDone)); !errors.Is(err, broker.ErrLeaseLost) {
 		t.Fatalf("second Settle of the same delivery: %v, want ErrLeaseLost", err)
 	}
 }
@@ -114,7 +115,7 @@ func testRecoveryExhausted(t *testing.T, b broker.Broker) {
 			t.Parallel()
 			q := fmt.Sprint("exhaust-", maxRetry)
 			key := "exhaust-key"
-			m := newMsg(q, uniqueID(b, q, "x", key))
+			m := newMsg(q, uniqueID(t, b, q, "x", key))
 			m.MaxRetry = maxRetry
 			m.UniqueKey, m.UniqueTTL = key, time.Hour
 			enqueue(t, b, m)
@@ -124,17 +125,17 @@ func testRecoveryExhausted(t *testing.T, b broker.Broker) {
 				if got := get(t, b, q, m.ID); got.Retried != i+1 {
 					t.Fatalf("after recovery %d Retried = %d", i+1, got.Retried)
 				}
-				awaitState(t, b, q, m.ID, broker.StatePending)
+				awaitState(t, b, q, m.ID, tidetype.StatePending)
 			}
 			dequeueOne(t, b, q, 50*time.Millisecond)
 			awaitRecovered(t, b, q, 1)
 			got := get(t, b, q, m.ID)
-			if got.State != broker.StateArchived || got.LastErr == "" || got.Retried != maxRetry {
+			if got.State != tidetype.StateArchived || got.LastErr == "" || got.Retried != maxRetry {
 				t.Fatalf("after retries were exhausted: State %v LastErr %q Retried %d, want archived, an error, %d",
 					got.State, got.LastErr, got.Retried, maxRetry)
 			}
 			// Archiving released the unique lock.
-			other := newMsg(q, uniqueID(b, q, "y", key))
+			other := newMsg(q, uniqueID(t, b, q, "y", key))
 			other.UniqueKey, other.UniqueTTL = key, time.Hour
 			enqueue(t, b, other)
 		})

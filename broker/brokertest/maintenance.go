@@ -10,12 +10,13 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/tidetype"
 )
 
 func testOwnership(t *testing.T, b broker.Broker) {
 	req := func(owner string, ttl time.Duration) broker.MaintainResult {
 		t.Helper()
-		r, err := b.Maintain(t.Context(), broker.MaintainRequest{Queue: "own", Owner: owner, OwnerTTL: ttl, Now: time.Now()})
+		r, err := b.Maintain(t.Context(), broker.MaintainRequest{Queue: "own", Owner: owner, OwnerTTL: ttl})
 		if err != nil {
 			t.Fatalf("Maintain(%s): %v", owner, err)
 		}
@@ -63,16 +64,16 @@ func testMaintainResult(t *testing.T, b broker.Broker) {
 	}
 	now := time.Now()
 	s1, s2 := newMsg("q", "s1"), newMsg("q", "s2")
-	s1.State, s1.ProcessAt = broker.StateScheduled, now.Add(time.Hour)
-	s2.State, s2.ProcessAt = broker.StateScheduled, now.Add(2*time.Hour)
+	s1.State, s1.NextProcessAt = tidetype.StateScheduled, now.Add(time.Hour)
+	s2.State, s2.NextProcessAt = tidetype.StateScheduled, now.Add(2*time.Hour)
 	enqueue(t, b, newMsg("q", "p1"), newMsg("q", "p2"), newMsg("q", "p3"), s2, s1)
 	dequeueOne(t, b, "q", 30*time.Second)
 	r = maintain(t, b, "q")
 	switch {
 	case r.Pending != 2:
 		t.Fatalf("Pending = %d, want 2", r.Pending)
-	case !sameTime(r.NextDue, s1.ProcessAt):
-		t.Fatalf("NextDue = %v, want %v", r.NextDue, s1.ProcessAt)
+	case !sameTime(r.NextDue, s1.NextProcessAt):
+		t.Fatalf("NextDue = %v, want %v", r.NextDue, s1.NextProcessAt)
 	case r.NextLeaseIn <= 0 || r.NextLeaseIn > 30*time.Second:
 		t.Fatalf("NextLeaseIn = %v, want in (0, 30s]", r.NextLeaseIn)
 	case r.Forwarded != 0 || r.Recovered != 0:
@@ -101,7 +102,7 @@ func testSubscribePending(t *testing.T, b broker.Broker) {
 			t.Fatalf("no EventPending for queue b within %v", waitLong)
 		}
 		for _, d := range dequeue(t, b, []string{"b"}, 100, time.Minute) {
-			settleOK(t, b, outcomeOf(d, broker.OutcomeDone))
+			settleOK(t, b, outcomeOf(d, broker.SettleDone))
 		}
 	}
 }
@@ -118,8 +119,8 @@ func testSubscribeScheduled(t *testing.T, b broker.Broker) {
 	deadline := time.Now().Add(waitLong)
 	for i := 0; ; i++ {
 		m := newMsg("a", fmt.Sprint("s", i))
-		m.State, m.ProcessAt = broker.StateScheduled, base.Add(-time.Duration(i)*time.Minute)
-		sent = append(sent, m.ProcessAt)
+		m.State, m.NextProcessAt = tidetype.StateScheduled, base.Add(-time.Duration(i)*time.Minute)
+		sent = append(sent, m.NextProcessAt)
 		enqueue(t, b, m)
 		if awaitEvent(t, ch, waitEvent, func(e broker.Event) bool {
 			return e.Kind == broker.EventScheduled && e.Queue == "a" &&
@@ -147,7 +148,7 @@ func testSubscribeCancel(t *testing.T, b broker.Broker) {
 func testConcurrentDequeue(t *testing.T, b broker.Broker) {
 	const tasks, workers = 2000, 8
 	for i := 0; i < tasks; i += 100 {
-		var batch []*broker.Message
+		var batch []*tidetype.TaskInfo
 		for j := i; j < i+100; j++ {
 			batch = append(batch, newMsg("q", fmt.Sprint("c", j)))
 		}
@@ -168,8 +169,8 @@ func testConcurrentDequeue(t *testing.T, b broker.Broker) {
 				}
 				ss := make([]broker.Settlement, len(ds))
 				for i, d := range ds {
-					got[w] = append(got[w], d.Message.ID)
-					ss[i] = outcomeOf(d, broker.OutcomeDone)
+					got[w] = append(got[w], d.Task.ID)
+					ss[i] = outcomeOf(d, broker.SettleDone)
 				}
 				errs, err := b.Settle(t.Context(), ss)
 				if err != nil {
@@ -207,16 +208,19 @@ func testClosed(t *testing.T, b broker.Broker) {
 	}
 	ref := broker.LeaseRef{Queue: "q", ID: "x", Token: 1}
 	calls := map[string]func() error{
-		"Enqueue": func() error { _, err := b.Enqueue(ctx, []*broker.Message{newMsg("q", "y")}); return err },
+		"Enqueue": func() error {
+			_, err := b.Enqueue(ctx, []*tidetype.TaskInfo{newMsg("q", "y")}, broker.EnqueueOptions{})
+			return err
+		},
 		"Dequeue": func() error { _, err := b.Dequeue(ctx, []string{"q"}, 1, time.Minute); return err },
 		"Extend":  func() error { _, err := b.Extend(ctx, []broker.LeaseRef{ref}, time.Minute); return err },
 		"Settle": func() error {
-			_, err := b.Settle(ctx, []broker.Settlement{{Lease: ref, Outcome: broker.OutcomeDone, At: time.Now()}})
+			_, err := b.Settle(ctx, []broker.Settlement{{Lease: ref, Kind: broker.SettleDone, At: time.Now()}})
 			return err
 		},
 		"SetResult": func() error { return b.SetResult(ctx, ref, nil) },
 		"Maintain": func() error {
-			_, err := b.Maintain(ctx, broker.MaintainRequest{Queue: "q", Owner: owner, OwnerTTL: time.Minute, Now: time.Now()})
+			_, err := b.Maintain(ctx, broker.MaintainRequest{Queue: "q", Owner: owner, OwnerTTL: time.Minute})
 			return err
 		},
 		"Subscribe": func() error { _, err := b.Subscribe(ctx, []string{"q"}); return err },

@@ -5,21 +5,47 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/tidetype"
 )
-
-var _ broker.Admin = (*Broker)(nil)
 
 // dayCount holds one UTC day's counters of a queue.
 type dayCount struct{ processed, failed int }
 
+// minuteCount holds one minute's counters of a queue for the live view.
+type minuteCount struct{ processed, failed, pending int }
+
+// minute returns the counters of now's minute, dropping those older than
+// two hours.
+func (q *queue) minute(now time.Time) *minuteCount {
+	if q.minutes == nil {
+		q.minutes = map[int64]*minuteCount{}
+	}
+	m := now.Unix() / 60
+	c := q.minutes[m]
+	if c == nil {
+		c = &minuteCount{pending: -1}
+		q.minutes[m] = c
+		for k := range q.minutes {
+			if k < m-120 {
+				delete(q.minutes, k)
+			}
+		}
+	}
+	return c
+}
+
 // count adds to today's counters; days older than 90 are dropped.
 func (q *queue) count(now time.Time, processed, failed int) {
+	mc := q.minute(now)
+	mc.processed += processed
+	mc.failed += failed
 	if q.days == nil {
 		q.days = map[string]*dayCount{}
 	}
@@ -41,8 +67,8 @@ func (q *queue) count(now time.Time, processed, failed int) {
 
 // registryEntry is a server or scheduler record with its expiry.
 type registryEntry struct {
-	server    broker.ServerInfo
-	entries   []broker.SchedulerEntry
+	server    tidetype.ServerInfo
+	entries   []tidetype.SchedulerEntry
 	expiresAt time.Time
 }
 
@@ -58,36 +84,40 @@ func (b *Broker) Queues(ctx context.Context) ([]string, error) {
 	return qs, nil
 }
 
-// QueueStats implements broker.Admin.
-func (b *Broker) QueueStats(ctx context.Context, name string) (*broker.QueueStats, error) {
+// QueueInfo implements broker.Admin.
+func (b *Broker) QueueInfo(ctx context.Context, name string) (*tidetype.QueueInfo, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err := b.check(ctx); err != nil {
 		return nil, err
 	}
-	st := &broker.QueueStats{Queue: name, Sizes: map[broker.State]int{}}
-	for s := broker.StatePending; s <= broker.StateCompleted; s++ {
-		st.Sizes[s] = 0
-	}
+	st := &tidetype.QueueInfo{Queue: name}
 	q := b.queues[name]
 	if q == nil {
 		return st, nil
 	}
 	for _, t := range q.tasks {
-		st.Sizes[t.msg.State]++
+		st.SetCount(t.msg.State, st.Count(t.msg.State)+1)
 	}
 	st.Paused = q.paused
 	if d := q.days[b.clock.Now().UTC().Format(time.DateOnly)]; d != nil {
 		st.Processed, st.Failed = d.processed, d.failed
 	}
 	if q.head != nil {
-		st.OldestPending = q.head.msg.ProcessAt
+		st.OldestPending = q.head.msg.NextProcessAt
+		st.Latency = max(b.clock.Now().Sub(st.OldestPending), 0)
+	}
+	overdue := b.clock.Now().Add(-time.Second)
+	for _, t := range q.sched {
+		if !t.key.After(overdue) {
+			st.Overdue++
+		}
 	}
 	return st, nil
 }
 
 // History implements broker.Admin.
-func (b *Broker) History(ctx context.Context, name string, days int) ([]broker.DayStats, error) {
+func (b *Broker) History(ctx context.Context, name string, days int) ([]tidetype.DailyStats, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err := b.check(ctx); err != nil {
@@ -98,10 +128,10 @@ func (b *Broker) History(ctx context.Context, name string, days int) ([]broker.D
 	}
 	now := b.clock.Now().UTC()
 	start := time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC)
-	out := make([]broker.DayStats, days)
+	out := make([]tidetype.DailyStats, days)
 	q := b.queues[name]
 	for i := range out {
-		out[i].Date = start.AddDate(0, 0, -i)
+		out[i].Queue, out[i].Date = name, start.AddDate(0, 0, -i)
 		if q != nil {
 			if d := q.days[out[i].Date.Format(time.DateOnly)]; d != nil {
 				out[i].Processed, out[i].Failed = d.processed, d.failed
@@ -115,7 +145,7 @@ func (b *Broker) History(ctx context.Context, name string, days int) ([]broker.D
 // list; the others are sorted copies of a heap, so a page costs
 // O(n log n) in the size of the state: fine in process, where queues are
 // small.
-func (b *Broker) ListTasks(ctx context.Context, name string, state broker.State, offset, limit int) ([]*broker.Message, error) {
+func (b *Broker) ListTasks(ctx context.Context, name string, state tidetype.TaskState, offset, limit int) ([]*tidetype.TaskInfo, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err := b.check(ctx); err != nil {
@@ -124,19 +154,37 @@ func (b *Broker) ListTasks(ctx context.Context, name string, state broker.State,
 	if offset < 0 || limit < 1 || limit > 1000 {
 		return nil, fmt.Errorf("membroker: list tasks: offset %d / limit %d out of range (limit 1..1000)", offset, limit)
 	}
+	ts, err := b.inState(name, state, offset+limit)
+	if err != nil || offset >= len(ts) {
+		return nil, err
+	}
+	ts = ts[offset:min(offset+limit, len(ts))]
+	out := make([]*tidetype.TaskInfo, len(ts))
+	for i, t := range ts {
+		out[i] = b.info(t)
+	}
+	return out, nil
+}
+
+// inState returns the tasks of queue name in state in the order of
+// ListTasks, at least the first n of them (all for the sorted states).
+func (b *Broker) inState(name string, state tidetype.TaskState, n int) ([]*task, error) {
 	q := b.queues[name]
 	if q == nil {
+		if !state.Valid() {
+			return nil, fmt.Errorf("membroker: list tasks: unknown state %d", state)
+		}
 		return nil, nil
 	}
 	var ts []*task
 	switch state {
-	case broker.StatePending:
-		for t := q.head; t != nil && len(ts) < offset+limit; t = t.next {
+	case tidetype.StatePending:
+		for t := q.head; t != nil && len(ts) < n; t = t.next {
 			ts = append(ts, t)
 		}
-	case broker.StateActive, broker.StateArchived, broker.StateCompleted, broker.StateScheduled, broker.StateRetry:
-		h := map[broker.State]taskHeap{broker.StateActive: q.active, broker.StateArchived: q.archived,
-			broker.StateCompleted: q.completed, broker.StateScheduled: q.sched, broker.StateRetry: q.sched}[state]
+	case tidetype.StateActive, tidetype.StateArchived, tidetype.StateCompleted, tidetype.StateScheduled, tidetype.StateRetry:
+		h := map[tidetype.TaskState]taskHeap{tidetype.StateActive: q.active, tidetype.StateArchived: q.archived,
+			tidetype.StateCompleted: q.completed, tidetype.StateScheduled: q.sched, tidetype.StateRetry: q.sched}[state]
 		for _, t := range h {
 			if t.msg.State == state {
 				ts = append(ts, t)
@@ -151,15 +199,79 @@ func (b *Broker) ListTasks(ctx context.Context, name string, state broker.State,
 	default:
 		return nil, fmt.Errorf("membroker: list tasks: unknown state %d", state)
 	}
-	if offset >= len(ts) {
-		return nil, nil
+	return ts, nil
+}
+
+// info is what the Admin and GetTask show of t: a copy, with its attempts
+// and, when active, its lease's expiry.
+func (b *Broker) info(t *task) *tidetype.TaskInfo {
+	m := clone(&t.msg)
+	m.Attempts = slices.Clone(t.attempts)
+	if t.msg.State == tidetype.StateActive {
+		m.LeaseExpiresAt = t.key
 	}
-	ts = ts[offset:min(offset+limit, len(ts))]
-	out := make([]*broker.Message, len(ts))
-	for i, t := range ts {
-		out[i] = clone(&t.msg)
+	return m
+}
+
+// SearchTasks implements broker.Admin.
+func (b *Broker) SearchTasks(ctx context.Context, name string, state tidetype.TaskState, f tidetype.TaskFilter, offset, limit int) ([]*tidetype.TaskInfo, int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.check(ctx); err != nil {
+		return nil, -1, err
 	}
-	return out, nil
+	if offset < 0 || limit < 1 || limit > 1000 {
+		return nil, -1, fmt.Errorf("membroker: search tasks: offset %d / limit %d out of range (limit 1..1000)", offset, limit)
+	}
+	ts, err := b.inState(name, state, math.MaxInt)
+	if err != nil {
+		return nil, -1, err
+	}
+	var out []*tidetype.TaskInfo
+	for i := offset; i < len(ts); i++ {
+		if m := b.info(ts[i]); f.Match(m) {
+			out = append(out, m)
+			if len(out) == limit {
+				return out, i + 1, nil
+			}
+		}
+	}
+	return out, -1, nil
+}
+
+// Series implements broker.Admin.
+func (b *Broker) Series(ctx context.Context, name string, since time.Time) ([]tidetype.Point, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.check(ctx); err != nil {
+		return nil, err
+	}
+	first, last := since.Unix()/60, b.clock.Now().Unix()/60
+	if last-first > 180 {
+		first = last - 180
+	}
+	q := b.queues[name]
+	pts := make([]tidetype.Point, 0, last-first+1)
+	for m := first; m <= last; m++ {
+		p := tidetype.Point{At: time.Unix(m*60, 0).UTC(), Pending: -1}
+		if q != nil {
+			if c := q.minutes[m]; c != nil {
+				p.Processed, p.Failed, p.Pending = c.processed, c.failed, c.pending
+			}
+		}
+		pts = append(pts, p)
+	}
+	return pts, nil
+}
+
+// StoreInfo implements broker.Admin.
+func (b *Broker) StoreInfo(ctx context.Context) (*tidetype.StoreInfo, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.check(ctx); err != nil {
+		return nil, err
+	}
+	return &tidetype.StoreInfo{Kind: "memory", Mode: "in-process", Nodes: 1, EvictionPolicy: "noeviction"}, nil
 }
 
 // RunTask implements broker.Admin.
@@ -175,12 +287,12 @@ func (b *Broker) RunTask(ctx context.Context, name, id string) error {
 
 func (b *Broker) run(name string, q *queue, t *task) error {
 	switch t.msg.State {
-	case broker.StateScheduled, broker.StateRetry, broker.StateArchived:
+	case tidetype.StateScheduled, tidetype.StateRetry, tidetype.StateArchived:
 	default:
 		return fmt.Errorf("tide: cannot run a task that is %s", t.msg.State)
 	}
 	q.detach(t)
-	t.msg.ProcessAt = msTime(b.clock.Now())
+	t.msg.NextProcessAt = msTime(b.clock.Now())
 	b.pushPending(name, q, t, true)
 	return nil
 }
@@ -198,7 +310,7 @@ func (b *Broker) ArchiveTask(ctx context.Context, name, id string) error {
 
 func (b *Broker) archiveOne(q *queue, t *task) error {
 	switch t.msg.State {
-	case broker.StatePending, broker.StateScheduled, broker.StateRetry:
+	case tidetype.StatePending, tidetype.StateScheduled, tidetype.StateRetry:
 	default:
 		return fmt.Errorf("tide: cannot archive a task that is %s", t.msg.State)
 	}
@@ -224,13 +336,13 @@ func (b *Broker) find(ctx context.Context, name, id string) (*queue, *task, erro
 }
 
 // bulk applies op to up to limit tasks of name in state.
-func (b *Broker) bulk(ctx context.Context, name string, state broker.State, limit int, op func(q *queue, t *task) error) (int, error) {
+func (b *Broker) bulk(ctx context.Context, name string, state tidetype.TaskState, limit int, op func(q *queue, t *task) error) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err := b.check(ctx); err != nil {
 		return 0, err
 	}
-	if state == broker.StateActive || state < broker.StatePending || state > broker.StateCompleted {
+	if state == tidetype.StateActive || state < tidetype.StatePending || state > tidetype.StateCompleted {
 		return 0, fmt.Errorf("membroker: bulk operation on state %s not allowed", state)
 	}
 	if limit < 1 {
@@ -259,17 +371,17 @@ func (b *Broker) bulk(ctx context.Context, name string, state broker.State, limi
 }
 
 // RunTasks implements broker.Admin.
-func (b *Broker) RunTasks(ctx context.Context, name string, state broker.State, limit int) (int, error) {
+func (b *Broker) RunTasks(ctx context.Context, name string, state tidetype.TaskState, limit int) (int, error) {
 	return b.bulk(ctx, name, state, limit, func(q *queue, t *task) error { return b.run(name, q, t) })
 }
 
 // ArchiveTasks implements broker.Admin.
-func (b *Broker) ArchiveTasks(ctx context.Context, name string, state broker.State, limit int) (int, error) {
+func (b *Broker) ArchiveTasks(ctx context.Context, name string, state tidetype.TaskState, limit int) (int, error) {
 	return b.bulk(ctx, name, state, limit, b.archiveOne)
 }
 
 // DeleteTasks implements broker.Admin.
-func (b *Broker) DeleteTasks(ctx context.Context, name string, state broker.State, limit int) (int, error) {
+func (b *Broker) DeleteTasks(ctx context.Context, name string, state tidetype.TaskState, limit int) (int, error) {
 	return b.bulk(ctx, name, state, limit, func(q *queue, t *task) error {
 		q.detach(t)
 		q.releaseLock(t)
@@ -287,9 +399,10 @@ func (b *Broker) CancelProcessing(ctx context.Context, name, id string) error {
 	if err != nil {
 		return err
 	}
-	if t.msg.State != broker.StateActive {
+	if t.msg.State != tidetype.StateActive {
 		return fmt.Errorf("tide: cannot cancel task %s: it is %s, not active", id, t.msg.State)
 	}
+	t.canceled = true
 	b.emit(q, broker.Event{Kind: broker.EventCancel, Queue: name, ID: id})
 	return nil
 }
@@ -307,8 +420,8 @@ func (b *Broker) registry() map[string]*registryEntry {
 	return b.reg
 }
 
-// RegisterServer implements broker.Admin.
-func (b *Broker) RegisterServer(ctx context.Context, s broker.ServerInfo, ttl time.Duration) error {
+// RegisterServer implements broker.Registry.
+func (b *Broker) RegisterServer(ctx context.Context, s tidetype.ServerInfo, ttl time.Duration) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err := b.check(ctx); err != nil {
@@ -323,7 +436,7 @@ func (b *Broker) RegisterServer(ctx context.Context, s broker.ServerInfo, ttl ti
 	return nil
 }
 
-// UnregisterServer implements broker.Admin.
+// UnregisterServer implements broker.Registry.
 func (b *Broker) UnregisterServer(ctx context.Context, id string) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -335,13 +448,13 @@ func (b *Broker) UnregisterServer(ctx context.Context, id string) error {
 }
 
 // Servers implements broker.Admin.
-func (b *Broker) Servers(ctx context.Context) ([]broker.ServerInfo, error) {
+func (b *Broker) Servers(ctx context.Context) ([]tidetype.ServerInfo, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err := b.check(ctx); err != nil {
 		return nil, err
 	}
-	var out []broker.ServerInfo
+	var out []tidetype.ServerInfo
 	for k, e := range b.registry() {
 		if strings.HasPrefix(k, "server:") {
 			out = append(out, e.server)
@@ -351,8 +464,8 @@ func (b *Broker) Servers(ctx context.Context) ([]broker.ServerInfo, error) {
 	return out, nil
 }
 
-// RegisterSchedulerEntries implements broker.Admin.
-func (b *Broker) RegisterSchedulerEntries(ctx context.Context, id string, entries []broker.SchedulerEntry, ttl time.Duration) error {
+// RegisterSchedulerEntries implements broker.Registry.
+func (b *Broker) RegisterSchedulerEntries(ctx context.Context, id string, entries []tidetype.SchedulerEntry, ttl time.Duration) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err := b.check(ctx); err != nil {
@@ -363,13 +476,13 @@ func (b *Broker) RegisterSchedulerEntries(ctx context.Context, id string, entrie
 }
 
 // SchedulerEntries implements broker.Admin.
-func (b *Broker) SchedulerEntries(ctx context.Context) ([]broker.SchedulerEntry, error) {
+func (b *Broker) SchedulerEntries(ctx context.Context) ([]tidetype.SchedulerEntry, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err := b.check(ctx); err != nil {
 		return nil, err
 	}
-	var out []broker.SchedulerEntry
+	var out []tidetype.SchedulerEntry
 	for k, e := range b.registry() {
 		if strings.HasPrefix(k, "scheduler:") {
 			out = append(out, e.entries...)
@@ -382,4 +495,22 @@ func (b *Broker) SchedulerEntries(ctx context.Context) ([]broker.SchedulerEntry,
 		return out[i].ID < out[j].ID
 	})
 	return out, nil
+}
+
+// DeleteQueue implements broker.Admin.
+func (b *Broker) DeleteQueue(ctx context.Context, name string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.check(ctx); err != nil {
+		return err
+	}
+	q := b.queues[name]
+	if q == nil {
+		return nil
+	}
+	if n := len(q.tasks); n > 0 {
+		return fmt.Errorf("%w: queue %q holds %d tasks", broker.ErrQueueNotEmpty, name, n)
+	}
+	delete(b.queues, name) // subscribers are attached again if it comes back (see queue)
+	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/tidetype"
 )
 
 // Defaults of the options.
@@ -21,16 +22,18 @@ const (
 )
 
 // leaseExpiredErr is the LastErr of a task recovered after its lease expired.
-const leaseExpiredErr = "tide: lease expired (worker died or stalled)"
+const leaseExpiredErr = "tide: lease expired: the worker died, stalled or lost the broker while processing the task"
+
+// canceledErr is the LastErr of a task archived because it was cancelled.
+const canceledErr = "tide: task cancelled"
 
 // eventBuffer is the capacity of a Subscribe channel; events beyond it are
 // dropped (they are hints).
 const eventBuffer = 64
 
-// Clock tells the time. The Broker asks it for every time decision.
-type Clock interface {
-	Now() time.Time
-}
+// Clock tells the time. The Broker asks it for every time decision. It is
+// broker.Clock.
+type Clock = broker.Clock
 
 type realClock struct{}
 
@@ -63,6 +66,17 @@ func WithArchiveTTL(d time.Duration) Option {
 	return func(b *Broker) { b.archiveTTL = d }
 }
 
+// WithIdempotencyWindow sets how long an idempotency key
+// (tide.IdempotencyKey) is remembered after the Enqueue that used it. The
+// default is 24 hours; d <= 0 keeps the default.
+func WithIdempotencyWindow(d time.Duration) Option {
+	return func(b *Broker) {
+		if d > 0 {
+			b.idemWindow = d
+		}
+	}
+}
+
 // Broker is an in-memory broker.Broker. Create it with New; it is safe for
 // concurrent use.
 type Broker struct {
@@ -75,10 +89,31 @@ type Broker struct {
 	queues map[string]*queue
 	subs   map[*subscription]struct{}
 	seq    uint64                    // orders heap entries with equal keys
+	tokens uint64                    // the last fencing token handed out
 	reg    map[string]*registryEntry // servers and schedulers, see registry
+
+	idemWindow time.Duration
+	idem       map[idemRef]idemEntry // idempotency keys in use
+	idemSwept  int                   // len(idem) after the last sweep
 }
 
-var _ broker.Broker = (*Broker)(nil)
+// idemRef names an idempotency key: keys are per queue and outlive the
+// queue's deletion, as in the Redis broker.
+type idemRef struct{ queue, key string }
+
+// idemEntry is the task an idempotency key stored and when the key is
+// forgotten.
+type idemEntry struct {
+	id      string
+	expires time.Time
+}
+
+var (
+	_ broker.Broker   = (*Broker)(nil)
+	_ broker.Admin    = (*Broker)(nil)
+	_ broker.Registry = (*Broker)(nil)
+	_ broker.Clock    = (*Broker)(nil)
+)
 
 // New returns an empty broker.
 func New(opts ...Option) *Broker {
@@ -88,6 +123,8 @@ func New(opts ...Option) *Broker {
 		archiveTTL:  DefaultArchiveTTL,
 		queues:      make(map[string]*queue),
 		subs:        make(map[*subscription]struct{}),
+		idemWindow:  24 * time.Hour,
+		idem:        make(map[idemRef]idemEntry),
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -101,8 +138,10 @@ func New(opts ...Option) *Broker {
 // place besides the queue's map: the pending list or one of the heaps,
 // according to msg.State.
 type task struct {
-	msg   broker.Message // owned copy; msg.State is the task's state
-	token uint64         // deliveries so far; the current lease's token
+	msg      tidetype.TaskInfo  // owned copy; msg.State is the task's state
+	token    uint64             // the current (or last) lease's token, from Broker.tokens
+	canceled bool               // cancellation requested while active
+	attempts []tidetype.Attempt // failed attempts, and the successful one when kept
 
 	// key orders the heap the task is in: ProcessAt (scheduled, retry), lease
 	// expiry (active), archive time (archived), removal time (completed).
@@ -134,7 +173,8 @@ type queue struct {
 	owner      string
 	ownerUntil time.Time
 
-	days map[string]*dayCount // UTC date -> counters, see count
+	days    map[string]*dayCount   // UTC date -> counters, see count
+	minutes map[int64]*minuteCount // Unix minute -> counters, see minute
 
 	subs map[*subscription]struct{}
 }
@@ -146,8 +186,8 @@ type subscription struct {
 	closed bool
 }
 
-// Now returns the time on the broker's clock (see WithClock). The root
-// package uses it, when present, to compute due times on the same clock.
+// Now implements broker.Clock: the time on the broker's clock (see
+// WithClock). The root package computes due times with it.
 func (b *Broker) Now() time.Time { return b.clock.Now() }
 
 // ---- helpers that run with b.mu held ----
@@ -160,6 +200,14 @@ func (b *Broker) queue(name string) *queue {
 			locks: make(map[string]uniqueLock),
 		}
 		b.queues[name] = q
+		for s := range b.subs { // subscribed before the queue was deleted
+			if !s.closed && slices.Contains(s.queues, name) {
+				if q.subs == nil {
+					q.subs = make(map[*subscription]struct{})
+				}
+				q.subs[s] = struct{}{}
+			}
+		}
 	}
 	return q
 }
@@ -185,7 +233,7 @@ func (b *Broker) emit(q *queue, ev broker.Event) {
 
 // pushPending appends t (or prepends it when front) to the pending list.
 func (b *Broker) pushPending(qn string, q *queue, t *task, front bool) {
-	t.msg.State = broker.StatePending
+	t.msg.State = tidetype.StatePending
 	t.prev, t.next = nil, nil
 	switch {
 	case q.head == nil:
@@ -221,12 +269,12 @@ func (q *queue) unlinkPending(t *task) {
 }
 
 // pushSched puts t into the scheduled/retry heap with state st.
-func (b *Broker) pushSched(qn string, q *queue, t *task, st broker.State) {
+func (b *Broker) pushSched(qn string, q *queue, t *task, st tidetype.TaskState) {
 	t.msg.State = st
-	earliest := len(q.sched) == 0 || t.msg.ProcessAt.Before(q.sched[0].key)
-	b.push(&q.sched, t, t.msg.ProcessAt)
+	earliest := len(q.sched) == 0 || t.msg.NextProcessAt.Before(q.sched[0].key)
+	b.push(&q.sched, t, t.msg.NextProcessAt)
 	if earliest {
-		b.emit(q, broker.Event{Kind: broker.EventScheduled, Queue: qn, At: t.msg.ProcessAt})
+		b.emit(q, broker.Event{Kind: broker.EventScheduled, Queue: qn, At: t.msg.NextProcessAt})
 	}
 }
 
@@ -239,15 +287,15 @@ func (b *Broker) push(h *taskHeap, t *task, key time.Time) {
 // detach takes t out of whichever structure its state puts it in.
 func (q *queue) detach(t *task) {
 	switch t.msg.State {
-	case broker.StatePending:
+	case tidetype.StatePending:
 		q.unlinkPending(t)
-	case broker.StateScheduled, broker.StateRetry:
+	case tidetype.StateScheduled, tidetype.StateRetry:
 		heap.Remove(&q.sched, t.idx)
-	case broker.StateActive:
+	case tidetype.StateActive:
 		heap.Remove(&q.active, t.idx)
-	case broker.StateArchived:
+	case tidetype.StateArchived:
 		heap.Remove(&q.archived, t.idx)
-	case broker.StateCompleted:
+	case tidetype.StateCompleted:
 		heap.Remove(&q.completed, t.idx)
 	}
 }
@@ -264,7 +312,7 @@ func (q *queue) releaseLock(t *task) {
 func (b *Broker) archive(q *queue, t *task, errMsg string, at, now time.Time) {
 	t.msg.LastErr = errMsg
 	t.msg.LastFailedAt = at
-	t.msg.State = broker.StateArchived
+	t.msg.State = tidetype.StateArchived
 	b.push(&q.archived, t, now)
 	q.releaseLock(t)
 }
@@ -276,7 +324,7 @@ func (b *Broker) leased(ref broker.LeaseRef) (*queue, *task, error) {
 		return nil, nil, broker.ErrLeaseLost
 	}
 	t := q.tasks[ref.ID]
-	if t == nil || t.msg.State != broker.StateActive || t.token != ref.Token {
+	if t == nil || t.msg.State != tidetype.StateActive || t.token != ref.Token {
 		return nil, nil, broker.ErrLeaseLost
 	}
 	return q, t, nil
@@ -285,7 +333,7 @@ func (b *Broker) leased(ref broker.LeaseRef) (*queue, *task, error) {
 // ---- Broker methods ----
 
 // Enqueue implements broker.Broker.
-func (b *Broker) Enqueue(ctx context.Context, msgs []*broker.Message) ([]error, error) {
+func (b *Broker) Enqueue(ctx context.Context, msgs []*tidetype.TaskInfo, _ broker.EnqueueOptions) ([]error, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err := b.check(ctx); err != nil {
@@ -299,11 +347,25 @@ func (b *Broker) Enqueue(ctx context.Context, msgs []*broker.Message) ([]error, 
 	return errs, nil
 }
 
-func (b *Broker) enqueue(m *broker.Message, now time.Time) error {
+func (b *Broker) enqueue(m *tidetype.TaskInfo, now time.Time) error {
 	if err := validate(m); err != nil {
 		return err
 	}
+	var ref idemRef
+	if m.IdempotencyKey != "" {
+		ref = idemRef{m.Queue, m.IdempotencyKey}
+		if e, ok := b.idem[ref]; ok && now.Before(e.expires) {
+			m.ID = e.id
+			return nil
+		}
+	}
 	q := b.queue(m.Queue)
+	if m.ID == "" {
+		m.ID = broker.NewID()
+		for q.tasks[m.ID] != nil {
+			m.ID = broker.NewID()
+		}
+	}
 	if _, ok := q.tasks[m.ID]; ok {
 		return broker.ErrTaskIDConflict
 	}
@@ -314,8 +376,8 @@ func (b *Broker) enqueue(m *broker.Message, now time.Time) error {
 	}
 	t := &task{msg: normalize(m), idx: -1}
 	t.msg.Result = nil
-	if t.msg.ProcessAt.IsZero() {
-		t.msg.ProcessAt = msTime(now)
+	if t.msg.NextProcessAt.IsZero() {
+		t.msg.NextProcessAt = msTime(now)
 	}
 	if t.msg.EnqueuedAt.IsZero() {
 		t.msg.EnqueuedAt = msTime(now)
@@ -324,34 +386,53 @@ func (b *Broker) enqueue(m *broker.Message, now time.Time) error {
 	if m.UniqueKey != "" {
 		q.locks[m.UniqueKey] = uniqueLock{id: m.ID, expires: now.Add(t.msg.UniqueTTL)}
 	}
-	if m.State == broker.StateScheduled && t.msg.ProcessAt.After(now) {
-		b.pushSched(m.Queue, q, t, broker.StateScheduled)
+	if m.State == tidetype.StateScheduled && t.msg.NextProcessAt.After(now) {
+		b.pushSched(m.Queue, q, t, tidetype.StateScheduled)
 	} else {
 		b.pushPending(m.Queue, q, t, false)
+	}
+	if m.IdempotencyKey != "" {
+		b.remember(ref, m.ID, now)
 	}
 	return nil
 }
 
-func validate(m *broker.Message) error {
+// remember records an idempotency key, and forgets expired ones whenever
+// the map has doubled since the last sweep, so memory follows the keys of
+// one window.
+func (b *Broker) remember(ref idemRef, id string, now time.Time) {
+	b.idem[ref] = idemEntry{id: id, expires: now.Add(b.idemWindow)}
+	if len(b.idem) < 2*max(b.idemSwept, 512) {
+		return
+	}
+	for r, e := range b.idem {
+		if !now.Before(e.expires) {
+			delete(b.idem, r)
+		}
+	}
+	b.idemSwept = len(b.idem)
+}
+
+func validate(m *tidetype.TaskInfo) error {
 	switch {
 	case m == nil:
-		return errors.New("membroker: nil message")
-	case m.ID == "":
-		return errors.New("membroker: message has an empty ID")
+		return fmt.Errorf("%w: nil task", broker.ErrInvalidTask)
 	case m.Queue == "":
-		return fmt.Errorf("membroker: message %q has an empty queue name", m.ID)
+		return fmt.Errorf("%w: membroker: task %q has an empty queue name", broker.ErrInvalidTask, m.ID)
 	case m.Type == "":
-		return fmt.Errorf("membroker: message %q has an empty type", m.ID)
-	case m.State != broker.StatePending && m.State != broker.StateScheduled:
+		return fmt.Errorf("%w: membroker: task %q has an empty type", broker.ErrInvalidTask, m.ID)
+	case m.State != tidetype.StatePending && m.State != tidetype.StateScheduled:
 		return fmt.Errorf("membroker: message %q: enqueue state must be pending or scheduled, not %s", m.ID, m.State)
-	case m.State == broker.StateScheduled && m.ProcessAt.IsZero():
-		return fmt.Errorf("membroker: message %q: scheduled without ProcessAt", m.ID)
+	case m.State == tidetype.StateScheduled && m.NextProcessAt.IsZero():
+		return fmt.Errorf("%w: membroker: task %q: scheduled without ProcessAt", broker.ErrInvalidTask, m.ID)
 	case m.MaxRetry < 0 || m.Retried < 0:
-		return fmt.Errorf("membroker: message %q: negative MaxRetry or Retried", m.ID)
+		return fmt.Errorf("%w: membroker: task %q: negative MaxRetry or Retried", broker.ErrInvalidTask, m.ID)
 	case m.Timeout < 0 || m.Retention < 0 || m.UniqueTTL < 0:
-		return fmt.Errorf("membroker: message %q: negative Timeout, Retention or UniqueTTL", m.ID)
+		return fmt.Errorf("%w: membroker: task %q: negative Timeout, Retention or UniqueTTL", broker.ErrInvalidTask, m.ID)
+	case len(m.IdempotencyKey) > 255:
+		return fmt.Errorf("%w: membroker: idempotency key of %d bytes, over 255", broker.ErrInvalidTask, len(m.IdempotencyKey))
 	case m.UniqueKey != "" && m.UniqueTTL < time.Millisecond:
-		return fmt.Errorf("membroker: message %q: UniqueKey set without a UniqueTTL of at least 1ms", m.ID)
+		return fmt.Errorf("%w: membroker: task %q: UniqueKey set without a UniqueTTL of at least 1ms", broker.ErrInvalidTask, m.ID)
 	}
 	return nil
 }
@@ -384,10 +465,11 @@ func (b *Broker) Dequeue(ctx context.Context, queues []string, n int, lease time
 		for q.head != nil && len(out) < n {
 			t := q.head
 			q.unlinkPending(t)
-			t.token++
-			t.msg.State = broker.StateActive
+			b.tokens++
+			t.token, t.canceled = b.tokens, false
+			t.msg.State = tidetype.StateActive
 			b.push(&q.active, t, now.Add(lease))
-			out = append(out, &broker.Delivery{Message: clone(&t.msg), Token: t.token, LeaseFor: lease})
+			out = append(out, &broker.Delivery{Task: clone(&t.msg), Token: t.token, LeaseFor: lease})
 		}
 		if len(out) == n {
 			break
@@ -416,6 +498,9 @@ func (b *Broker) Extend(ctx context.Context, leases []broker.LeaseRef, d time.Du
 		}
 		t.key = now.Add(d)
 		heap.Fix(&q.active, t.idx)
+		if t.canceled {
+			errs[i] = broker.ErrTaskCanceled
+		}
 	}
 	return errs, nil
 }
@@ -436,8 +521,8 @@ func (b *Broker) Settle(ctx context.Context, ss []broker.Settlement) ([]error, e
 }
 
 func (b *Broker) settle(s *broker.Settlement, now time.Time) error {
-	if s.Outcome < broker.OutcomeDone || s.Outcome > broker.OutcomeRequeue {
-		return fmt.Errorf("membroker: task %q: unknown outcome %d", s.Lease.ID, s.Outcome)
+	if s.Kind < broker.SettleDone || s.Kind > broker.SettleRequeue {
+		return fmt.Errorf("membroker: task %q: unknown settle kind %d", s.Lease.ID, s.Kind)
 	}
 	q, t, err := b.leased(s.Lease)
 	if err != nil {
@@ -449,23 +534,39 @@ func (b *Broker) settle(s *broker.Settlement, now time.Time) error {
 	}
 	at = msTime(at)
 	heap.Remove(&q.active, t.idx)
-	switch s.Outcome {
-	case broker.OutcomeDone:
+	kind, errMsg := s.Kind, s.Err
+	if t.canceled && (kind == broker.SettleRetry || kind == broker.SettleRequeue) {
+		kind, errMsg = broker.SettleArchive, canceledErr
+		if s.Err != "" {
+			errMsg += "; last error: " + s.Err
+		}
+	}
+	switch kind {
+	case broker.SettleDone:
 		q.count(now, 1, 0)
-	case broker.OutcomeRetry, broker.OutcomeArchive:
+	case broker.SettleRetry, broker.SettleArchive:
 		q.count(now, 1, 1)
 	}
-	switch s.Outcome {
-	case broker.OutcomeDone:
+	switch kind {
+	case broker.SettleRetry, broker.SettleArchive:
+		t.addAttempt(s.Started, at, s.Server, map[broker.SettleKind]string{broker.SettleRetry: "retry", broker.SettleArchive: "archive"}[kind], errMsg)
+	case broker.SettleDone:
+		if t.msg.Retention > 0 {
+			t.addAttempt(s.Started, at, s.Server, "done", "")
+		}
+	}
+	switch kind {
+	case broker.SettleDone:
 		q.releaseLock(t)
 		if t.msg.Retention <= 0 {
 			delete(q.tasks, t.msg.ID)
 			return nil
 		}
-		t.msg.State = broker.StateCompleted
+		t.msg.State = tidetype.StateCompleted
 		t.msg.CompletedAt = at
 		b.push(&q.completed, t, at.Add(t.msg.Retention))
-	case broker.OutcomeRetry:
+		b.trim(q, now)
+	case broker.SettleRetry:
 		retryAt := s.RetryAt
 		if retryAt.IsZero() {
 			retryAt = now
@@ -473,11 +574,12 @@ func (b *Broker) settle(s *broker.Settlement, now time.Time) error {
 		t.msg.Retried++
 		t.msg.LastErr = s.Err
 		t.msg.LastFailedAt = at
-		t.msg.ProcessAt = msTime(retryAt)
-		b.pushSched(s.Lease.Queue, q, t, broker.StateRetry)
-	case broker.OutcomeArchive:
-		b.archive(q, t, s.Err, at, now)
-	case broker.OutcomeRequeue:
+		t.msg.NextProcessAt = msTime(retryAt)
+		b.pushSched(s.Lease.Queue, q, t, tidetype.StateRetry)
+	case broker.SettleArchive:
+		b.archive(q, t, errMsg, at, now)
+		b.trim(q, now)
+	case broker.SettleRequeue:
 		b.pushPending(s.Lease.Queue, q, t, true)
 	}
 	return nil
@@ -499,7 +601,14 @@ func (b *Broker) SetResult(ctx context.Context, lease broker.LeaseRef, data []by
 }
 
 // Partitions implements broker.Broker: a membroker queue has one partition.
-func (b *Broker) Partitions(string) int { return 1 }
+func (b *Broker) Partitions(ctx context.Context, _ string) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.check(ctx); err != nil {
+		return 0, err
+	}
+	return 1, nil
+}
 
 // Maintain implements broker.Broker.
 func (b *Broker) Maintain(ctx context.Context, req broker.MaintainRequest) (broker.MaintainResult, error) {
@@ -520,11 +629,15 @@ func (b *Broker) Maintain(ctx context.Context, req broker.MaintainRequest) (brok
 		return res, fmt.Errorf("membroker: maintain: owner TTL %v is not positive", req.OwnerTTL)
 	}
 	now := b.clock.Now()
-	due := req.Now
-	if due.IsZero() {
-		due = now
-	}
+	due := now
 	q := b.queue(req.Queue)
+	if req.Release {
+		if q.owner == req.Owner {
+			q.owner, q.ownerUntil = "", time.Time{}
+			b.emit(q, broker.Event{Kind: broker.EventReleased, Queue: req.Queue})
+		}
+		return res, nil
+	}
 	if q.owner != "" && q.owner != req.Owner && now.Before(q.ownerUntil) {
 		res.RetryIn = max(q.ownerUntil.Sub(now), time.Millisecond)
 		return res, nil
@@ -543,26 +656,30 @@ func (b *Broker) Maintain(ctx context.Context, req broker.MaintainRequest) (brok
 		t := heap.Pop(&q.active).(*task)
 		res.Recovered++
 		q.count(now, 1, 1)
-		if t.msg.Retried < t.msg.MaxRetry {
+		t.addAttempt(time.Time{}, msTime(now), "", "lease expired", leaseExpiredErr)
+		switch {
+		case t.canceled:
+			b.archive(q, t, canceledErr+"; "+leaseExpiredErr, msTime(now), now)
+		case t.msg.Retried < t.msg.MaxRetry:
+			// Back off like a failed attempt: a task that kills its worker
+			// must not hit the fleet again at once.
+			d := min(req.RecoverBackoff<<min(t.msg.Retried, 20), time.Hour)
 			t.msg.Retried++
 			t.msg.LastErr = leaseExpiredErr
 			t.msg.LastFailedAt = msTime(now)
-			t.msg.ProcessAt = msTime(now)
-			b.pushPending(req.Queue, q, t, false)
-		} else {
-			b.archive(q, t, leaseExpiredErr, msTime(now), now)
+			t.msg.NextProcessAt = msTime(now.Add(d))
+			if d <= 0 {
+				b.pushPending(req.Queue, q, t, false)
+			} else {
+				b.pushSched(req.Queue, q, t, tidetype.StateRetry)
+			}
+		default:
+			b.archive(q, t, leaseExpiredErr+"; no retries left", msTime(now), now)
 		}
 	}
 	// Trim completed past retention and archived past count or age.
-	for len(q.completed) > 0 && !q.completed[0].key.After(now) {
-		t := heap.Pop(&q.completed).(*task)
-		delete(q.tasks, t.msg.ID)
-	}
-	for len(q.archived) > 0 && (b.maxArchived > 0 && len(q.archived) > b.maxArchived ||
-		b.archiveTTL > 0 && !q.archived[0].key.After(now.Add(-b.archiveTTL))) {
-		t := heap.Pop(&q.archived).(*task)
-		delete(q.tasks, t.msg.ID)
-	}
+	res.Trimmed = b.trim(q, now)
+	q.minute(now).pending = q.pending
 
 	if len(q.sched) > 0 {
 		res.NextDue = q.sched[0].key
@@ -623,7 +740,7 @@ func (b *Broker) unsubscribe(s *subscription) {
 }
 
 // GetTask implements broker.Broker.
-func (b *Broker) GetTask(ctx context.Context, queue, id string) (*broker.Message, error) {
+func (b *Broker) GetTask(ctx context.Context, queue, id string) (*tidetype.TaskInfo, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err := b.check(ctx); err != nil {
@@ -637,7 +754,7 @@ func (b *Broker) GetTask(ctx context.Context, queue, id string) (*broker.Message
 	if t == nil {
 		return nil, broker.ErrTaskNotFound
 	}
-	return clone(&t.msg), nil
+	return b.info(t), nil
 }
 
 // Delete implements broker.Broker.
@@ -655,13 +772,54 @@ func (b *Broker) Delete(ctx context.Context, queue, id string) error {
 	if t == nil {
 		return broker.ErrTaskNotFound
 	}
-	if t.msg.State == broker.StateActive {
+	if t.msg.State == tidetype.StateActive {
 		return broker.ErrTaskActive
 	}
 	q.detach(t)
 	q.releaseLock(t)
 	delete(q.tasks, id)
 	return nil
+}
+
+// Cancel implements broker.Broker.
+func (b *Broker) Cancel(ctx context.Context, queue, id string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.check(ctx); err != nil {
+		return err
+	}
+	q := b.queues[queue]
+	if q == nil || q.tasks[id] == nil {
+		return broker.ErrTaskNotFound
+	}
+	t := q.tasks[id]
+	if t.msg.State == tidetype.StateActive {
+		t.canceled = true
+		b.emit(q, broker.Event{Kind: broker.EventCancel, Queue: queue, ID: id})
+		return nil
+	}
+	q.detach(t)
+	q.releaseLock(t)
+	delete(q.tasks, id)
+	return nil
+}
+
+// trim deletes completed tasks past their retention and archived tasks past
+// the archive's age or size, and returns how many.
+func (b *Broker) trim(q *queue, now time.Time) int {
+	n := 0
+	for len(q.completed) > 0 && !q.completed[0].key.After(now) {
+		t := heap.Pop(&q.completed).(*task)
+		delete(q.tasks, t.msg.ID)
+		n++
+	}
+	for len(q.archived) > 0 && (b.maxArchived > 0 && len(q.archived) > b.maxArchived ||
+		b.archiveTTL > 0 && !q.archived[0].key.After(now.Add(-b.archiveTTL))) {
+		t := heap.Pop(&q.archived).(*task)
+		delete(q.tasks, t.msg.ID)
+		n++
+	}
+	return n
 }
 
 // Pause implements broker.Broker.
@@ -709,13 +867,25 @@ func (b *Broker) Close() error {
 	return nil
 }
 
+// addAttempt appends to t's attempt history, keeping the latest
+// tidetype.MaxAttempts.
+func (t *task) addAttempt(started, ended time.Time, server, outcome, err string) {
+	if len(err) > 1024 {
+		err = err[:1024]
+	}
+	t.attempts = append(t.attempts, tidetype.Attempt{Started: msTime(started), Ended: msTime(ended), Server: server, Outcome: outcome, Err: err})
+	if n := len(t.attempts); n > tidetype.MaxAttempts {
+		t.attempts = slices.Clone(t.attempts[n-tidetype.MaxAttempts:])
+	}
+}
+
 // ---- copies ----
 
 // normalize returns a deep copy of m with times and durations truncated to
 // milliseconds.
-func normalize(m *broker.Message) broker.Message {
+func normalize(m *tidetype.TaskInfo) tidetype.TaskInfo {
 	c := *clone(m)
-	c.ProcessAt = msTime(c.ProcessAt)
+	c.NextProcessAt = msTime(c.NextProcessAt)
 	c.EnqueuedAt = msTime(c.EnqueuedAt)
 	c.LastFailedAt = msTime(c.LastFailedAt)
 	c.CompletedAt = msTime(c.CompletedAt)
@@ -727,7 +897,7 @@ func normalize(m *broker.Message) broker.Message {
 }
 
 // clone returns a deep copy of m.
-func clone(m *broker.Message) *broker.Message {
+func clone(m *tidetype.TaskInfo) *tidetype.TaskInfo {
 	c := *m
 	c.Payload = bytes.Clone(m.Payload)
 	c.Headers = maps.Clone(m.Headers)

@@ -14,6 +14,7 @@ import (
 	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/broker/brokertest"
 	"github.com/tidequeue/tide/broker/membroker"
+	"github.com/tidequeue/tide/tidetype"
 )
 
 func TestMain(m *testing.M) {
@@ -65,30 +66,30 @@ func newEnv(t *testing.T, opts ...membroker.Option) *env {
 	return &env{t: t, clk: clk, b: b}
 }
 
-func (e *env) msg(id string) *broker.Message {
+func (e *env) msg(id string) *tidetype.TaskInfo {
 	now := e.clk.Now()
-	return &broker.Message{
+	return &tidetype.TaskInfo{
 		ID: id, Queue: "q", Type: "t", Payload: []byte(id),
-		State: broker.StatePending, MaxRetry: 3, ProcessAt: now, EnqueuedAt: now,
+		State: tidetype.StatePending, MaxRetry: 3, NextProcessAt: now, EnqueuedAt: now,
 	}
 }
 
-func (e *env) scheduled(id string, in time.Duration) *broker.Message {
+func (e *env) scheduled(id string, in time.Duration) *tidetype.TaskInfo {
 	m := e.msg(id)
-	m.State, m.ProcessAt = broker.StateScheduled, e.clk.Now().Add(in)
+	m.State, m.NextProcessAt = tidetype.StateScheduled, e.clk.Now().Add(in)
 	return m
 }
 
-func (e *env) enqueue(msgs ...*broker.Message) []error {
+func (e *env) enqueue(msgs ...*tidetype.TaskInfo) []error {
 	e.t.Helper()
-	errs, err := e.b.Enqueue(e.t.Context(), msgs)
+	errs, err := e.b.Enqueue(e.t.Context(), msgs, broker.EnqueueOptions{})
 	if err != nil {
 		e.t.Fatalf("Enqueue: %v", err)
 	}
 	return errs
 }
 
-func (e *env) mustEnqueue(msgs ...*broker.Message) {
+func (e *env) mustEnqueue(msgs ...*tidetype.TaskInfo) {
 	e.t.Helper()
 	for i, err := range e.enqueue(msgs...) {
 		if err != nil {
@@ -115,11 +116,11 @@ func (e *env) one(lease time.Duration) *broker.Delivery {
 	return ds[0]
 }
 
-func (e *env) settle(d *broker.Delivery, o broker.Outcome, mod func(*broker.Settlement)) error {
+func (e *env) settle(d *broker.Delivery, o broker.SettleKind, mod func(*broker.Settlement)) error {
 	e.t.Helper()
 	s := broker.Settlement{
-		Lease:   broker.LeaseRef{Queue: d.Message.Queue, ID: d.Message.ID, Token: d.Token},
-		Outcome: o, Message: d.Message, At: e.clk.Now(),
+		Lease: broker.LeaseRef{Queue: d.Task.Queue, ID: d.Task.ID, Token: d.Token},
+		Kind:  o, Task: d.Task, At: e.clk.Now(),
 	}
 	if mod != nil {
 		mod(&s)
@@ -134,7 +135,7 @@ func (e *env) settle(d *broker.Delivery, o broker.Outcome, mod func(*broker.Sett
 func (e *env) maintain() broker.MaintainResult {
 	e.t.Helper()
 	r, err := e.b.Maintain(e.t.Context(), broker.MaintainRequest{
-		Queue: "q", Owner: "me", OwnerTTL: time.Minute, Now: e.clk.Now(),
+		Queue: "q", Owner: "me", OwnerTTL: time.Minute,
 	})
 	if err != nil {
 		e.t.Fatalf("Maintain: %v", err)
@@ -142,11 +143,11 @@ func (e *env) maintain() broker.MaintainResult {
 	return r
 }
 
-func (e *env) get(id string) (*broker.Message, error) {
+func (e *env) get(id string) (*tidetype.TaskInfo, error) {
 	return e.b.GetTask(e.t.Context(), "q", id)
 }
 
-func (e *env) mustGet(id string) *broker.Message {
+func (e *env) mustGet(id string) *tidetype.TaskInfo {
 	e.t.Helper()
 	m, err := e.get(id)
 	if err != nil {
@@ -175,8 +176,8 @@ func TestDelayedWithFakeClock(t *testing.T) {
 		t.Fatalf("Maintain at due: %+v", r)
 	}
 	d := e.one(time.Minute)
-	if d.Message.ID != "sooner" || !d.Message.ProcessAt.Equal(due) {
-		t.Fatalf("dequeued %s due %v, want sooner due %v", d.Message.ID, d.Message.ProcessAt, due)
+	if d.Task.ID != "sooner" || !d.Task.NextProcessAt.Equal(due) {
+		t.Fatalf("dequeued %s due %v, want sooner due %v", d.Task.ID, d.Task.NextProcessAt, due)
 	}
 }
 
@@ -196,14 +197,17 @@ func TestDueScheduledIsStoredPending(t *testing.T) {
 	now := e.scheduled("now", 0)
 	e.mustEnqueue(past, now)
 	for _, id := range []string{"past", "now"} {
-		if m := e.mustGet(id); m.State != broker.StatePending {
+		if m := e.mustGet(id); m.State != tidetype.StatePending {
 			t.Fatalf("%s: State %v, want pending", id, m.State)
 		}
 	}
-	if m := e.mustGet("past"); !m.ProcessAt.Equal(past.ProcessAt) {
-		t.Fatalf("ProcessAt = %v, want the due time %v", m.ProcessAt, past.ProcessAt)
+	if m := e.mustGet("past"); !m.NextProcessAt.Equal(past.NextProcessAt) {
+		t.Fatalf("ProcessAt = %v, want the due time %v", m.NextProcessAt, past.NextProcessAt)
 	}
 }
+
+// leaseExpiredErr is the LastErr of a task recovered after its lease expired.
+const leaseExpiredErr = "tide: lease expired: the worker died, stalled or lost the broker while processing the task"
 
 func TestLeaseExpiryWithFakeClock(t *testing.T) {
 	t.Parallel()
@@ -230,15 +234,50 @@ func TestLeaseExpiryWithFakeClock(t *testing.T) {
 	}
 	m := e.mustGet("a")
 	now := e.clk.Now()
-	if m.State != broker.StatePending || m.Retried != 1 || m.LastErr != "tide: lease expired (worker died or stalled)" ||
-		!m.LastFailedAt.Equal(now) || !m.ProcessAt.Equal(now) {
+	if m.State != tidetype.StatePending || m.Retried != 1 || m.LastErr != leaseExpiredErr ||
+		!m.LastFailedAt.Equal(now) || !m.NextProcessAt.Equal(now) {
 		t.Fatalf("recovered task: %+v", m)
 	}
-	if err := e.settle(d, broker.OutcomeDone, nil); !errors.Is(err, broker.ErrLeaseLost) {
+	if err := e.settle(d, broker.SettleDone, nil); !errors.Is(err, broker.ErrLeaseLost) {
 		t.Fatalf("Settle with the expired lease: %v, want ErrLeaseLost", err)
 	}
-	if d2 := e.one(time.Minute); d2.Token != d.Token+1 {
-		t.Fatalf("redelivery token %d, want %d", d2.Token, d.Token+1)
+	if d2 := e.one(time.Minute); d2.Token <= d.Token {
+		t.Fatalf("redelivery token %d, want one above %d", d2.Token, d.Token)
+	}
+}
+
+// A task recovered after its lease expired waits RecoverBackoff, doubled per
+// retry it has used, before it runs again: a task that kills its worker must
+// not hit the fleet again at once.
+func TestRecoveryBacksOff(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.mustEnqueue(e.msg("a"))
+	maintain := func() broker.MaintainResult {
+		r, err := e.b.Maintain(t.Context(), broker.MaintainRequest{Queue: "q", Owner: "me", OwnerTTL: time.Minute, RecoverBackoff: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	for i, wait := range []time.Duration{10 * time.Second, 20 * time.Second} {
+		e.one(time.Second)
+		e.clk.Add(time.Second)
+		if r := maintain(); r.Recovered != 1 || r.Pending != 0 {
+			t.Fatalf("recovery %d: %+v", i, r)
+		}
+		m := e.mustGet("a")
+		if m.State != tidetype.StateRetry || m.LastErr != leaseExpiredErr || !m.NextProcessAt.Equal(e.clk.Now().Add(wait)) {
+			t.Fatalf("recovery %d: %+v, want retry due in %v", i, m, wait)
+		}
+		e.clk.Add(wait - time.Millisecond)
+		if r := maintain(); r.Forwarded != 0 {
+			t.Fatalf("recovery %d: forwarded before its back-off ended", i)
+		}
+		e.clk.Add(time.Millisecond)
+		if r := maintain(); r.Forwarded != 1 {
+			t.Fatalf("recovery %d: not forwarded when its back-off ended: %+v", i, r)
+		}
 	}
 }
 
@@ -248,7 +287,7 @@ func TestLateSettleBeforeRecoverySucceeds(t *testing.T) {
 	e.mustEnqueue(e.msg("a"))
 	d := e.one(time.Second)
 	e.clk.Add(time.Hour) // expired, but nobody recovered it yet
-	if err := e.settle(d, broker.OutcomeDone, nil); err != nil {
+	if err := e.settle(d, broker.SettleDone, nil); err != nil {
 		t.Fatalf("Settle of an expired but unrecovered lease: %v", err)
 	}
 }
@@ -266,7 +305,7 @@ func TestRecoveryArchivesWhenExhausted(t *testing.T) {
 		t.Fatalf("Maintain: %+v", r)
 	}
 	got := e.mustGet("a")
-	if got.State != broker.StateArchived || got.Retried != 0 || got.LastErr == "" || !got.LastFailedAt.Equal(e.clk.Now()) {
+	if got.State != tidetype.StateArchived || got.Retried != 0 || got.LastErr == "" || !got.LastFailedAt.Equal(e.clk.Now()) {
 		t.Fatalf("exhausted task: %+v", got)
 	}
 	m2 := e.msg("b")
@@ -281,11 +320,11 @@ func TestRetentionWithFakeClock(t *testing.T) {
 	m.Retention = time.Hour
 	e.mustEnqueue(m)
 	d := e.one(time.Minute)
-	d.Message.Retention = 0 // the stored message's retention counts, not the settlement's
-	if err := e.settle(d, broker.OutcomeDone, nil); err != nil {
+	d.Task.Retention = 0 // the stored message's retention counts, not the settlement's
+	if err := e.settle(d, broker.SettleDone, nil); err != nil {
 		t.Fatal(err)
 	}
-	if got := e.mustGet("a"); got.State != broker.StateCompleted || !got.CompletedAt.Equal(e.clk.Now()) {
+	if got := e.mustGet("a"); got.State != tidetype.StateCompleted || !got.CompletedAt.Equal(e.clk.Now()) {
 		t.Fatalf("completed task: %+v", got)
 	}
 	e.clk.Add(time.Hour - time.Millisecond)
@@ -304,7 +343,7 @@ func TestArchiveTrim(t *testing.T) {
 		t.Helper()
 		for i := range n {
 			e.mustEnqueue(e.msg(fmt.Sprint("a", i)))
-			if err := e.settle(e.one(time.Minute), broker.OutcomeArchive, func(s *broker.Settlement) { s.Err = "x" }); err != nil {
+			if err := e.settle(e.one(time.Minute), broker.SettleArchive, func(s *broker.Settlement) { s.Err = "x" }); err != nil {
 				t.Fatal(err)
 			}
 			e.clk.Add(time.Second)
@@ -354,7 +393,7 @@ func TestArchiveTrim(t *testing.T) {
 func TestUniqueTTLWithFakeClock(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	u := func(id string) *broker.Message {
+	u := func(id string) *tidetype.TaskInfo {
 		m := e.msg(id)
 		m.UniqueKey, m.UniqueTTL = "k", time.Minute
 		return m
@@ -379,7 +418,7 @@ func TestOwnershipWithFakeClock(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	claim := func(owner string) broker.MaintainResult {
-		r, err := e.b.Maintain(t.Context(), broker.MaintainRequest{Queue: "q", Owner: owner, OwnerTTL: 10 * time.Second, Now: e.clk.Now()})
+		r, err := e.b.Maintain(t.Context(), broker.MaintainRequest{Queue: "q", Owner: owner, OwnerTTL: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -405,11 +444,11 @@ func TestRequeueGoesToFront(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.mustEnqueue(e.msg("a"), e.msg("b"))
-	if err := e.settle(e.one(time.Minute), broker.OutcomeRequeue, nil); err != nil {
+	if err := e.settle(e.one(time.Minute), broker.SettleRequeue, nil); err != nil {
 		t.Fatal(err)
 	}
-	if d := e.one(time.Minute); d.Message.ID != "a" {
-		t.Fatalf("after requeue dequeued %s, want a", d.Message.ID)
+	if d := e.one(time.Minute); d.Task.ID != "a" {
+		t.Fatalf("after requeue dequeued %s, want a", d.Task.ID)
 	}
 }
 
@@ -417,7 +456,7 @@ func TestRetryStaysUntilForwarded(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.mustEnqueue(e.msg("a"))
-	if err := e.settle(e.one(time.Minute), broker.OutcomeRetry, func(s *broker.Settlement) {
+	if err := e.settle(e.one(time.Minute), broker.SettleRetry, func(s *broker.Settlement) {
 		s.RetryAt, s.Err = e.clk.Now().Add(-time.Second), "boom"
 	}); err != nil {
 		t.Fatal(err)
@@ -475,7 +514,7 @@ func TestEvents(t *testing.T) {
 
 	// A retry earlier than everything else.
 	d := e.one(time.Minute)
-	if err := e.settle(d, broker.OutcomeRetry, func(s *broker.Settlement) { s.RetryAt = now.Add(time.Second) }); err != nil {
+	if err := e.settle(d, broker.SettleRetry, func(s *broker.Settlement) { s.RetryAt = now.Add(time.Second) }); err != nil {
 		t.Fatal(err)
 	}
 	next(broker.EventScheduled, now.Add(time.Second))
@@ -539,7 +578,7 @@ func TestSubscribeDropsWhenFull(t *testing.T) {
 	}
 	for i := range 1000 { // never read: must not block
 		e.mustEnqueue(e.msg(fmt.Sprint(i)))
-		if err := e.settle(e.one(time.Minute), broker.OutcomeDone, nil); err != nil {
+		if err := e.settle(e.one(time.Minute), broker.SettleDone, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -575,8 +614,8 @@ func TestCloseClosesSubscriptions(t *testing.T) {
 	if err := b.Close(); !errors.Is(err, broker.ErrClosed) {
 		t.Fatalf("second Close: %v, want ErrClosed", err)
 	}
-	if n := b.Partitions("a"); n != 1 {
-		t.Fatalf("Partitions after Close = %d", n)
+	if _, err := b.Partitions(context.Background(), "a"); !errors.Is(err, broker.ErrClosed) {
+		t.Fatalf("Partitions after Close: %v, want ErrClosed", err)
 	}
 }
 
@@ -586,7 +625,7 @@ func TestCanceledContext(t *testing.T) {
 	t.Cleanup(func() { _ = b.Close() })
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	if _, err := b.Enqueue(ctx, nil); !errors.Is(err, context.Canceled) {
+	if _, err := b.Enqueue(ctx, nil, broker.EnqueueOptions{}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Enqueue: %v", err)
 	}
 	if _, err := b.Subscribe(ctx, []string{"q"}); !errors.Is(err, context.Canceled) {
@@ -601,22 +640,22 @@ func TestValidation(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := t.Context()
-	bad := func(mod func(m *broker.Message)) *broker.Message {
+	bad := func(mod func(m *tidetype.TaskInfo)) *tidetype.TaskInfo {
 		m := e.msg("x")
 		mod(m)
 		return m
 	}
-	msgs := []*broker.Message{
+	msgs := []*tidetype.TaskInfo{
 		nil,
-		bad(func(m *broker.Message) { m.ID = "" }),
-		bad(func(m *broker.Message) { m.Queue = "" }),
-		bad(func(m *broker.Message) { m.Type = "" }),
-		bad(func(m *broker.Message) { m.State = broker.StateActive }),
-		bad(func(m *broker.Message) { m.State = 0 }),
-		bad(func(m *broker.Message) { m.State, m.ProcessAt = broker.StateScheduled, time.Time{} }),
-		bad(func(m *broker.Message) { m.MaxRetry = -1 }),
-		bad(func(m *broker.Message) { m.Timeout = -time.Second }),
-		bad(func(m *broker.Message) { m.UniqueKey = "k" }),
+		bad(func(m *tidetype.TaskInfo) { m.Retried = -1 }), // an empty ID is valid: the broker chooses one
+		bad(func(m *tidetype.TaskInfo) { m.Queue = "" }),
+		bad(func(m *tidetype.TaskInfo) { m.Type = "" }),
+		bad(func(m *tidetype.TaskInfo) { m.State = tidetype.StateActive }),
+		bad(func(m *tidetype.TaskInfo) { m.State = 0 }),
+		bad(func(m *tidetype.TaskInfo) { m.State, m.NextProcessAt = tidetype.StateScheduled, time.Time{} }),
+		bad(func(m *tidetype.TaskInfo) { m.MaxRetry = -1 }),
+		bad(func(m *tidetype.TaskInfo) { m.Timeout = -time.Second }),
+		bad(func(m *tidetype.TaskInfo) { m.UniqueKey = "k" }),
 		e.msg("good"),
 	}
 	errs := e.enqueue(msgs...)
@@ -648,7 +687,7 @@ func TestValidation(t *testing.T) {
 	if err := e.settle(d, 0, nil); err == nil || errors.Is(err, broker.ErrLeaseLost) {
 		t.Errorf("Settle with outcome 0: %v, want a validation error", err)
 	}
-	if err := e.settle(d, broker.OutcomeDone, nil); err != nil {
+	if err := e.settle(d, broker.SettleDone, nil); err != nil {
 		t.Errorf("Settle after an invalid one: %v", err)
 	}
 	for _, req := range []broker.MaintainRequest{
@@ -673,12 +712,12 @@ func TestMillisecondPrecision(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	m := e.msg("a")
-	m.ProcessAt = m.ProcessAt.Add(1500 * time.Microsecond)
+	m.NextProcessAt = m.NextProcessAt.Add(1500 * time.Microsecond)
 	m.Timeout = 2*time.Second + 999*time.Microsecond
 	e.mustEnqueue(m)
 	got := e.mustGet("a")
-	if !got.ProcessAt.Equal(e.clk.Now().Add(time.Millisecond)) || got.Timeout != 2*time.Second {
-		t.Fatalf("ProcessAt %v Timeout %v, want truncated to ms", got.ProcessAt, got.Timeout)
+	if !got.NextProcessAt.Equal(e.clk.Now().Add(time.Millisecond)) || got.Timeout != 2*time.Second {
+		t.Fatalf("ProcessAt %v Timeout %v, want truncated to ms", got.NextProcessAt, got.Timeout)
 	}
 }
 
@@ -689,7 +728,7 @@ func TestManyTasks(t *testing.T) {
 	const n = 100_000
 	e := newEnv(t)
 	rng := rand.New(rand.NewPCG(1, 2))
-	batch := make([]*broker.Message, 0, 1000)
+	batch := make([]*tidetype.TaskInfo, 0, 1000)
 	for i := range n {
 		batch = append(batch, e.scheduled(fmt.Sprint(i), time.Duration(1+rng.IntN(3600_000))*time.Millisecond))
 		if len(batch) == cap(batch) {
@@ -709,10 +748,10 @@ func TestManyTasks(t *testing.T) {
 			break
 		}
 		for _, d := range ds {
-			if d.Message.ProcessAt.Before(last) {
-				t.Fatalf("task due %v handed out after one due %v", d.Message.ProcessAt, last)
+			if d.Task.NextProcessAt.Before(last) {
+				t.Fatalf("task due %v handed out after one due %v", d.Task.NextProcessAt, last)
 			}
-			last = d.Message.ProcessAt
+			last = d.Task.NextProcessAt
 		}
 		total += len(ds)
 	}
@@ -728,8 +767,8 @@ func BenchmarkEnqueueDequeueSettle(b *testing.B) {
 	now := time.Now()
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
-		m := &broker.Message{ID: fmt.Sprint(i), Queue: "q", Type: "t", State: broker.StatePending, ProcessAt: now}
-		if _, err := br.Enqueue(ctx, []*broker.Message{m}); err != nil {
+		m := &tidetype.TaskInfo{ID: fmt.Sprint(i), Queue: "q", Type: "t", State: tidetype.StatePending, NextProcessAt: now}
+		if _, err := br.Enqueue(ctx, []*tidetype.TaskInfo{m}, broker.EnqueueOptions{}); err != nil {
 			b.Fatal(err)
 		}
 		ds, err := br.Dequeue(ctx, []string{"q"}, 1, time.Minute)
@@ -737,8 +776,32 @@ func BenchmarkEnqueueDequeueSettle(b *testing.B) {
 			b.Fatal(err)
 		}
 		ref := broker.LeaseRef{Queue: "q", ID: m.ID, Token: ds[0].Token}
-		if _, err := br.Settle(ctx, []broker.Settlement{{Lease: ref, Outcome: broker.OutcomeDone}}); err != nil {
+		if _, err := br.Settle(ctx, []broker.Settlement{{Lease: ref, Kind: broker.SettleDone}}); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+func TestIdempotencyWindow(t *testing.T) {
+	t.Parallel()
+	clk := newFakeClock()
+	b := membroker.New(membroker.WithClock(clk), membroker.WithIdempotencyWindow(time.Hour))
+	enq := func() string {
+		t.Helper()
+		m := &tidetype.TaskInfo{Queue: "q", Type: "t", State: tidetype.StatePending, IdempotencyKey: "k"}
+		errs, err := b.Enqueue(t.Context(), []*tidetype.TaskInfo{m}, broker.EnqueueOptions{})
+		if err != nil || errs[0] != nil {
+			t.Fatalf("Enqueue: %v %v", err, errs)
+		}
+		return m.ID
+	}
+	first := enq()
+	clk.Add(59 * time.Minute)
+	if id := enq(); id != first {
+		t.Fatalf("within the window: ID %q, want %q", id, first)
+	}
+	clk.Add(2 * time.Minute)
+	if id := enq(); id == first {
+		t.Fatal("after the window the key still answered with the first task")
 	}
 }

@@ -2,21 +2,21 @@ package redisbroker
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tidequeue/tide/broker"
-	"github.com/tidequeue/tide/internal/codec"
+	"github.com/tidequeue/tide/broker/redisbroker/internal/codec"
+	"github.com/tidequeue/tide/tidetype"
 )
-
-var _ broker.Admin = (*Broker)(nil)
 
 // maxListLimit bounds one ListTasks page; maxBulkLimit one bulk step.
 const (
@@ -25,25 +25,23 @@ const (
 )
 
 // stateKey names the structure holding tasks in state st.
-func stateKey(st broker.State) (string, bool) {
+func stateKey(st tidetype.TaskState) (string, bool) {
 	switch st {
-	case broker.StatePending:
+	case tidetype.StatePending:
 		return "pending", true
-	case broker.StateActive:
+	case tidetype.StateActive:
 		return "active", true
-	case broker.StateScheduled:
+	case tidetype.StateScheduled:
 		return "scheduled", true
-	case broker.StateRetry:
+	case tidetype.StateRetry:
 		return "retry", true
-	case broker.StateArchived:
+	case tidetype.StateArchived:
 		return "archived", true
-	case broker.StateCompleted:
+	case tidetype.StateCompleted:
 		return "completed", true
 	}
 	return "", false
 }
-
-var allStates = []broker.State{broker.StatePending, broker.StateActive, broker.StateScheduled, broker.StateRetry, broker.StateArchived, broker.StateCompleted}
 
 // Queues implements broker.Admin.
 func (b *Broker) Queues(ctx context.Context) ([]string, error) {
@@ -52,106 +50,119 @@ func (b *Broker) Queues(ctx context.Context) ([]string, error) {
 	}
 	qs, err := b.rdb.SMembers(ctx, b.prefix+":queues").Result()
 	if err != nil {
-		return nil, fmt.Errorf("tide: redisbroker: queues: %w", err)
+		return nil, callErr("queues", classify(err))
 	}
 	sort.Strings(qs)
 	return qs, nil
 }
 
-// QueueStats implements broker.Admin with one pipeline (plus one for the
+// QueueInfo implements broker.Admin with one pipeline (plus one for the
 // oldest pending records).
-func (b *Broker) QueueStats(ctx context.Context, queue string) (*broker.QueueStats, error) {
+func (b *Broker) QueueInfo(ctx context.Context, queue string) (*tidetype.QueueInfo, error) {
 	if err := b.check(); err != nil {
 		return nil, err
 	}
-	parts := b.Partitions(queue)
-	day := today()
+	l, err := b.freshLayout(ctx, queue)
+	if err != nil {
+		return nil, err
+	}
+	day := b.today()
+	now := strconv.FormatInt(b.Now().Add(-time.Second).UnixMilli(), 10) // due a second ago: not just a race with the maintainer
 	type partCmds struct {
-		sizes    map[broker.State]*redis.IntCmd
+		sizes    map[tidetype.TaskState]*redis.IntCmd
 		paused   *redis.IntCmd
 		proc, fl *redis.StringCmd
 		oldest   *redis.StringCmd
+
+		overdue, overdueRetry *redis.IntCmd
 	}
-	pc := make([]partCmds, parts)
+	pc := make([]partCmds, l.total())
 	pipe := b.rdb.Pipeline()
-	for p := range parts {
-		k := b.keysFor(queue, p)
-		c := partCmds{sizes: map[broker.State]*redis.IntCmd{}}
-		for _, st := range allStates {
+	for i := range l.total() {
+		p := b.partAt(queue, l, i)
+		c := partCmds{sizes: map[tidetype.TaskState]*redis.IntCmd{}}
+		for _, st := range tidetype.States {
 			name, _ := stateKey(st)
-			if st == broker.StatePending {
-				c.sizes[st] = pipe.LLen(ctx, k.k(name))
+			if st == tidetype.StatePending {
+				c.sizes[st] = pipe.LLen(ctx, p.k(name))
 			} else {
-				c.sizes[st] = pipe.ZCard(ctx, k.k(name))
+				c.sizes[st] = pipe.ZCard(ctx, p.k(name))
 			}
 		}
-		c.paused = pipe.Exists(ctx, k.k("paused"))
-		c.proc = pipe.Get(ctx, k.k("stat:p:"+day))
-		c.fl = pipe.Get(ctx, k.k("stat:f:"+day))
-		c.oldest = pipe.LIndex(ctx, k.k("pending"), -1)
-		pc[p] = c
+		c.paused = pipe.Exists(ctx, p.k("paused"))
+		c.proc = pipe.HGet(ctx, p.k("stat"), "p:"+day)
+		c.fl = pipe.HGet(ctx, p.k("stat"), "f:"+day)
+		c.oldest = pipe.LIndex(ctx, p.k("pending"), -1)
+		c.overdue = pipe.ZCount(ctx, p.k("scheduled"), "-inf", now)
+		c.overdueRetry = pipe.ZCount(ctx, p.k("retry"), "-inf", now)
+		pc[i] = c
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, fmt.Errorf("tide: redisbroker: queue stats %s: %w", queue, err)
+		return nil, callErr("queue info "+queue, classify(err))
 	}
-	qs := &broker.QueueStats{Queue: queue, Sizes: map[broker.State]int{}}
-	for _, st := range allStates {
-		qs.Sizes[st] = 0
-	}
+	qi := &tidetype.QueueInfo{Queue: queue}
 	var oldest []*redis.StringCmd
 	pipe = b.rdb.Pipeline()
-	for p, c := range pc {
+	for i, c := range pc {
 		for st, cmd := range c.sizes {
-			qs.Sizes[st] += int(cmd.Val())
+			qi.SetCount(st, qi.Count(st)+int(cmd.Val()))
 		}
-		qs.Paused = qs.Paused || c.paused.Val() == 1
-		n, _ := c.proc.Int() // missing key: 0
+		qi.Paused = qi.Paused || c.paused.Val() == 1
+		qi.Overdue += int(c.overdue.Val() + c.overdueRetry.Val())
+		n, _ := c.proc.Int() // missing field: 0
 		f, _ := c.fl.Int()
-		qs.Processed += n
-		qs.Failed += f
+		qi.Processed += n
+		qi.Failed += f
 		if id := c.oldest.Val(); id != "" {
-			oldest = append(oldest, pipe.HGet(ctx, b.keysFor(queue, p).k("t"), id))
+			oldest = append(oldest, pipe.HGet(ctx, b.partAt(queue, l, i).k("t"), id))
 		}
 	}
 	if len(oldest) > 0 {
 		_, _ = pipe.Exec(ctx)
 		for _, cmd := range oldest {
-			if m, err := codec.DecodeHeader(queue, "", []byte(cmd.Val())); err == nil && !m.ProcessAt.IsZero() {
-				if qs.OldestPending.IsZero() || m.ProcessAt.Before(qs.OldestPending) {
-					qs.OldestPending = m.ProcessAt
+			if m, err := codec.DecodeHeader(queue, "", []byte(cmd.Val())); err == nil && !m.NextProcessAt.IsZero() {
+				if qi.OldestPending.IsZero() || m.NextProcessAt.Before(qi.OldestPending) {
+					qi.OldestPending = m.NextProcessAt
 				}
 			}
 		}
 	}
-	return qs, nil
+	if !qi.OldestPending.IsZero() {
+		qi.Latency = max(b.Now().Sub(qi.OldestPending), 0)
+	}
+	return qi, nil
 }
 
 // History implements broker.Admin.
-func (b *Broker) History(ctx context.Context, queue string, days int) ([]broker.DayStats, error) {
+func (b *Broker) History(ctx context.Context, queue string, days int) ([]tidetype.DailyStats, error) {
 	if err := b.check(); err != nil {
 		return nil, err
 	}
 	if days < 1 || days > 90 {
 		return nil, fmt.Errorf("tide: redisbroker: history of %d days: must be 1 to 90", days)
 	}
-	now := time.Now().UTC()
+	l, err := b.freshLayout(ctx, queue)
+	if err != nil {
+		return nil, err
+	}
+	now := b.Now().UTC()
 	start := time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC)
-	out := make([]broker.DayStats, days)
+	out := make([]tidetype.DailyStats, days)
 	proc := make([][]*redis.StringCmd, days)
 	fail := make([][]*redis.StringCmd, days)
 	pipe := b.rdb.Pipeline()
 	for d := range days {
 		date := start.AddDate(0, 0, -d)
-		out[d].Date = date
+		out[d].Queue, out[d].Date = queue, date
 		day := date.Format(time.DateOnly)
-		for p := range b.Partitions(queue) {
-			k := b.keysFor(queue, p)
-			proc[d] = append(proc[d], pipe.Get(ctx, k.k("stat:p:"+day)))
-			fail[d] = append(fail[d], pipe.Get(ctx, k.k("stat:f:"+day)))
+		for i := range l.total() {
+			p := b.partAt(queue, l, i)
+			proc[d] = append(proc[d], pipe.HGet(ctx, p.k("stat"), "p:"+day))
+			fail[d] = append(fail[d], pipe.HGet(ctx, p.k("stat"), "f:"+day))
 		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, fmt.Errorf("tide: redisbroker: history %s: %w", queue, err)
+		return nil, callErr("history "+queue, classify(err))
 	}
 	for d := range days {
 		for i := range proc[d] {
@@ -166,106 +177,312 @@ func (b *Broker) History(ctx context.Context, queue string, days int) ([]broker.
 
 // ListTasks implements broker.Admin. Partitions are listed one after
 // another; offset counts across them.
-func (b *Broker) ListTasks(ctx context.Context, queue string, state broker.State, offset, limit int) ([]*broker.Message, error) {
+func (b *Broker) ListTasks(ctx context.Context, queue string, state tidetype.TaskState, offset, limit int) ([]*tidetype.TaskInfo, error) {
 	if err := b.check(); err != nil {
 		return nil, err
 	}
-	name, ok := stateKey(state)
-	if !ok {
+	if _, ok := stateKey(state); !ok {
 		return nil, fmt.Errorf("tide: redisbroker: list tasks: unknown state %d", state)
 	}
 	if offset < 0 || limit < 1 || limit > maxListLimit {
 		return nil, fmt.Errorf("tide: redisbroker: list tasks: offset %d / limit %d out of range (limit 1..%d)", offset, limit, maxListLimit)
 	}
-	var ids []string
-	var from []int // partition of each id
-	for p := 0; p < b.Partitions(queue) && len(ids) < limit; p++ {
-		k := b.keysFor(queue, p)
+	l, err := b.freshLayout(ctx, queue)
+	if err != nil {
+		return nil, err
+	}
+	ts, _, err := b.page(ctx, queue, l, state, offset, limit)
+	return ts, err
+}
+
+// page reads up to limit tasks of queue in state from offset (counted
+// across partitions, one after another) with their results and attempt
+// histories, and for active tasks their lease expiry. It returns how many
+// positions it went through (tasks that finished between the reads are
+// skipped, so that may be more than it returns).
+func (b *Broker) page(ctx context.Context, queue string, l layout, state tidetype.TaskState, offset, limit int) ([]*tidetype.TaskInfo, int, error) {
+	name, _ := stateKey(state)
+	type ref struct {
+		id    string
+		part  int
+		score float64
+	}
+	var refs []ref
+	for i := 0; i < l.total() && len(refs) < limit; i++ {
+		k := b.partAt(queue, l, i)
 		var size int64
 		var err error
-		if state == broker.StatePending {
+		if state == tidetype.StatePending {
 			size, err = b.rdb.LLen(ctx, k.k(name)).Result()
 		} else {
 			size, err = b.rdb.ZCard(ctx, k.k(name)).Result()
 		}
 		if err != nil {
-			return nil, fmt.Errorf("tide: redisbroker: list tasks: %w", err)
+			return nil, 0, callErr("list tasks", classify(err))
 		}
 		if int64(offset) >= size {
 			offset -= int(size)
 			continue
 		}
-		want := int64(limit - len(ids))
-		var page []string
-		if state == broker.StatePending {
+		want := int64(limit - len(refs))
+		if state == tidetype.StatePending {
 			// Oldest first: the list is consumed from its right end.
 			stop := -1 - int64(offset)
-			page, err = b.rdb.LRange(ctx, k.k(name), stop-want+1, stop).Result()
+			page, err := b.rdb.LRange(ctx, k.k(name), stop-want+1, stop).Result()
+			if err != nil {
+				return nil, 0, callErr("list tasks", classify(err))
+			}
 			slices.Reverse(page)
+			for _, id := range page {
+				refs = append(refs, ref{id: id, part: i})
+			}
 		} else {
-			page, err = b.rdb.ZRange(ctx, k.k(name), int64(offset), int64(offset)+want-1).Result()
-		}
-		if err != nil {
-			return nil, fmt.Errorf("tide: redisbroker: list tasks: %w", err)
+			page, err := b.rdb.ZRangeWithScores(ctx, k.k(name), int64(offset), int64(offset)+want-1).Result()
+			if err != nil {
+				return nil, 0, callErr("list tasks", classify(err))
+			}
+			for _, z := range page {
+				id, _ := z.Member.(string)
+				refs = append(refs, ref{id: id, part: i, score: z.Score})
+			}
 		}
 		offset = 0
-		for _, id := range page {
-			ids = append(ids, id)
-			from = append(from, p)
-		}
 	}
-	if len(ids) == 0 {
-		return nil, nil
+	if len(refs) == 0 {
+		return nil, 0, nil
 	}
 	pipe := b.rdb.Pipeline()
-	recs := make([]*redis.StringCmd, len(ids))
-	results := make([]*redis.StringCmd, len(ids))
-	for i, id := range ids {
-		k := b.keysFor(queue, from[i])
-		recs[i] = pipe.HGet(ctx, k.k("t"), id)
-		results[i] = pipe.HGet(ctx, k.k("result"), id)
+	recs := make([]*redis.StringCmd, len(refs))
+	results := make([]*redis.StringCmd, len(refs))
+	hists := make([]*redis.StringCmd, len(refs))
+	for i, r := range refs {
+		k := b.partAt(queue, l, r.part)
+		recs[i] = pipe.HGet(ctx, k.k("t"), r.id)
+		results[i] = pipe.HGet(ctx, k.k("result"), r.id)
+		hists[i] = pipe.HGet(ctx, k.k("h"), r.id)
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, fmt.Errorf("tide: redisbroker: list tasks: %w", err)
+		return nil, 0, callErr("list tasks", classify(err))
 	}
-	out := make([]*broker.Message, 0, len(ids))
-	for i, id := range ids {
+	out := make([]*tidetype.TaskInfo, 0, len(refs))
+	for i, r := range refs {
 		raw, err := recs[i].Bytes()
-		if err != nil {
+		if err != nil || string(raw) == placeholder {
 			continue // finished between the two reads
 		}
-		m, err := codec.DecodeHeader(queue, id, raw)
+		m, err := codec.DecodeHeader(queue, r.id, raw)
 		if err != nil {
-			m = &broker.Message{ID: id, Queue: queue, State: state, LastErr: err.Error()}
+			m = &tidetype.TaskInfo{ID: r.id, Queue: queue, State: state, LastErr: err.Error()}
 		}
-		if r, err := results[i].Bytes(); err == nil {
-			m.Result = r
+		if res, err := results[i].Bytes(); err == nil {
+			m.Result = res
+		}
+		if h, err := hists[i].Bytes(); err == nil {
+			m.Attempts = codec.DecodeAttempts(h)
+		}
+		if state == tidetype.StateActive {
+			m.LeaseExpiresAt = time.UnixMilli(int64(r.score))
 		}
 		out = append(out, m)
 	}
-	return out, nil
+	return out, len(refs), nil
 }
 
-func (b *Broker) adminKeys(k keys) []string {
-	return []string{k.k("t"), k.k("pending"), k.k("scheduled"), k.k("retry"), k.k("archived"), k.k("completed"), k.k("result"), k.k("active")}
+// maxSearchScan bounds how many tasks one SearchTasks call looks at.
+const maxSearchScan = 5000
+
+// SearchTasks implements broker.Admin: it reads the tasks of queue in
+// state from offset, in the order of ListTasks, and keeps those that match f,
+// looking at no more than 5,000 per call.
+func (b *Broker) SearchTasks(ctx context.Context, queue string, state tidetype.TaskState, f tidetype.TaskFilter, offset, limit int) ([]*tidetype.TaskInfo, int, error) {
+	if err := b.check(); err != nil {
+		return nil, -1, err
+	}
+	if _, ok := stateKey(state); !ok {
+		return nil, -1, fmt.Errorf("tide: redisbroker: search tasks: unknown state %d", state)
+	}
+	if offset < 0 || limit < 1 || limit > maxListLimit {
+		return nil, -1, fmt.Errorf("tide: redisbroker: search tasks: offset %d / limit %d out of range (limit 1..%d)", offset, limit, maxListLimit)
+	}
+	l, err := b.freshLayout(ctx, queue)
+	if err != nil {
+		return nil, -1, err
+	}
+	var out []*tidetype.TaskInfo
+	for scanned := 0; scanned < maxSearchScan && len(out) < limit; {
+		ts, n, err := b.page(ctx, queue, l, state, offset, maxListLimit)
+		if err != nil {
+			return nil, -1, err
+		}
+		if n == 0 {
+			return out, -1, nil
+		}
+		for j, t := range ts {
+			if f.Match(t) {
+				out = append(out, t)
+				if len(out) == limit {
+					// Continue after this one next time: positions and
+					// tasks line up unless some finished meanwhile.
+					return out, offset + min(j+1, n), nil
+				}
+			}
+		}
+		offset += n
+		scanned += n
+	}
+	return out, offset, nil
+}
+
+// Series implements broker.Admin: the per-minute counters the settle and
+// maintain scripts keep for two hours, summed over the partitions.
+func (b *Broker) Series(ctx context.Context, queue string, since time.Time) ([]tidetype.Point, error) {
+	if err := b.check(); err != nil {
+		return nil, err
+	}
+	l, err := b.freshLayout(ctx, queue)
+	if err != nil {
+		return nil, err
+	}
+	pipe := b.rdb.Pipeline()
+	cmds := make([]*redis.MapStringStringCmd, l.total())
+	for i := range l.total() {
+		cmds[i] = pipe.HGetAll(ctx, b.partAt(queue, l, i).k("m"))
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, callErr("series "+queue, classify(err))
+	}
+	first, last := since.Unix()/60, b.Now().Unix()/60
+	if last-first > 180 {
+		first = last - 180
+	}
+	pts := make([]tidetype.Point, 0, last-first+1)
+	for m := first; m <= last; m++ {
+		pts = append(pts, tidetype.Point{At: time.Unix(m*60, 0).UTC(), Pending: -1})
+	}
+	for _, c := range cmds {
+		for f, v := range c.Val() {
+			if len(f) < 3 {
+				continue
+			}
+			m, err1 := strconv.ParseInt(f[2:], 10, 64)
+			n, err2 := strconv.Atoi(v)
+			if err1 != nil || err2 != nil || m < first || m > last {
+				continue
+			}
+			p := &pts[m-first]
+			switch f[0] {
+			case 'p':
+				p.Processed += n
+			case 'f':
+				p.Failed += n
+			case 'q':
+				p.Pending = max(p.Pending, 0) + n
+			}
+		}
+	}
+	return pts, nil
+}
+
+// StoreInfo implements broker.Admin: INFO of the Redis server (summed over a
+// cluster's primaries).
+func (b *Broker) StoreInfo(ctx context.Context) (*tidetype.StoreInfo, error) {
+	if err := b.check(); err != nil {
+		return nil, err
+	}
+	si := &tidetype.StoreInfo{Kind: "redis"}
+	add := func(ctx context.Context, c *redis.Client) error {
+		txt, err := c.Info(ctx, "server", "memory", "clients").Result()
+		if err != nil {
+			return err
+		}
+		for _, line := range strings.Split(txt, "\n") {
+			k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+			if !ok {
+				continue
+			}
+			n, _ := strconv.ParseInt(v, 10, 64)
+			switch k {
+			case "redis_version":
+				si.Version = v
+			case "redis_mode":
+				si.Mode = v
+			case "used_memory":
+				si.UsedMemory += n
+			case "maxmemory":
+				si.MaxMemory += n
+			case "maxmemory_policy":
+				si.EvictionPolicy = v
+			case "connected_clients":
+				si.ConnectedClients += int(n)
+			}
+		}
+		si.Nodes++
+		return nil
+	}
+	var err error
+	switch c := b.rdb.(type) {
+	case *redis.ClusterClient:
+		var mu sync.Mutex
+		err = c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+			mu.Lock()
+			defer mu.Unlock()
+			return add(ctx, n)
+		})
+	case *redis.Client:
+		err = add(ctx, c)
+	default:
+		err = errors.New("unsupported client type")
+	}
+	if err != nil {
+		return nil, callErr("store info", classify(err))
+	}
+	return si, nil
+}
+
+func (b *Broker) adminCall(p part, rid, cache string, exp int64, op string, target any, limit int) *call {
+	if cache == "" {
+		cache = p.k("rq:none")
+	}
+	return &call{
+		script: b.s.admin,
+		keys:   append(p.keys("t", "pending", "scheduled", "retry", "archived", "completed", "result", "active", "u", "meta"), cache, p.k("h")),
+		args:   []any{p.layout, rid, exp, op, target, limit, p.channel, p.idx},
+		queue:  p.queue,
+	}
 }
 
 func (b *Broker) adminOne(ctx context.Context, op, queue, id string) error {
 	if err := b.check(); err != nil {
 		return err
 	}
-	k := b.keysFor(queue, b.partOf(queue, id))
-	code, err := b.s.admin.Run(ctx, b.rdb, b.adminKeys(k), op, id, 0, time.Now().UnixMilli(), k.channel, k.part, k.k("u:")).Int64()
+	l, err := b.layoutOf(ctx, queue)
 	if err != nil {
-		return fmt.Errorf("tide: redisbroker: %s %s/%s: %w", op, queue, id, err)
+		return err
+	}
+	var code int64
+	for _, p := range b.lookup(queue, l, id) {
+		rid, cache, exp := b.request(p)
+		c := b.adminCall(p, rid, cache, exp, op, id, 0)
+		b.run(ctx, []*call{c})
+		if c.err != nil {
+			return callErr(fmt.Sprintf("%s %s/%s", op, queue, id), c.err)
+		}
+		if code, err = c.cmd.Int64(); err != nil {
+			return callErr(op, fmt.Errorf("unexpected reply: %w", err))
+		}
+		if code != 0 {
+			break
+		}
 	}
 	switch {
 	case code == 0:
 		return broker.ErrTaskNotFound
 	case code == -99:
 		return fmt.Errorf("tide: cannot %s task %s: its record is unreadable (delete it instead)", op, id)
+	case code == -98:
+		return fmt.Errorf("%w: cannot %s task %s now: a repartition is moving it; try again", broker.ErrUnavailable, op, id)
 	case code < 0:
-		return fmt.Errorf("tide: cannot %s a task that is %s", op, broker.State(-code))
+		return fmt.Errorf("tide: cannot %s a task that is %s", op, tidetype.TaskState(-code))
 	}
 	return nil
 }
@@ -280,22 +497,30 @@ func (b *Broker) ArchiveTask(ctx context.Context, queue, id string) error {
 	return b.adminOne(ctx, "archive", queue, id)
 }
 
-func (b *Broker) adminBulk(ctx context.Context, op, queue string, st broker.State, limit int) (int, error) {
+func (b *Broker) adminBulk(ctx context.Context, op, queue string, st tidetype.TaskState, limit int) (int, error) {
 	if err := b.check(); err != nil {
 		return 0, err
 	}
-	if _, ok := stateKey(st); !ok || st == broker.StateActive {
+	if _, ok := stateKey(st); !ok || st == tidetype.StateActive {
 		return 0, fmt.Errorf("tide: redisbroker: %s: state %s not allowed", op, st)
 	}
 	if limit < 1 || limit > maxBulkLimit {
 		return 0, fmt.Errorf("tide: redisbroker: %s: limit %d out of range 1..%d", op, limit, maxBulkLimit)
 	}
+	l, err := b.freshLayout(ctx, queue)
+	if err != nil {
+		return 0, err
+	}
 	total := 0
-	for p := 0; p < b.Partitions(queue) && total < limit; p++ {
-		k := b.keysFor(queue, p)
-		n, err := b.s.admin.Run(ctx, b.rdb, b.adminKeys(k), op, int(st), limit-total, time.Now().UnixMilli(), k.channel, k.part, k.k("u:")).Int()
+	for i := 0; i < l.total() && total < limit; i++ {
+		c := b.adminCall(b.partAt(queue, l, i), "", "", 0, op, int(st), limit-total)
+		b.run(ctx, []*call{c})
+		if c.err != nil {
+			return total, callErr(fmt.Sprintf("%s %s", op, queue), c.err)
+		}
+		n, err := c.cmd.Int()
 		if err != nil {
-			return total, fmt.Errorf("tide: redisbroker: %s %s: %w", op, queue, err)
+			return total, callErr(op, fmt.Errorf("unexpected reply: %w", err))
 		}
 		total += n
 	}
@@ -303,155 +528,63 @@ func (b *Broker) adminBulk(ctx context.Context, op, queue string, st broker.Stat
 }
 
 // RunTasks implements broker.Admin.
-func (b *Broker) RunTasks(ctx context.Context, queue string, st broker.State, limit int) (int, error) {
+func (b *Broker) RunTasks(ctx context.Context, queue string, st tidetype.TaskState, limit int) (int, error) {
 	return b.adminBulk(ctx, "runall", queue, st, limit)
 }
 
 // ArchiveTasks implements broker.Admin.
-func (b *Broker) ArchiveTasks(ctx context.Context, queue string, st broker.State, limit int) (int, error) {
+func (b *Broker) ArchiveTasks(ctx context.Context, queue string, st tidetype.TaskState, limit int) (int, error) {
 	return b.adminBulk(ctx, "archiveall", queue, st, limit)
 }
 
 // DeleteTasks implements broker.Admin.
-func (b *Broker) DeleteTasks(ctx context.Context, queue string, st broker.State, limit int) (int, error) {
+func (b *Broker) DeleteTasks(ctx context.Context, queue string, st tidetype.TaskState, limit int) (int, error) {
 	return b.adminBulk(ctx, "deleteall", queue, st, limit)
 }
 
-// CancelProcessing implements broker.Admin: it publishes a cancel event on
-// the queue's channel; the server running the task cancels its handler.
-func (b *Broker) CancelProcessing(ctx context.Context, queue, id string) error {
-	m, err := b.GetTask(ctx, queue, id)
+// DeleteQueue implements broker.Admin. It looks at every partition, takes
+// the queue out of the registry, then deletes each partition's keys in a
+// script that checks again that it is empty; a task that arrives meanwhile
+// stops it and puts the queue back.
+func (b *Broker) DeleteQueue(ctx context.Context, queue string) error {
+	l, err := b.freshLayout(ctx, queue)
 	if err != nil {
 		return err
 	}
-	if m.State != broker.StateActive {
-		return fmt.Errorf("tide: cannot cancel task %s: it is %s, not active", id, m.State)
+	if l.old != nil {
+		return fmt.Errorf("%w: queue %q is being repartitioned", broker.ErrQueueNotEmpty, queue)
 	}
-	if err := b.rdb.Publish(ctx, b.channel(queue), "c"+id).Err(); err != nil {
-		return fmt.Errorf("tide: redisbroker: cancel: %w", err)
-	}
-	return nil
-}
-
-// registry stores JSON records under <prefix>:<kind>:<id> with a TTL, indexed
-// by the sorted set <prefix>:<kind>s (score = expiry), so listing needs no
-// key scan.
-func (b *Broker) registryPut(ctx context.Context, kind, id string, v any, ttl time.Duration) error {
-	if err := b.check(); err != nil {
+	qi, err := b.QueueInfo(ctx, queue)
+	if err != nil {
 		return err
 	}
-	data, err := json.Marshal(v)
-	if err != nil {
-		return fmt.Errorf("tide: redisbroker: register %s: %w", kind, err)
+	if qi.Size > 0 {
+		return fmt.Errorf("%w: queue %q holds %d tasks (delete them first, e.g. tide tasks delete %s --all --state <state>)", broker.ErrQueueNotEmpty, queue, qi.Size, queue)
+	}
+	restore := func() {
+		pipe := b.rdb.Pipeline()
+		pipe.SAdd(ctx, b.prefix+":queues", queue)
+		pipe.HSetNX(ctx, b.prefix+":partitions", queue, l.tag)
+		_, _ = pipe.Exec(ctx)
 	}
 	pipe := b.rdb.Pipeline()
-	pipe.Set(ctx, b.prefix+":"+kind+":"+id, data, ttl)
-	pipe.ZAdd(ctx, b.prefix+":"+kind+"s", redis.Z{Score: float64(time.Now().Add(ttl).UnixMilli()), Member: id})
+	pipe.SRem(ctx, b.prefix+":queues", queue)
+	pipe.HDel(ctx, b.prefix+":partitions", queue)
 	if _, err := pipe.Exec(ctx); err != nil {
-		return fmt.Errorf("tide: redisbroker: register %s: %w", kind, err)
+		return callErr("delete queue "+queue, classify(err))
+	}
+	b.forgetLayout(queue)
+	for i := range l.total() {
+		p := b.partAt(queue, l, i)
+		n, err := b.s.drop.Run(ctx, b.rdb, b.moveKeys(p), p.layout).Int()
+		if err != nil {
+			restore()
+			return callErr("delete queue "+queue, classify(err))
+		}
+		if n > 0 {
+			restore()
+			return fmt.Errorf("%w: a task arrived in queue %q while it was deleted; it is kept", broker.ErrQueueNotEmpty, queue)
+		}
 	}
 	return nil
-}
-
-func (b *Broker) registryDel(ctx context.Context, kind, id string) error {
-	if err := b.check(); err != nil {
-		return err
-	}
-	pipe := b.rdb.Pipeline()
-	pipe.Del(ctx, b.prefix+":"+kind+":"+id)
-	pipe.ZRem(ctx, b.prefix+":"+kind+"s", id)
-	if _, err := pipe.Exec(ctx); err != nil {
-		return fmt.Errorf("tide: redisbroker: unregister %s: %w", kind, err)
-	}
-	return nil
-}
-
-// registryList returns the raw records of live entries and drops expired ones
-// from the index.
-func (b *Broker) registryList(ctx context.Context, kind string) ([][]byte, error) {
-	if err := b.check(); err != nil {
-		return nil, err
-	}
-	idx := b.prefix + ":" + kind + "s"
-	now := strconv.FormatInt(time.Now().UnixMilli(), 10)
-	b.rdb.ZRemRangeByScore(ctx, idx, "-inf", "("+now)
-	ids, err := b.rdb.ZRange(ctx, idx, 0, 999).Result()
-	if err != nil {
-		return nil, fmt.Errorf("tide: redisbroker: list %ss: %w", kind, err)
-	}
-	if len(ids) == 0 {
-		return nil, nil
-	}
-	ks := make([]string, len(ids))
-	for i, id := range ids {
-		ks[i] = b.prefix + ":" + kind + ":" + id
-	}
-	// One GET per key: on a cluster the keys live in different slots.
-	pipe := b.rdb.Pipeline()
-	cmds := make([]*redis.StringCmd, len(ks))
-	for i, k := range ks {
-		cmds[i] = pipe.Get(ctx, k)
-	}
-	_, _ = pipe.Exec(ctx)
-	var out [][]byte
-	for _, c := range cmds {
-		if v, err := c.Bytes(); err == nil {
-			out = append(out, v)
-		}
-	}
-	return out, nil
-}
-
-// RegisterServer implements broker.Admin.
-func (b *Broker) RegisterServer(ctx context.Context, s broker.ServerInfo, ttl time.Duration) error {
-	return b.registryPut(ctx, "server", s.ID, s, ttl)
-}
-
-// UnregisterServer implements broker.Admin.
-func (b *Broker) UnregisterServer(ctx context.Context, id string) error {
-	return b.registryDel(ctx, "server", id)
-}
-
-// Servers implements broker.Admin.
-func (b *Broker) Servers(ctx context.Context) ([]broker.ServerInfo, error) {
-	raws, err := b.registryList(ctx, "server")
-	if err != nil {
-		return nil, err
-	}
-	out := make([]broker.ServerInfo, 0, len(raws))
-	for _, r := range raws {
-		var s broker.ServerInfo
-		if json.Unmarshal(r, &s) == nil {
-			out = append(out, s)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-	return out, nil
-}
-
-// RegisterSchedulerEntries implements broker.Admin.
-func (b *Broker) RegisterSchedulerEntries(ctx context.Context, schedulerID string, entries []broker.SchedulerEntry, ttl time.Duration) error {
-	return b.registryPut(ctx, "scheduler", schedulerID, entries, ttl)
-}
-
-// SchedulerEntries implements broker.Admin.
-func (b *Broker) SchedulerEntries(ctx context.Context) ([]broker.SchedulerEntry, error) {
-	raws, err := b.registryList(ctx, "scheduler")
-	if err != nil {
-		return nil, err
-	}
-	var out []broker.SchedulerEntry
-	for _, r := range raws {
-		var es []broker.SchedulerEntry
-		if json.Unmarshal(r, &es) == nil {
-			out = append(out, es...)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].SchedulerID != out[j].SchedulerID {
-			return out[i].SchedulerID < out[j].SchedulerID
-		}
-		return out[i].ID < out[j].ID
-	})
-	return out, nil
 }

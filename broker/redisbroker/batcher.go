@@ -17,7 +17,7 @@ const maxBatchTasks = 1000
 // first of them leads the next one and sends everything queued in one
 // pipeline. No goroutine is started, so nothing outlives the callers.
 type batcher struct {
-	send func(ctx context.Context, msgs []*broker.Message) ([]error, error)
+	send func(ctx context.Context, items []item, opts broker.EnqueueOptions) ([]error, error)
 
 	mu       sync.Mutex
 	inflight int // batches on the wire, at most maxInflight
@@ -29,16 +29,16 @@ type batcher struct {
 const maxInflight = 2
 
 type enqReq struct {
-	ctx  context.Context
-	msgs []*broker.Message
-	errs []error
-	err  error
-	done chan struct{} // closed when errs/err are set
-	lead chan struct{} // closed when this queued request must lead a batch
+	ctx   context.Context
+	items []item
+	errs  []error
+	err   error
+	done  chan struct{} // closed when errs/err are set
+	lead  chan struct{} // closed when this queued request must lead a batch
 }
 
-func (bt *batcher) enqueue(ctx context.Context, msgs []*broker.Message) ([]error, error) {
-	r := &enqReq{ctx: ctx, msgs: msgs, done: make(chan struct{})}
+func (bt *batcher) enqueue(ctx context.Context, items []item) ([]error, error) {
+	r := &enqReq{ctx: ctx, items: items, done: make(chan struct{})}
 	bt.mu.Lock()
 	if bt.inflight >= maxInflight {
 		r.lead = make(chan struct{})
@@ -54,7 +54,7 @@ func (bt *batcher) enqueue(ctx context.Context, msgs []*broker.Message) ([]error
 	} else {
 		bt.inflight++
 	}
-	batch := append([]*enqReq{r}, bt.take(len(r.msgs))...)
+	batch := append([]*enqReq{r}, bt.take(len(r.items))...)
 	bt.mu.Unlock()
 
 	bt.run(batch)
@@ -76,8 +76,8 @@ func (bt *batcher) enqueue(ctx context.Context, msgs []*broker.Message) ([]error
 // the have already in the batch. The caller holds mu.
 func (bt *batcher) take(have int) []*enqReq {
 	n := 0
-	for n < len(bt.queue) && have+len(bt.queue[n].msgs) <= maxBatchTasks {
-		have += len(bt.queue[n].msgs)
+	for n < len(bt.queue) && have+len(bt.queue[n].items) <= maxBatchTasks {
+		have += len(bt.queue[n].items)
 		n++
 	}
 	batch := make([]*enqReq, n)
@@ -91,7 +91,7 @@ func (bt *batcher) take(have int) []*enqReq {
 // without being sent.
 func (bt *batcher) run(batch []*enqReq) {
 	live := batch[:0:0]
-	var all []*broker.Message
+	var all []item
 	for _, r := range batch {
 		if err := r.ctx.Err(); err != nil {
 			r.err = err
@@ -99,7 +99,7 @@ func (bt *batcher) run(batch []*enqReq) {
 			continue
 		}
 		live = append(live, r)
-		all = append(all, r.msgs...)
+		all = append(all, r.items...)
 	}
 	if len(live) == 0 {
 		return
@@ -110,15 +110,15 @@ func (bt *batcher) run(batch []*enqReq) {
 	if len(live) > 1 {
 		ctx = context.WithoutCancel(ctx)
 	}
-	errs, err := bt.send(ctx, all)
+	errs, err := bt.send(ctx, all, broker.EnqueueOptions{})
 	off := 0
 	for _, r := range live {
 		if err != nil {
 			r.err = err
 		} else {
-			r.errs = errs[off : off+len(r.msgs)]
+			r.errs = errs[off : off+len(r.items)]
 		}
-		off += len(r.msgs)
+		off += len(r.items)
 		close(r.done)
 	}
 }

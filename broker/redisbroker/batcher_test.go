@@ -13,6 +13,7 @@ import (
 	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/tidetype"
 )
 
 // TestConcurrentEnqueueSharesRoundTrips checks that many goroutines enqueueing
@@ -33,8 +34,8 @@ func TestConcurrentEnqueueSharesRoundTrips(t *testing.T) {
 				if i%50 == 0 {
 					id = fmt.Sprintf("shared-%d", i) // every worker races for these IDs
 				}
-				m := &broker.Message{ID: id, Queue: "q", Type: "t", State: broker.StatePending, ProcessAt: time.Now()}
-				errs, err := b.Enqueue(ctx, []*broker.Message{m})
+				m := &tidetype.TaskInfo{ID: id, Queue: "q", Type: "t", State: tidetype.StatePending, NextProcessAt: time.Now()}
+				errs, err := b.Enqueue(ctx, []*tidetype.TaskInfo{m}, broker.EnqueueOptions{})
 				if err != nil {
 					errc <- err
 					return

@@ -10,7 +10,7 @@ import (
 // can publish; parsing must never panic and must only accept the formats
 // the scripts write.
 func FuzzParseEvent(f *testing.F) {
-	for _, s := range []string{"p0", "p12", "s3:1790000000123", "cabc:def", "s:", "s1:x", "p", "x9", "s-1:-5"} {
+	for _, s := range []string{"p0", "p12", "s3:1790000000123", "cabc:def", "s:", "s1:x", "p", "x9", "s-1:-5", "r2", "l", "r"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, payload string) {
@@ -19,7 +19,7 @@ func FuzzParseEvent(f *testing.F) {
 			return
 		}
 		switch ev.Kind {
-		case broker.EventPending, broker.EventScheduled, broker.EventCancel:
+		case broker.EventPending, broker.EventScheduled, broker.EventCancel, broker.EventReleased, broker.EventLayout:
 		default:
 			t.Fatalf("%q parsed to unknown kind %d", payload, ev.Kind)
 		}

@@ -1,8 +1,11 @@
 // Package engine runs a server's services against a broker: the processor
-// (fetch, workers, lease keeper, acknowledgements), one maintainer per queue
-// partition (forwarding due tasks, recovering expired leases) and the notifier
-// that turns broker events into wake-ups. Each service has the same shape:
-// start launches its goroutines, stop returns when they have all exited.
+// (fetch, workers, lease keeper, settlements), one maintainer per queue
+// partition (forwarding due tasks, recovering expired leases, trimming), the
+// layout watcher that starts and stops maintainers as partitions come and go,
+// the notifier that turns broker events into wake-ups, and the heartbeat that
+// keeps the server's record in the registry. Each service has the same
+// shape: start launches its goroutines, stop returns when they have all
+// exited.
 package engine
 
 import (
@@ -12,40 +15,39 @@ import (
 	"math"
 	"math/rand/v2"
 	"sort"
-	"sync"
 	"time"
 
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/tidetype"
 )
 
-// RunFunc processes one delivery and reports its outcome. It must not panic
-// (the caller recovers) and must return once ctx is done.
-type RunFunc func(ctx context.Context, d *broker.Delivery) broker.Settlement
+// RunFunc processes one delivery and returns its settlement, decided from
+// the handler's error and the cause of the context's end; ok is false when
+// nothing must be written (the lease was lost). It must not panic (the
+// caller recovers) and must return once ctx is done.
+type RunFunc func(ctx context.Context, d *broker.Delivery) (s broker.Settlement, ok bool)
 
-// Config configures an Engine. All fields are required unless noted.
+// Config configures an Engine. Fields are named like tide.Config's; all are
+// required unless noted.
 type Config struct {
-	Broker      broker.Broker
-	Queues      map[string]int // queue name to weight (> 0)
-	Strict      bool
-	Concurrency int
-	Lease       time.Duration
-	Shutdown    time.Duration // grace period for in-flight tasks
-	Owner       string        // unique server ID
-	Logger      *slog.Logger
-	Run         RunFunc
-	// Info describes the server in the broker's server registry (when the
-	// broker implements broker.Admin); Active is filled in by the engine.
-	Info broker.ServerInfo
-	// Now is the clock due times are compared with (the broker's clock when
-	// it has one, e.g. a membroker with a fake clock). Default time.Now.
+	Broker          broker.Broker
+	Queues          map[string]int // queue name to weight (> 0)
+	StrictPriority  bool
+	Concurrency     int
+	LeaseDuration   time.Duration
+	ShutdownTimeout time.Duration // grace period for in-flight tasks
+	ServerID        string        // unique server ID: the owner of partition claims
+	Logger          *slog.Logger
+	Run             RunFunc
+	// Info describes the server in the broker's registry (when the broker
+	// implements broker.Registry); ID and Active are filled in by the engine.
+	Info tidetype.ServerInfo
+	// Now is the clock due times are compared with: the broker's when it is
+	// a broker.Clock. Default time.Now.
 	Now func() time.Time
 
 	health *health // shared by the services; set by New
 }
-
-// ErrCanceled is the cause of the context cancellation a handler sees when an
-// operator cancelled its task; the task is archived with this error.
-var ErrCanceled = errors.New("tide: task cancelled by an operator")
 
 // ErrShutdown is the cause of the context cancellation a handler sees when the
 // server's shutdown grace period ran out; such tasks are requeued.
@@ -53,12 +55,11 @@ var ErrShutdown = errors.New("tide: server shutting down")
 
 // Engine is a running set of services.
 type Engine struct {
-	cfg        Config
-	proc       *processor
-	notifier   *notifier
-	maintainer []*maintainer
-	heartbeat  *heartbeat
-	log        *slog.Logger
+	cfg       Config
+	proc      *processor
+	notifier  *notifier
+	layouts   *layoutWatcher
+	heartbeat *heartbeat
 }
 
 // New builds an engine; Start runs it.
@@ -67,59 +68,38 @@ func New(cfg Config) *Engine {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	e := &Engine{cfg: cfg, log: cfg.Logger}
+	e := &Engine{cfg: cfg}
 	e.proc = newProcessor(cfg)
 	names := make([]string, 0, len(cfg.Queues))
 	for q := range cfg.Queues {
 		names = append(names, q)
 	}
 	sort.Strings(names)
-	byQP := make(map[string][]*maintainer)
-	for _, q := range names {
-		for p := 0; p < cfg.Broker.Partitions(q); p++ {
-			m := newMaintainer(cfg, q, p, e.proc.wake)
-			e.maintainer = append(e.maintainer, m)
-			byQP[q] = append(byQP[q], m)
-		}
-	}
+	e.layouts = newLayoutWatcher(cfg, names, e.proc.wake)
 	e.heartbeat = newHeartbeat(cfg, e.proc.snapshot)
-	e.notifier = newNotifier(cfg, names, e.proc.wake, e.proc.cancelTask, func(ev broker.Event) {
-		ms := byQP[ev.Queue]
-		if ev.Partition >= 0 && ev.Partition < len(ms) {
-			ms[ev.Partition].hint(ev.At)
-		}
-	}, func() {
-		for _, m := range e.maintainer {
-			m.hint(time.Time{})
-		}
-	})
+	e.notifier = newNotifier(cfg, names, e.proc.wake, e.proc.cancelTask, e.layouts.hint, e.layouts.recheck, e.layouts.pokeAll)
 	return e
 }
 
 // Start launches every service.
 func (e *Engine) Start() {
-	for _, m := range e.maintainer {
-		m.start()
-	}
+	e.layouts.start()
 	e.notifier.start()
 	e.proc.start()
 	e.heartbeat.start()
 }
 
 // Stop stops fetching, lets in-flight tasks finish within the shutdown grace
-// period, requeues the rest, writes every outcome, then stops the other
-// services. It returns when no goroutine of the engine is left.
+// period, requeues the rest, writes every settlement, then stops the other
+// services; maintainers give up their partition claims so that another
+// server takes over at once. It returns when no goroutine of the engine is
+// left.
 func (e *Engine) Stop() {
 	e.proc.stop()
 	e.heartbeat.stop()
 	e.notifier.stop()
-	for _, m := range e.maintainer {
-		m.stop()
-	}
+	e.layouts.stop()
 }
-
-// Active returns the number of tasks being processed.
-func (e *Engine) Active() int { return e.proc.activeCount() }
 
 // queueOrder returns the queues in the order to try them: by weight for strict
 // priority, otherwise a weighted random permutation.
@@ -176,21 +156,3 @@ func (b *backoff) next() time.Duration {
 }
 
 func (b *backoff) reset() { b.cur = 0 }
-
-// sleep waits d or until done is closed; it reports false when done closed.
-func sleep(done <-chan struct{}, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-done:
-		return false
-	case <-t.C:
-		return true
-	}
-}
-
-// group is a WaitGroup with a Go method.
-type group struct{ wg sync.WaitGroup }
-
-func (g *group) Go(f func()) { g.wg.Go(f) }
-func (g *group) Wait()       { g.wg.Wait() }

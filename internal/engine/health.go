@@ -1,12 +1,13 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"log/slog"
-	"net"
-	"strings"
 	"sync"
 	"time"
+
+	"github.com/tidequeue/tide/broker"
 )
 
 // health turns the failures of the engine's many loops into one log line when
@@ -48,7 +49,7 @@ func (h *health) fail(component string, err error, start time.Time) {
 		return
 	}
 	h.down, h.since = true, time.Now()
-	h.log.Error("tide: broker unreachable; retrying with back-off, in-flight outcomes are kept while their leases last",
+	h.log.Error("tide: broker unreachable; retrying with back-off, in-flight settlements are kept while their leases last",
 		"component", component, "err", err)
 }
 
@@ -66,18 +67,23 @@ func (h *health) ok() {
 	h.back = make(chan struct{})
 }
 
-// isTransport reports whether err looks like a network failure rather than
-// an error the broker returned on purpose.
-func isTransport(err error) bool {
-	var ne net.Error
-	if errors.As(err, &ne) {
+// unavailable reports whether err means the broker could not be reached (as
+// opposed to an error it returned on purpose, such as a misconfiguration).
+func unavailable(err error) bool {
+	return errors.Is(err, broker.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// wait waits d, or less when the broker is seen back after an outage; it
+// reports false when done closes first.
+func (h *health) wait(done <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return false
+	case <-h.recovered():
+		return true
+	case <-t.C:
 		return true
 	}
-	s := err.Error()
-	for _, frag := range []string{"connection refused", "connection reset", "broken pipe", "EOF", "i/o timeout", "no such host", "LOADING", "READONLY", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "pool timeout", "client is closed"} {
-		if strings.Contains(s, frag) {
-			return true
-		}
-	}
-	return false
 }

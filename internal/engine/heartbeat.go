@@ -3,29 +3,31 @@ package engine
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/tidetype"
 )
 
 // heartbeatEvery is how often a server refreshes its registry record; the
 // record lives three times as long, so a dead server disappears within 15 s.
 const heartbeatEvery = 5 * time.Second
 
-// heartbeat keeps the server's record in the broker's server registry (when
-// the broker implements broker.Admin), with the tasks it is running, and
+// heartbeat keeps the server's record in the broker's registry (when the
+// broker implements broker.Registry), with the tasks it is running, and
 // removes it on a clean stop.
 type heartbeat struct {
 	cfg    Config
 	log    *slog.Logger
-	admin  broker.Admin
-	active func() []broker.ActiveTask
+	admin  broker.Registry
+	active func() []tidetype.ActiveTask
 	done   chan struct{}
-	g      group
+	g      sync.WaitGroup
 }
 
-func newHeartbeat(cfg Config, active func() []broker.ActiveTask) *heartbeat {
-	a, _ := cfg.Broker.(broker.Admin)
+func newHeartbeat(cfg Config, active func() []tidetype.ActiveTask) *heartbeat {
+	a, _ := cfg.Broker.(broker.Registry)
 	return &heartbeat{cfg: cfg, log: cfg.Logger, admin: a, active: active, done: make(chan struct{})}
 }
 
@@ -44,7 +46,7 @@ func (h *heartbeat) stop() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if err := h.admin.UnregisterServer(ctx, h.cfg.Owner); err != nil {
+	if err := h.admin.UnregisterServer(ctx, h.cfg.ServerID); err != nil {
 		h.log.Debug("tide: could not remove the server record; it expires by itself", "err", err)
 	}
 }
@@ -54,7 +56,7 @@ func (h *heartbeat) loop() {
 	defer t.Stop()
 	for {
 		info := h.cfg.Info
-		info.ID = h.cfg.Owner
+		info.ID = h.cfg.ServerID
 		info.Active = h.active()
 		ctx, cancel := context.WithTimeout(context.Background(), heartbeatEvery)
 		err := h.admin.RegisterServer(ctx, info, 3*heartbeatEvery)

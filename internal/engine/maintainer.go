@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/tidequeue/tide/broker"
@@ -11,18 +12,15 @@ import (
 
 // maxOwnerTTL caps how long a partition claim lasts; a dead owner's
 // partitions are taken over within this long (or within the lease duration
-// when it is shorter).
+// when it is shorter). A clean shutdown releases its claims at once.
 const maxOwnerTTL = 10 * time.Second
 
-// trimEvery is how often an owner has the archive and completed tasks
-// trimmed; retention is therefore honoured within this much.
-const trimEvery = 5 * time.Second
-
 // maintainer keeps one queue partition moving: it claims the partition,
-// forwards due tasks at their due time (a Go timer, not a poll), recovers
-// expired leases as they expire, and wakes the local processor when work is
-// pending. Only the owner changes anything; the others retry the claim and
-// use the pending count as a slow fallback for lost events.
+// forwards due tasks at their due time (a Go timer on the broker's clock, not
+// a poll), recovers expired leases as they expire, trims what is past its
+// retention, and wakes the local processor when work is pending. Only the
+// owner changes anything; the others retry the claim (at once when the owner
+// releases it) and use the pending count as a slow fallback for lost events.
 type maintainer struct {
 	cfg       Config
 	log       *slog.Logger
@@ -30,17 +28,18 @@ type maintainer struct {
 	partition int
 	ownerTTL  time.Duration
 	wake      func()
+	relayout  func(queue string)
 
 	hints chan time.Time // an earlier due time (zero: re-check now)
 	done  chan struct{}
-	g     group
+	g     sync.WaitGroup
 }
 
-func newMaintainer(cfg Config, queue string, partition int, wake func()) *maintainer {
-	ttl := min(max(cfg.Lease, time.Second), maxOwnerTTL)
+func newMaintainer(cfg Config, queue string, partition int, wake func(), relayout func(string)) *maintainer {
+	ttl := min(max(cfg.LeaseDuration, time.Second), maxOwnerTTL)
 	return &maintainer{
 		cfg: cfg, log: cfg.Logger, queue: queue, partition: partition,
-		ownerTTL: ttl, wake: wake,
+		ownerTTL: ttl, wake: wake, relayout: relayout,
 		hints: make(chan time.Time, 1),
 		done:  make(chan struct{}),
 	}
@@ -79,7 +78,11 @@ func (m *maintainer) loop() {
 	defer timer.Stop()
 	var target time.Time // when the timer fires
 	owned := false
-	var lastTrim time.Time
+	defer func() {
+		if owned {
+			m.release()
+		}
+	}()
 	for {
 		select {
 		case <-m.done:
@@ -90,8 +93,8 @@ func (m *maintainer) loop() {
 				continue // not ours, or the timer already fires early enough
 			}
 			if !h.IsZero() {
-				if d := time.Until(h); d > 0 {
-					target = h
+				if d := h.Sub(m.cfg.Now()); d > 0 {
+					target = time.Now().Add(d)
 					resetTimer(timer, d)
 					continue
 				}
@@ -99,22 +102,19 @@ func (m *maintainer) loop() {
 		}
 		start := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), brokerCallTimeout)
-		now := m.cfg.Now()
-		trim := time.Since(lastTrim) >= trimEvery
 		res, err := m.cfg.Broker.Maintain(ctx, broker.MaintainRequest{
 			Queue: m.queue, Partition: m.partition,
-			Owner: m.cfg.Owner, OwnerTTL: m.ownerTTL, Now: now, NoTrim: !trim,
+			Owner: m.cfg.ServerID, OwnerTTL: m.ownerTTL, RecoverBackoff: m.cfg.LeaseDuration,
 		})
-		if err == nil && res.Owned && trim {
-			lastTrim = time.Now()
-		}
 		cancel()
 		if err != nil {
-			if errors.Is(err, context.DeadlineExceeded) || isTransport(err) {
+			switch {
+			case unavailable(err):
 				m.cfg.health.fail("maintenance", err, start)
-			} else {
-				// Not a connectivity problem (a misconfiguration such as a
-				// partition-count mismatch): say so every time.
+			case errors.Is(err, broker.ErrLayout):
+				m.log.Error("tide: queue maintenance refused; reading the queue's layout again", "queue", m.queue, "partition", m.partition, "err", err)
+				m.relayout(m.queue)
+			default:
 				m.log.Error("tide: queue maintenance failed", "queue", m.queue, "partition", m.partition, "err", err)
 			}
 			d := bo.next()
@@ -129,19 +129,35 @@ func (m *maintainer) loop() {
 			m.wake()
 		}
 		wait := renew
-		if res.Owned {
+		switch {
+		case res.Owned && res.More:
+			wait = 0 // a step stopped at its limit
+		case res.Owned:
 			if !res.NextDue.IsZero() {
-				wait = min(wait, max(res.NextDue.Sub(now), 0))
+				wait = min(wait, max(res.NextDue.Sub(m.cfg.Now()), 0))
 			}
 			if res.NextLeaseIn > 0 {
 				// Recover just after the lease runs out.
 				wait = min(wait, res.NextLeaseIn+time.Millisecond)
 			}
-		} else if res.RetryIn > 0 {
+		case res.RetryIn > 0:
 			wait = min(wait, res.RetryIn)
 		}
 		target = time.Now().Add(wait)
 		resetTimer(timer, wait)
+	}
+}
+
+// release gives up the partition claim so that another server takes the
+// partition over at once instead of when the claim expires.
+func (m *maintainer) release() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_, err := m.cfg.Broker.Maintain(ctx, broker.MaintainRequest{
+		Queue: m.queue, Partition: m.partition, Owner: m.cfg.ServerID, OwnerTTL: m.ownerTTL, Release: true,
+	})
+	if err != nil {
+		m.log.Debug("tide: could not release the partition claim; it expires by itself", "queue", m.queue, "partition", m.partition, "err", err)
 	}
 }
 

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/tidequeue/tide/broker"
@@ -10,7 +11,8 @@ import (
 
 // notifier subscribes to the broker's events and turns them into wake-ups:
 // pending work wakes the processor, an earlier due time re-arms a
-// maintainer's timer. Events are hints; when the subscription breaks it
+// maintainer's timer, a released claim makes a maintainer claim it, a
+// cancellation cancels a running handler. Events are hints; when the subscription breaks it
 // re-subscribes with back-off and pokes everyone once, since events may have
 // been missed.
 type notifier struct {
@@ -19,17 +21,18 @@ type notifier struct {
 	queues    []string
 	wake      func()
 	cancel    func(queue, id string)
-	scheduled func(broker.Event)
+	partition func(broker.Event) // scheduled and released events
+	relayout  func(queue string)
 	pokeAll   func()
 
 	ctx       context.Context
 	cancelCtx context.CancelFunc
-	g         group
+	g         sync.WaitGroup
 }
 
-func newNotifier(cfg Config, queues []string, wake func(), cancelTask func(queue, id string), scheduled func(broker.Event), pokeAll func()) *notifier {
+func newNotifier(cfg Config, queues []string, wake func(), cancelTask func(queue, id string), partition func(broker.Event), relayout func(string), pokeAll func()) *notifier {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &notifier{cfg: cfg, log: cfg.Logger, queues: queues, wake: wake, cancel: cancelTask, scheduled: scheduled, pokeAll: pokeAll, ctx: ctx, cancelCtx: cancel}
+	return &notifier{cfg: cfg, log: cfg.Logger, queues: queues, wake: wake, cancel: cancelTask, partition: partition, relayout: relayout, pokeAll: pokeAll, ctx: ctx, cancelCtx: cancel}
 }
 
 func (n *notifier) start() { n.g.Go(n.loop) }
@@ -66,10 +69,12 @@ func (n *notifier) loop() {
 			switch ev.Kind {
 			case broker.EventPending:
 				n.wake()
-			case broker.EventScheduled:
-				n.scheduled(ev)
+			case broker.EventScheduled, broker.EventReleased:
+				n.partition(ev)
 			case broker.EventCancel:
 				n.cancel(ev.Queue, ev.ID)
+			case broker.EventLayout:
+				n.relayout(ev.Queue)
 			}
 		}
 		if time.Since(start) > time.Minute {
@@ -83,15 +88,4 @@ func (n *notifier) loop() {
 
 // pause waits d, or less when another loop sees the broker come back; it
 // reports false when the notifier is stopping.
-func (n *notifier) pause(d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-n.ctx.Done():
-		return false
-	case <-n.cfg.health.recovered():
-		return true
-	case <-t.C:
-		return true
-	}
-}
+func (n *notifier) pause(d time.Duration) bool { return n.cfg.health.wait(n.ctx.Done(), d) }

@@ -10,19 +10,20 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/tidetype"
 )
 
 // maxFetch caps how many tasks one Dequeue call asks for.
 const maxFetch = 100
 
-// maxAckBatch caps how many settlements one Settle call carries.
-const maxAckBatch = 128
+// maxSettleBatch caps how many settlements one Settle call carries.
+const maxSettleBatch = 128
 
 // brokerCallTimeout bounds a single broker call made by a background loop.
 const brokerCallTimeout = 10 * time.Second
 
 // processor fetches tasks into free worker slots, runs them, keeps their
-// leases alive and writes their outcomes in batches.
+// leases alive and writes their settlements in batches.
 type processor struct {
 	cfg    Config
 	log    *slog.Logger
@@ -35,15 +36,15 @@ type processor struct {
 	hardCtx   context.Context
 	hardStop  context.CancelCauseFunc // cancels every handler with ErrShutdown
 
-	acks      chan broker.Settlement
-	ackStop   chan struct{} // closed: flush and exit
-	ackDone   chan struct{} // closed when the acker exited
-	keeperEnd chan struct{}
+	settlements chan broker.Settlement
+	settleStop  chan struct{} // closed: flush and exit
+	settleDone  chan struct{} // closed when the settler exited
+	keeperEnd   chan struct{}
 
 	mu     sync.Mutex
 	active map[broker.LeaseRef]*inflight
 
-	fetcher, workers, background group
+	fetcher, workers, background sync.WaitGroup
 	stopOnce                     sync.Once
 }
 
@@ -68,19 +69,19 @@ func newProcessor(cfg Config) *processor {
 	})
 	hard, cancel := context.WithCancelCause(context.Background())
 	p := &processor{
-		cfg:       cfg,
-		log:       cfg.Logger,
-		queues:    qs,
-		slots:     make(chan struct{}, cfg.Concurrency),
-		wakeC:     make(chan struct{}, 1),
-		fetchStop: make(chan struct{}),
-		hardCtx:   hard,
-		hardStop:  cancel,
-		acks:      make(chan broker.Settlement, cfg.Concurrency*2),
-		ackStop:   make(chan struct{}),
-		ackDone:   make(chan struct{}),
-		keeperEnd: make(chan struct{}),
-		active:    make(map[broker.LeaseRef]*inflight),
+		cfg:         cfg,
+		log:         cfg.Logger,
+		queues:      qs,
+		slots:       make(chan struct{}, cfg.Concurrency),
+		wakeC:       make(chan struct{}, 1),
+		fetchStop:   make(chan struct{}),
+		hardCtx:     hard,
+		hardStop:    cancel,
+		settlements: make(chan broker.Settlement, cfg.Concurrency*2),
+		settleStop:  make(chan struct{}),
+		settleDone:  make(chan struct{}),
+		keeperEnd:   make(chan struct{}),
+		active:      make(map[broker.LeaseRef]*inflight),
 	}
 	for range cfg.Concurrency {
 		p.slots <- struct{}{}
@@ -98,28 +99,29 @@ func (p *processor) wake() {
 
 func (p *processor) start() {
 	p.fetcher.Go(p.fetchLoop)
-	p.background.Go(p.ackLoop)
+	p.background.Go(p.settleLoop)
 	p.background.Go(p.keepLoop)
 }
 
-// cancelTask cancels the handler running queue/id, if this server runs it.
+// cancelTask cancels the handler running queue/id, if this server runs it,
+// with the cause broker.ErrTaskCanceled.
 func (p *processor) cancelTask(queue, id string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for ref, f := range p.active {
 		if ref.Queue == queue && ref.ID == id {
-			f.cancel(ErrCanceled)
+			f.cancel(broker.ErrTaskCanceled)
 		}
 	}
 }
 
 // snapshot lists the tasks being processed.
-func (p *processor) snapshot() []broker.ActiveTask {
+func (p *processor) snapshot() []tidetype.ActiveTask {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := make([]broker.ActiveTask, 0, len(p.active))
+	out := make([]tidetype.ActiveTask, 0, len(p.active))
 	for ref, f := range p.active {
-		out = append(out, broker.ActiveTask{Queue: ref.Queue, ID: ref.ID, Type: f.typ, StartedAt: f.started})
+		out = append(out, tidetype.ActiveTask{Queue: ref.Queue, ID: ref.ID, Type: f.typ, StartedAt: f.started})
 	}
 	return out
 }
@@ -138,16 +140,16 @@ func (p *processor) stop() {
 
 		done := make(chan struct{})
 		go func() { p.workers.Wait(); close(done) }()
-		grace := time.NewTimer(p.cfg.Shutdown)
+		grace := time.NewTimer(p.cfg.ShutdownTimeout)
 		select {
 		case <-done:
 		case <-grace.C:
 			n := p.activeCount()
-			p.log.Warn("tide: shutdown timeout reached; cancelling in-flight tasks, they will be requeued", "tasks", n, "timeout", p.cfg.Shutdown)
+			p.log.Warn("tide: shutdown timeout reached; cancelling in-flight tasks, they will be requeued", "tasks", n, "timeout", p.cfg.ShutdownTimeout)
 			p.hardStop(ErrShutdown)
 			// Handlers must return once their context is done; give them a
 			// moment to do so before leaving them to lease recovery.
-			extra := time.NewTimer(max(p.cfg.Lease/2, time.Second))
+			extra := time.NewTimer(max(p.cfg.LeaseDuration/2, time.Second))
 			select {
 			case <-done:
 			case <-extra.C:
@@ -157,7 +159,7 @@ func (p *processor) stop() {
 		}
 		grace.Stop()
 		p.hardStop(ErrShutdown)
-		close(p.ackStop)
+		close(p.settleStop)
 		close(p.keeperEnd)
 		p.background.Wait()
 	})
@@ -182,10 +184,10 @@ func (p *processor) fetchLoop() {
 				break more
 			}
 		}
-		order := queueOrder(p.queues, p.cfg.Queues, p.cfg.Strict, r)
+		order := queueOrder(p.queues, p.cfg.Queues, p.cfg.StrictPriority, r)
 		start := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), brokerCallTimeout)
-		ds, err := p.cfg.Broker.Dequeue(ctx, order, n, p.cfg.Lease)
+		ds, err := p.cfg.Broker.Dequeue(ctx, order, n, p.cfg.LeaseDuration)
 		cancel()
 		for range n - len(ds) {
 			p.slots <- struct{}{}
@@ -195,10 +197,10 @@ func (p *processor) fetchLoop() {
 		// slots and tasks would be stranded until lease recovery.
 		now := time.Now()
 		for _, d := range ds {
-			ref := broker.LeaseRef{Queue: d.Message.Queue, ID: d.Message.ID, Token: d.Token}
+			ref := d.Lease()
 			ctx, cancel := context.WithCancelCause(p.hardCtx)
 			p.mu.Lock()
-			p.active[ref] = &inflight{cancel: cancel, extended: now, typ: d.Message.Type, started: now}
+			p.active[ref] = &inflight{cancel: cancel, extended: now, typ: d.Task.Type, started: now}
 			p.mu.Unlock()
 			p.workers.Go(func() { p.work(ctx, cancel, ref, d) })
 		}
@@ -223,66 +225,48 @@ func (p *processor) fetchLoop() {
 
 // pause waits d after a failed dequeue, or less when another loop sees the
 // broker come back; it reports false when fetching stops.
-func (p *processor) pause(d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-p.fetchStop:
-		return false
-	case <-p.cfg.health.recovered():
-		return true
-	case <-t.C:
-		return true
-	}
-}
+func (p *processor) pause(d time.Duration) bool { return p.cfg.health.wait(p.fetchStop, d) }
 
 func (p *processor) work(ctx context.Context, cancel context.CancelCauseFunc, ref broker.LeaseRef, d *broker.Delivery) {
 	defer func() { p.slots <- struct{}{} }()
-	s := p.cfg.Run(ctx, d)
+	s, write := p.cfg.Run(ctx, d)
 	p.mu.Lock()
+	var started time.Time
+	if f := p.active[ref]; f != nil {
+		started = f.started
+	}
 	delete(p.active, ref)
 	p.mu.Unlock()
-	cause := context.Cause(ctx)
 	cancel(nil)
-	if errors.Is(cause, broker.ErrLeaseLost) {
-		p.log.Warn("tide: lease lost while the task ran; its outcome is discarded (the task was recovered)",
-			"queue", ref.Queue, "id", ref.ID, "type", d.Message.Type)
+	if !write {
 		return
 	}
-	if errors.Is(cause, ErrShutdown) && s.Outcome != broker.OutcomeDone {
-		s.Outcome = broker.OutcomeRequeue
-	}
-	if errors.Is(cause, ErrCanceled) && s.Outcome != broker.OutcomeDone {
-		s.Outcome, s.Err = broker.OutcomeArchive, ErrCanceled.Error()
-		p.log.Info("tide: task cancelled by an operator; archived", "queue", ref.Queue, "id", ref.ID, "type", d.Message.Type)
-	}
-	s.Lease = ref
-	s.Message = d.Message
+	s.Lease, s.Task, s.Started, s.Server = ref, d.Task, started, p.cfg.ServerID
 	select {
-	case p.acks <- s:
-	case <-p.ackDone:
-		p.log.Error("tide: outcome dropped after shutdown; the task returns through lease recovery", "queue", ref.Queue, "id", ref.ID)
+	case p.settlements <- s:
+	case <-p.settleDone:
+		p.log.Error("tide: settlement dropped after shutdown; the task returns through lease recovery", "queue", ref.Queue, "id", ref.ID)
 	}
 }
 
-// ackLoop writes settlements in batches: it takes what is waiting, up to
-// maxAckBatch, so that a busy server needs few round trips and an idle one
+// settleLoop writes settlements in batches: it takes what is waiting, up to
+// maxSettleBatch, so that a busy server needs few round trips and an idle one
 // adds no delay.
-func (p *processor) ackLoop() {
-	defer close(p.ackDone)
-	batch := make([]broker.Settlement, 0, maxAckBatch)
+func (p *processor) settleLoop() {
+	defer close(p.settleDone)
+	batch := make([]broker.Settlement, 0, maxSettleBatch)
 	for {
 		batch = batch[:0]
 		select {
-		case s := <-p.acks:
+		case s := <-p.settlements:
 			batch = append(batch, s)
-		case <-p.ackStop:
+		case <-p.settleStop:
 			// Workers are done (or abandoned): flush what is left.
 			for {
 				select {
-				case s := <-p.acks:
+				case s := <-p.settlements:
 					batch = append(batch, s)
-					if len(batch) == maxAckBatch {
+					if len(batch) == maxSettleBatch {
 						p.settle(batch)
 						batch = batch[:0]
 					}
@@ -297,9 +281,9 @@ func (p *processor) ackLoop() {
 			return
 		}
 	fill:
-		for len(batch) < maxAckBatch {
+		for len(batch) < maxSettleBatch {
 			select {
-			case s := <-p.acks:
+			case s := <-p.settlements:
 				batch = append(batch, s)
 			default:
 				break fill
@@ -309,43 +293,61 @@ func (p *processor) ackLoop() {
 	}
 }
 
-// settle writes a batch, retrying transport errors while the leases last.
+// settle writes a batch. Settlements the broker could not apply for want
+// of a connection are written again with back-off while their leases last;
+// each settlement's answer is its own, so one unreachable partition holds
+// back only its own tasks.
 func (p *processor) settle(batch []broker.Settlement) {
 	bo := backoff{min: 50 * time.Millisecond, max: 2 * time.Second}
-	give := time.Now().Add(p.cfg.Lease)
+	give := time.Now().Add(p.cfg.LeaseDuration)
+	todo := batch
+	uncertain := map[broker.LeaseRef]bool{} // sent before with no answer
 	for {
 		start := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), brokerCallTimeout)
-		errs, err := p.cfg.Broker.Settle(ctx, batch)
+		errs, err := p.cfg.Broker.Settle(ctx, todo)
 		cancel()
-		if err == nil {
-			p.cfg.health.ok()
+		var again []broker.Settlement
+		if err != nil {
+			again = todo
+		} else {
 			for i, e := range errs {
-				if e == nil {
-					continue
-				}
-				s := batch[i]
-				if errors.Is(e, broker.ErrLeaseLost) {
-					p.log.Warn("tide: acknowledgement refused: the lease was lost and the task recovered", "queue", s.Lease.Queue, "id", s.Lease.ID)
-				} else {
-					p.log.Error("tide: acknowledgement failed", "queue", s.Lease.Queue, "id", s.Lease.ID, "err", e)
+				s := todo[i]
+				switch {
+				case e == nil:
+				case unavailable(e):
+					if errors.Is(e, broker.ErrOutcomeUnknown) {
+						uncertain[s.Lease] = true
+					}
+					again = append(again, s)
+					err = e
+				case errors.Is(e, broker.ErrLeaseLost) && uncertain[s.Lease]:
+					p.log.Info("tide: settlement written earlier or refused; its first attempt got no answer", "queue", s.Lease.Queue, "id", s.Lease.ID, "kind", s.Kind)
+				case errors.Is(e, broker.ErrLeaseLost):
+					p.log.Warn("tide: settlement refused: the lease was lost and the task recovered", "queue", s.Lease.Queue, "id", s.Lease.ID, "kind", s.Kind)
+				default:
+					p.log.Error("tide: settlement failed", "queue", s.Lease.Queue, "id", s.Lease.ID, "kind", s.Kind, "err", e)
 				}
 			}
+		}
+		if len(again) == 0 {
+			p.cfg.health.ok()
 			return
 		}
 		if time.Now().After(give) {
-			p.log.Error("tide: could not write task outcomes before their leases ran out; the tasks return through lease recovery", "tasks", len(batch), "err", err)
+			p.log.Error("tide: could not write settlements before their leases ran out; the tasks return through lease recovery", "tasks", len(again), "err", err)
 			return
 		}
-		p.cfg.health.fail("acknowledge", err, start)
+		p.cfg.health.fail("settle", err, start)
 		time.Sleep(bo.next())
+		todo = again
 	}
 }
 
 // keepLoop renews the leases of running tasks every third of the lease, in one
 // call, and cancels a handler whose lease is lost.
 func (p *processor) keepLoop() {
-	t := time.NewTicker(p.cfg.Lease / 3)
+	t := time.NewTicker(p.cfg.LeaseDuration / 3)
 	defer t.Stop()
 	for {
 		select {
@@ -363,8 +365,8 @@ func (p *processor) keepLoop() {
 			continue
 		}
 		start := time.Now()
-		ctx, cancel := context.WithTimeout(context.Background(), p.cfg.Lease/3)
-		errs, err := p.cfg.Broker.Extend(ctx, refs, p.cfg.Lease)
+		ctx, cancel := context.WithTimeout(context.Background(), p.cfg.LeaseDuration/3)
+		errs, err := p.cfg.Broker.Extend(ctx, refs, p.cfg.LeaseDuration)
 		cancel()
 		now := time.Now()
 		p.mu.Lock()
@@ -373,18 +375,34 @@ func (p *processor) keepLoop() {
 			if f == nil {
 				continue // finished meanwhile
 			}
+			var e error = err
+			if err == nil {
+				e = errs[i]
+			}
 			switch {
-			case err == nil && errs[i] == nil:
+			case e == nil:
 				f.extended = now
-			case err == nil && errors.Is(errs[i], broker.ErrLeaseLost):
+			case errors.Is(e, broker.ErrTaskCanceled):
+				// Renewed, but the task was cancelled: stop the handler
+				// (the event may have been missed).
+				f.extended = now
+				f.cancel(broker.ErrTaskCanceled)
+			case errors.Is(e, broker.ErrLeaseLost):
 				f.cancel(broker.ErrLeaseLost)
-			case now.Sub(f.extended) >= p.cfg.Lease:
+			case now.Sub(f.extended) >= p.cfg.LeaseDuration:
 				// The lease may have run out without us; stop the handler so
 				// that two workers do not run the task for long.
 				f.cancel(broker.ErrLeaseLost)
 			}
 		}
 		p.mu.Unlock()
+		if err == nil {
+			for _, e := range errs {
+				if e != nil && unavailable(e) {
+					err = e
+				}
+			}
+		}
 		if err != nil {
 			p.cfg.health.fail("lease renewal", err, start)
 		} else {

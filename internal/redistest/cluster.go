@@ -3,6 +3,7 @@ package redistest
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -568,4 +569,64 @@ func (c *Cluster) logs() string {
 		fmt.Fprintf(&b, "\n--- %s (last lines of redis.log) ---\n%s", addr, strings.Join(lines, "\n"))
 	}
 	return b.String()
+}
+
+// MigrateSlot moves slot to the master at to while clients keep using it,
+// as redis-cli --cluster reshard does: the target imports and the source
+// migrates the slot, its keys move one MIGRATE at a time with pace between
+// them (so that clients meet ASK and TRYAGAIN for a while), then every
+// master is told the new owner.
+func (c *Cluster) MigrateSlot(ctx context.Context, slot int, to string, pace time.Duration) error {
+	from, err := c.MasterOfSlot(ctx, to, slot)
+	if err != nil {
+		return err
+	}
+	if from == to {
+		return nil
+	}
+	nodes, err := c.clusterNodes(ctx, to)
+	if err != nil {
+		return err
+	}
+	ids := map[string]string{}
+	var masters []string
+	for _, nd := range nodes {
+		ids[nd.addr] = nd.id
+		if nd.master && !nd.failed {
+			masters = append(masters, nd.addr)
+		}
+	}
+	src := redis.NewClient(&redis.Options{Addr: from, MaxRetries: -1})
+	defer src.Close()
+	dst := redis.NewClient(&redis.Options{Addr: to, MaxRetries: -1})
+	defer dst.Close()
+	if err := dst.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", ids[from]).Err(); err != nil {
+		return fmt.Errorf("importing: %w", err)
+	}
+	if err := src.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", ids[to]).Err(); err != nil {
+		return fmt.Errorf("migrating: %w", err)
+	}
+	host, port, _ := strings.Cut(to, ":")
+	for {
+		keys, err := src.ClusterGetKeysInSlot(ctx, slot, 1).Result()
+		if err != nil {
+			return fmt.Errorf("keys in slot: %w", err)
+		}
+		if len(keys) == 0 {
+			break
+		}
+		if err := src.Do(ctx, "MIGRATE", host, port, "", 0, 5000, "KEYS", keys[0]).Err(); err != nil && !errors.Is(err, redis.Nil) && err.Error() != "NOKEY" {
+			return fmt.Errorf("migrate %s: %w", keys[0], err)
+		}
+		time.Sleep(pace)
+	}
+	for _, m := range append([]string{to, from}, masters...) {
+		r := redis.NewClient(&redis.Options{Addr: m, MaxRetries: -1})
+		err := r.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", ids[to]).Err()
+		r.Close()
+		if err != nil {
+			return fmt.Errorf("setslot node on %s: %w", m, err)
+		}
+	}
+	return nil
 }

@@ -169,8 +169,42 @@ func Client(t testing.TB, addr string) *redis.Client {
 var seq atomic.Int64
 
 // Prefix returns a key prefix unique to t within this process and run, so
-// tests sharing one Redis do not see each other's keys.
+// tests sharing one Redis do not see each other's keys. On a shared Redis
+// (TIDE_REDIS_ADDR) every key under the prefix is deleted when t ends, so
+// that the suite leaves nothing behind.
 func Prefix(t testing.TB) string {
-	name := strings.NewReplacer("/", ".", " ", "_", "{", "(", "}", ")").Replace(t.Name())
-	return fmt.Sprintf("tt:%s:%d:%d", name, os.Getpid(), seq.Add(1))
+	name := strings.NewReplacer("/", ".", " ", "_", "{", "(", "}", ")", "*", "_", "?", "_", "[", "(", "]", ")").Replace(t.Name())
+	p := fmt.Sprintf("tt:%s:%d:%d", name, os.Getpid(), seq.Add(1))
+	if addr := os.Getenv("TIDE_REDIS_ADDR"); addr != "" {
+		t.Cleanup(func() { dropPrefix(t, addr, p) })
+	}
+	return p
+}
+
+// dropPrefix deletes every key under prefix p (and the prefix's pub/sub
+// channels need nothing: they hold no data).
+func dropPrefix(t testing.TB, addr, p string) {
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	iter := rdb.Scan(ctx, 0, p+":*", 1000).Iterator()
+	var batch []string
+	flush := func() {
+		if len(batch) > 0 {
+			if err := rdb.Unlink(ctx, batch...).Err(); err != nil {
+				t.Logf("redistest: cleaning prefix %s: %v", p, err)
+			}
+			batch = batch[:0]
+		}
+	}
+	for iter.Next(ctx) {
+		if batch = append(batch, iter.Val()); len(batch) == 500 {
+			flush()
+		}
+	}
+	flush()
+	if err := iter.Err(); err != nil {
+		t.Logf("redistest: cleaning prefix %s: %v", p, err)
+	}
 }

@@ -1,18 +1,25 @@
 -- admin.lua: operator actions on tasks of one partition.
 -- KEYS[1] records hash  KEYS[2] pending list  KEYS[3] scheduled zset
 -- KEYS[4] retry zset    KEYS[5] archived zset KEYS[6] completed zset
--- KEYS[7] results hash  KEYS[8] active zset
--- ARGV[1] op: 'run' | 'archive' (one task) or 'runall' | 'archiveall' | 'deleteall'
--- ARGV[2] task ID (one task) or state number (bulk)
--- ARGV[3] limit (bulk)  ARGV[4] now ms  ARGV[5] event channel  ARGV[6] partition
--- ARGV[7] unique-lock key prefix
+-- KEYS[7] results hash  KEYS[8] active zset   KEYS[9] unique locks hash
+-- KEYS[10] layout meta  KEYS[11] reply cache KEYS[12] attempt histories hash
+-- ARGV[1] layout  ARGV[2] request ID ('' for bulk ops)  ARGV[3] reply cache expiry (ms)
+-- ARGV[4] op: 'run' | 'archive' (one task) or 'runall' | 'archiveall' | 'deleteall'
+-- ARGV[5] task ID (one task) or state number (bulk)
+-- ARGV[6] limit (bulk)  ARGV[7] event channel  ARGV[8] partition
 -- Returns, for one task: 1 done, 0 not found, -state when the task's state
--- does not allow the action; for bulk: the number of tasks handled (at most
--- the limit; call again until 0).
+-- does not allow the action, -98 while a repartition moves it, -99 when its
+-- record is unreadable (answered from the reply cache when run again);
+-- for bulk: the number of tasks handled (at most the limit; call again
+-- until 0).
 -- 'run' makes a scheduled, retry or archived task pending at the front;
 -- 'archive' archives a pending, scheduled or retry task (its unique lock is
 -- released); 'deleteall' deletes tasks that are not active.
-local op, now = ARGV[1], tonumber(ARGV[4])
+local bad = layout_error(KEYS[10], ARGV[1])
+if bad then return bad end
+local cached = req_get(KEYS[11], ARGV[2], tonumber(ARGV[3]))
+if cached then return tonumber(cached) end
+local op, now = ARGV[4], redis_now()
 local was_empty = redis.call('LLEN', KEYS[2]) == 0
 
 local function run(id, rec, st)
@@ -26,41 +33,47 @@ end
 local function archive(id, rec, st, in_list)
   if st ~= 1 then redis.call('ZREM', zset_of(st, KEYS), id)
   elseif not in_list then redis.call('LREM', KEYS[2], 1, id) end
-  release_uniq(rec, ARGV[7], id)
+  release_uniq(rec, KEYS[9], id)
   redis.call('HSET', KEYS[1], id, rec_patch(rec, 5, nil, nil, nil, now, nil))
   redis.call('ZADD', KEYS[5], now, id)
 end
 
 local function remove(id, rec)
-  if rec_ok(rec) then release_uniq(rec, ARGV[7], id) end
+  if rec_ok(rec) then release_uniq(rec, KEYS[9], id) end
   redis.call('HDEL', KEYS[1], id)
   redis.call('HDEL', KEYS[7], id)
+  redis.call('HDEL', KEYS[12], id)
 end
 
 local function done(n)
   if was_empty and redis.call('LLEN', KEYS[2]) > 0 then
-    redis.call('PUBLISH', ARGV[5], 'p' .. ARGV[6])
+    redis.call('PUBLISH', ARGV[7], 'p' .. ARGV[8])
   end
   return n
 end
 
 if op == 'run' or op == 'archive' then
-  local id = ARGV[2]
+  local function answer(code)
+    req_put(KEYS[11], ARGV[2], tostring(code), tonumber(ARGV[3]))
+    return code
+  end
+  local id = ARGV[5]
   local rec = redis.call('HGET', KEYS[1], id)
-  if not rec then return 0 end
-  if not rec_ok(rec) then return -99 end
+  if rec_absent(rec) then return answer(0) end
+  if not rec_ok(rec) then return answer(-99) end
+  if rec_moving(rec) then return answer(-98) end
   local st = rec_state(rec)
   if op == 'run' then
-    if st ~= 3 and st ~= 4 and st ~= 5 then return -st end
+    if st ~= 3 and st ~= 4 and st ~= 5 then return answer(-st) end
     run(id, rec, st)
   else
-    if st ~= 1 and st ~= 3 and st ~= 4 then return -st end
+    if st ~= 1 and st ~= 3 and st ~= 4 then return answer(-st) end
     archive(id, rec, st, false)
   end
-  return done(1)
+  return answer(done(1))
 end
 
-local st, limit = tonumber(ARGV[2]), tonumber(ARGV[3])
+local st, limit = tonumber(ARGV[5]), tonumber(ARGV[6])
 local ids
 if st == 1 then
   if op == 'runall' then return 0 end

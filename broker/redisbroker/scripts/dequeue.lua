@@ -1,24 +1,44 @@
 -- dequeue.lua: lease up to n tasks of one partition.
--- KEYS[1] records hash  KEYS[2] pending list  KEYS[3] active zset (lease expiry, Redis clock)
+-- KEYS[1] records hash  KEYS[2] pending list  KEYS[3] active zset (lease expiry)
 -- KEYS[4] paused flag   KEYS[5] archived zset KEYS[6] results hash
--- KEYS[7] scheduled zset KEYS[8] retry zset
--- ARGV[1] n  ARGV[2] lease ms  ARGV[3] now ms (caller's clock, for due times)
+-- KEYS[7] scheduled zset KEYS[8] retry zset  KEYS[9] token sequence
+-- KEYS[10] layout meta  KEYS[11] reply cache
+-- ARGV[1] layout  ARGV[2] request ID  ARGV[3] reply cache expiry (ms)
+-- ARGV[4] n  ARGV[5] lease ms
 -- Returns a flat array id1, record1, id2, record2, ... of the leased tasks with
--- state set to active and the token incremented. Pending tasks come first
+-- state set to active and a fresh token each. Pending tasks come first
 -- (oldest first); when fewer than n are pending, scheduled and retry tasks
--- already due are leased directly, earliest first, without a detour through
--- the pending list (this is what makes a burst of tasks due at the same
--- instant start at the rate workers take them). An ID without a record is
--- dropped; a record with an unreadable header is archived with a reason (its
--- bytes kept as the result) and not returned.
+-- due by the Redis clock are leased directly, earliest first, without a
+-- detour through the pending list (this is what makes a burst of tasks due at
+-- the same instant start at the rate workers take them). An ID without a
+-- record is dropped; a record with an unreadable header is archived with a
+-- reason (its bytes kept as the result) and not returned. A request run again
+-- returns the tasks its first run leased that are still leased to it, and
+-- leases nothing more.
+local bad = layout_error(KEYS[10], ARGV[1])
+if bad then return bad end
+local cached = req_get(KEYS[11], ARGV[2], tonumber(ARGV[3]))
+if cached then
+  local out = {}
+  local prev = cmsgpack.unpack(cached)
+  for i = 1, #prev, 2 do
+    local rec = redis.call('HGET', KEYS[1], prev[i])
+    if rec_ok(rec) and rec_state(rec) == 2 and rec_token(rec) == prev[i+1] then
+      out[#out + 1] = prev[i]
+      out[#out + 1] = rec
+    end
+  end
+  return out
+end
 if redis.call('EXISTS', KEYS[4]) == 1 then return {} end
-local n = tonumber(ARGV[1])
+local n = tonumber(ARGV[4])
 local ids = redis.call('RPOP', KEYS[2], n) or {}
+local now = redis_now()
 if #ids < n then
   for _, z in ipairs({KEYS[7], KEYS[8]}) do
     local want = n - #ids
     if want <= 0 then break end
-    local due = redis.call('ZRANGEBYSCORE', z, '-inf', ARGV[3], 'LIMIT', 0, want)
+    local due = redis.call('ZRANGEBYSCORE', z, '-inf', now, 'LIMIT', 0, want)
     if #due > 0 then
       redis.call('ZREM', z, unpack(due))
       for _, id in ipairs(due) do ids[#ids + 1] = id end
@@ -26,21 +46,25 @@ if #ids < n then
   end
 end
 if #ids == 0 then return {} end
-local now = redis_now()
-local exp = now + tonumber(ARGV[2])
-local out = {}
+local exp = now + tonumber(ARGV[5])
+local tok = next_tokens(KEYS[9], #ids)
+local out, leased = {}, {}
 for _, id in ipairs(ids) do
   local rec = redis.call('HGET', KEYS[1], id)
   if rec_ok(rec) then
-    rec = rec_patch(rec, 2, rec_token(rec) + 1, nil, nil, nil, nil)
+    rec = rec_patch(rec, 2, tok, nil, nil, nil, nil)
     redis.call('HSET', KEYS[1], id, rec)
     redis.call('ZADD', KEYS[3], exp, id)
     out[#out + 1] = id
     out[#out + 1] = rec
+    leased[#leased + 1] = id
+    leased[#leased + 1] = tok
+    tok = tok + 1
   elseif rec then
     redis.call('HSET', KEYS[6], id, rec)
     redis.call('HSET', KEYS[1], id, rec_corrupt(now, 'tide: undecodable task record (' .. #rec .. ' bytes, bad header); original bytes kept as the result'))
     redis.call('ZADD', KEYS[5], now, id)
   end
 end
+req_put(KEYS[11], ARGV[2], cmsgpack.pack(leased), tonumber(ARGV[3]))
 return out

@@ -1,40 +1,84 @@
 -- enqueue.lua: store new tasks in one partition.
--- KEYS[1] records hash   KEYS[2] pending list   KEYS[3] scheduled zset
--- KEYS[4] retry zset
--- ARGV[1] event channel  ARGV[2] partition      ARGV[3] unique-lock key prefix
--- then 6 per task: id, record, kind ('p' pending | 's' scheduled), due ms,
---   unique key ('' for none), unique TTL ms
--- Returns one code per task: 0 stored, 1 ID conflict, 2 unique lock held.
--- Publishes "p<partition>" when the pending list was empty, and
--- "s<partition>:<ms>" when a new task is due before every other waiting one.
--- A pending task without a unique key costs two commands (HSETNX, LPUSH).
+-- KEYS[1] records hash  KEYS[2] pending list  KEYS[3] scheduled zset
+-- KEYS[4] retry zset    KEYS[5] unique locks hash  KEYS[6] layout meta
+-- KEYS[7] reply cache  KEYS[8] idempotency keys of this window
+-- KEYS[9] idempotency keys of the previous window
+-- ARGV[1] layout  ARGV[2] request ID  ARGV[3] reply cache expiry (ms)
+-- ARGV[4] event channel  ARGV[5] partition
+-- ARGV[6] expiry of this window's idempotency keys (ms)
+-- then 7 per task: id, record, kind, due ms, unique key ('' for none),
+--   unique TTL ms, idempotency key ('' for none). kind is 'p' (pending) or
+--   's' (scheduled); upper case when the broker chose the ID.
+-- Returns a string of one code per task: '0' stored, '1' ID conflict,
+-- '2' unique lock held, '3' a broker-chosen ID met another task (the broker
+-- draws again), '4' the idempotency key was used within the window: nothing
+-- stored; then, for each '4', a newline and the ID of the key's task. A broker-chosen ID found holding this very record (same body)
+-- is this request's own earlier run: '0'. A request run again answers from
+-- the reply cache. Publishes "p<partition>" when the pending list was empty
+-- and "s<partition>:<ms>" when a new task is due before every waiting one.
+-- A pending task without a unique key costs two commands (HSETNX, LPUSH)
+-- beyond the layout check and the reply cache.
+local bad = layout_error(KEYS[6], ARGV[1])
+if bad then return bad end
+local cached = req_get(KEYS[7], ARGV[2], tonumber(ARGV[3]))
+if cached then return cached end
 local out = {}
 local was_empty, first_due, before = false, nil, nil
 local looked = false
-for i = 4, #ARGV, 6 do
-  local id, rec, kind, u = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+4]
-  local code = 0
-  if redis.call('HSETNX', KEYS[1], id, rec) == 0 then
-    code = 1
-  elseif u ~= '' and not redis.call('SET', ARGV[3] .. u, id, 'NX', 'PX', ARGV[i+5]) then
-    redis.call('HDEL', KEYS[1], id)
-    code = 2
-  elseif kind == 'p' then
-    if redis.call('LPUSH', KEYS[2], id) == 1 then was_empty = true end
-  else
-    if not looked then
-      before, looked = earliest(KEYS[3], KEYS[4]), true
+local now = nil
+local hits = {}
+for i = 7, #ARGV, 7 do
+  local id, rec, kind, u, ik = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+4], ARGV[i+6]
+  local code = '0'
+  local own = kind == 'P' or kind == 'S'
+  local first = nil
+  if ik ~= '' then first = redis.call('HGET', KEYS[8], ik) or redis.call('HGET', KEYS[9], ik) end
+  if first then
+    code = '4'
+    hits[#hits + 1] = first
+  elseif redis.call('HSETNX', KEYS[1], id, rec) == 0 then
+    code = '1'
+    if own then
+      local cur = redis.call('HGET', KEYS[1], id)
+      if rec_ok(cur) and string.sub(cur, 25, rec_end(cur)) == string.sub(rec, 25, rec_end(rec)) then
+        code = '0' -- stored by this request's earlier run
+      else
+        code = '3'
+      end
     end
-    local due = tonumber(ARGV[i+3])
-    redis.call('ZADD', KEYS[3], due, id)
-    if not first_due or due < first_due then first_due = due end
+  else
+    local locked = true
+    if u ~= '' then
+      if not now then now = redis_now() end
+      locked = uniq_take(KEYS[5], u, id, now, now + tonumber(ARGV[i+5]))
+    end
+    if not locked then
+      redis.call('HDEL', KEYS[1], id)
+      code = '2'
+    elseif kind == 'p' or kind == 'P' then
+      if redis.call('LPUSH', KEYS[2], id) == 1 then was_empty = true end
+    else
+      if not looked then
+        before, looked = earliest(KEYS[3], KEYS[4]), true
+      end
+      local due = tonumber(ARGV[i+3])
+      redis.call('ZADD', KEYS[3], due, id)
+      if not first_due or due < first_due then first_due = due end
+    end
+    if code == '0' and ik ~= '' then
+      redis.call('HSET', KEYS[8], ik, id)
+      redis.call('PEXPIREAT', KEYS[8], tonumber(ARGV[6]))
+    end
   end
   out[#out + 1] = code
 end
 if was_empty then
-  redis.call('PUBLISH', ARGV[1], 'p' .. ARGV[2])
+  redis.call('PUBLISH', ARGV[4], 'p' .. ARGV[5])
 end
 if first_due and (not before or first_due < before) then
-  redis.call('PUBLISH', ARGV[1], 's' .. ARGV[2] .. ':' .. string.format('%d', first_due))
+  redis.call('PUBLISH', ARGV[4], 's' .. ARGV[5] .. ':' .. string.format('%d', first_due))
 end
-return out
+local reply = table.concat(out)
+if #hits > 0 then reply = reply .. '\n' .. table.concat(hits, '\n') end
+req_put(KEYS[7], ARGV[2], reply, tonumber(ARGV[3]))
+return reply

@@ -1,38 +1,50 @@
--- lib.lua: helpers prepended to every script. They read and patch the fixed
--- 20-byte record header described in internal/codec (1-based offsets here):
---   1 version | 2 state | 3-6 token | 7-8 retried | 9-10 max retry
---   11-16 process-at ms | 17-19 body len | 20 uniq len
---   21.. body | unique key | failure (empty, or failed-at ms (6) .. last error)
+-- lib.lua: helpers prepended to every script (only those a script uses; see
+-- scripts.go). They read and patch the fixed 24-byte record header described
+-- in internal/codec (1-based offsets here):
+--   1 version (2) | 2 state (low 4 bits) + cancel flag (bit 7) | 3-10 token
+--   11-12 retried | 13-14 max retry | 15-20 process-at ms | 21-23 body len
+--   24 uniq len | 25.. body | unique key | failure (empty, or failed-at ms (6) .. last error)
 -- States: 1 pending, 2 active, 3 scheduled, 4 retry, 5 archived, 6 completed.
+--
+-- Every key a script touches is one of its KEYS, all in one partition's hash
+-- slot, so that Redis Cluster refuses the whole call (TRYAGAIN, ASK) while
+-- the slot migrates instead of failing halfway through it.
 
 local function rec_ok(rec)
-  return rec and #rec >= 20 and string.byte(rec, 1) == 1
+  return rec and #rec >= 24 and string.byte(rec, 1) == 2
 end
 
-local function rec_state(rec) return string.byte(rec, 2) end
-local function rec_token(rec) return struct.unpack('>I4', rec, 3) end
-local function rec_retried(rec) return struct.unpack('>I2', rec, 7) end
-local function rec_maxretry(rec) return struct.unpack('>I2', rec, 9) end
+-- rec_absent reports that no task is here: no record, or only the
+-- placeholder a repartition writes where a task is about to move in.
+local function rec_absent(rec) return not rec or rec == '\0mv' end
+
+local function rec_state(rec) return string.byte(rec, 2) % 16 end
+local function rec_canceled(rec) return string.byte(rec, 2) >= 128 end
+-- rec_moving: bit 6, set while a repartition moves the task out.
+local function rec_moving(rec) return string.byte(rec, 2) % 128 >= 64 end
+local function rec_token(rec) return struct.unpack('>I8', rec, 3) end
+local function rec_retried(rec) return struct.unpack('>I2', rec, 11) end
+local function rec_maxretry(rec) return struct.unpack('>I2', rec, 13) end
 -- rec_end is the offset of the last byte before the failure section.
 local function rec_end(rec)
-  return 20 + struct.unpack('>I3', rec, 17) + string.byte(rec, 20)
+  return 24 + struct.unpack('>I3', rec, 21) + string.byte(rec, 24)
 end
 
 local function rec_uniq(rec)
-  local ul = string.byte(rec, 20)
+  local ul = string.byte(rec, 24)
   if ul == 0 then return nil end
   local e = rec_end(rec)
   return string.sub(rec, e - ul + 1, e)
 end
 
 -- rec_patch returns rec with the given fields replaced; nil keeps a field.
--- failed and err replace the failure section together (either may be nil to
--- keep its part).
+-- A new state clears the cancel flag. failed and err replace the failure
+-- section together (either may be nil to keep its part).
 local function rec_patch(rec, state, token, retried, due, failed, err)
   local st = state and string.char(state) or string.sub(rec, 2, 2)
-  local tk = token and struct.pack('>I4', token) or string.sub(rec, 3, 6)
-  local rt = retried and struct.pack('>I2', math.min(retried, 65535)) or string.sub(rec, 7, 8)
-  local du = due and struct.pack('>I6', due) or string.sub(rec, 11, 16)
+  local tk = token and struct.pack('>I8', token) or string.sub(rec, 3, 10)
+  local rt = retried and struct.pack('>I2', math.min(retried, 65535)) or string.sub(rec, 11, 12)
+  local du = due and struct.pack('>I6', due) or string.sub(rec, 15, 20)
   local e = rec_end(rec)
   local tail = string.sub(rec, e + 1)
   if failed or err then
@@ -40,26 +52,93 @@ local function rec_patch(rec, state, token, retried, due, failed, err)
     if #tail >= 6 then old_at, old_err = string.sub(tail, 1, 6), string.sub(tail, 7) end
     tail = (failed and struct.pack('>I6', failed) or old_at) .. (err or old_err)
   end
-  return string.sub(rec, 1, 1) .. st .. tk .. rt .. string.sub(rec, 9, 10) .. du .. string.sub(rec, 17, e) .. tail
+  return string.sub(rec, 1, 1) .. st .. tk .. rt .. string.sub(rec, 13, 14) .. du .. string.sub(rec, 21, e) .. tail
+end
+
+-- rec_mark_canceled returns rec with the cancel flag set.
+local function rec_mark_canceled(rec)
+  return string.sub(rec, 1, 1) .. string.char(string.byte(rec, 2) % 128 + 128) .. string.sub(rec, 3)
 end
 
 -- rec_corrupt builds a valid archived record with an empty body for bytes that
 -- could not be parsed; the bytes themselves are kept as the task's result.
 local function rec_corrupt(now, err)
-  return string.char(1, 5) .. struct.pack('>I4>I2>I2>I6>I3B', 0, 0, 0, now, 0, 0) .. struct.pack('>I6', now) .. err
+  return string.char(2, 5) .. struct.pack('>I8>I2>I2>I6>I3B', 0, 0, 0, now, 0, 0) .. struct.pack('>I6', now) .. err
 end
 
-local function release_uniq(rec, uprefix, id)
-  local u = rec_uniq(rec)
-  if u then
-    local k = uprefix .. u
-    if redis.call('GET', k) == id then redis.call('DEL', k) end
-  end
-end
-
+-- redis_now is the Redis server's clock in ms: the one clock due times,
+-- leases and retention are decided with.
 local function redis_now()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- layout_error returns an error reply when the partition's recorded layout
+-- (its meta key) is not the one the caller routed with, else nil: a process
+-- configured with another partition count must not touch the partition.
+local function layout_error(meta, want)
+  local got = redis.call('GET', meta)
+  if got ~= want then
+    return redis.error_reply('TIDELAYOUT ' .. (got or 'none'))
+  end
+  return nil
+end
+
+-- req_get returns the reply an earlier run of request rid stored in the
+-- reply cache (a hash that expires on its own), or nil. A re-sent request
+-- answers with it and changes nothing but the cache's expiry, set again to
+-- the same value: a write that WAIT counts, so that a re-sent request's WAIT
+-- waits for the replicas to have what the first run wrote.
+local function req_get(cache, rid, expire_at)
+  if rid == '' then return nil end
+  local r = redis.call('HGET', cache, rid)
+  if r then redis.call('PEXPIREAT', cache, expire_at) end
+  return r
+end
+
+local function req_put(cache, rid, reply, expire_at)
+  if rid == '' then return end
+  redis.call('HSET', cache, rid, reply)
+  redis.call('PEXPIREAT', cache, expire_at)
+end
+
+-- next_tokens reserves n fencing tokens from the partition's sequence and
+-- returns the first. Tokens grow with Redis time in microseconds, so they
+-- never repeat, also not across the partitions of a new layout.
+local function next_tokens(seq, n)
+  local t = redis.call('TIME')
+  local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local first = math.max(tonumber(redis.call('GET', seq) or '0') + 1, now_us)
+  redis.call('SET', seq, string.format('%d', first + n - 1))
+  return first
+end
+
+-- uniq_take takes the unique lock u (field of the locks hash) for id until
+-- expire_at (ms; held through that millisecond, so never released early
+-- however the milliseconds fall) unless another live holder has it; it
+-- reports success.
+local function uniq_take(locks, u, id, now, expire_at)
+  local cur = redis.call('HGET', locks, u)
+  if cur then
+    local sep = string.find(cur, ':', 1, true)
+    if sep and tonumber(string.sub(cur, 1, sep - 1)) >= now and string.sub(cur, sep + 1) ~= id then
+      return false
+    end
+  end
+  redis.call('HSET', locks, u, string.format('%d', expire_at) .. ':' .. id)
+  return true
+end
+
+-- release_uniq drops rec's unique lock if id still holds it.
+local function release_uniq(rec, locks, id)
+  local u = rec_uniq(rec)
+  if u then
+    local cur = redis.call('HGET', locks, u)
+    if cur then
+      local sep = string.find(cur, ':', 1, true)
+      if sep and string.sub(cur, sep + 1) == id then redis.call('HDEL', locks, u) end
+    end
+  end
 end
 
 -- earliest returns the lowest score of the scheduled and retry sets, or nil.
@@ -75,18 +154,67 @@ local function earliest(sched, retry)
   return best
 end
 
--- count_day adds to the partition's day counters <base>stat:p:<day> and
--- <base>stat:f:<day>, which expire after 90 days. tkey is the records key,
--- "<base>t", from which the base is taken.
-local function count_day(tkey, day, processed, failed)
-  local base = string.sub(tkey, 1, -2)
-  for name, n in pairs({p = processed, f = failed}) do
-    if n > 0 then
-      local k = base .. 'stat:' .. name .. ':' .. day
-      redis.call('INCRBY', k, n)
-      redis.call('EXPIRE', k, 7776000)
+-- count_day adds to the partition's day counters: fields p:<day> and f:<day>
+-- of the stats hash (Maintain drops days older than 90).
+local function count_day(stats, day, processed, failed)
+  if processed > 0 then redis.call('HINCRBY', stats, 'p:' .. day, processed) end
+  if failed > 0 then redis.call('HINCRBY', stats, 'f:' .. day, failed) end
+end
+
+-- drop deletes the tasks ids of sorted set z with their records, results
+-- and attempt histories.
+local function drop(z, ids, records, results, hist)
+  for _, id in ipairs(ids) do
+    redis.call('ZREM', z, id)
+    redis.call('HDEL', records, id)
+    redis.call('HDEL', results, id)
+    redis.call('HDEL', hist, id)
+  end
+  return #ids
+end
+
+-- trim deletes up to limit completed tasks past their retention and archived
+-- tasks past the archive's age or size; it returns how many it deleted and
+-- whether it stopped at the limit.
+local function trim(completed, archived, records, results, hist, now, max_archived, archive_ttl, limit)
+  local n = drop(completed, redis.call('ZRANGEBYSCORE', completed, '-inf', now, 'LIMIT', 0, limit), records, results, hist)
+  if n < limit then
+    n = n + drop(archived, redis.call('ZRANGEBYSCORE', archived, '-inf', now - archive_ttl, 'LIMIT', 0, limit - n), records, results, hist)
+  end
+  if n < limit then
+    local excess = redis.call('ZCARD', archived) - max_archived
+    if excess > 0 then
+      n = n + drop(archived, redis.call('ZRANGE', archived, 0, math.min(excess, limit - n) - 1), records, results, hist)
     end
   end
+  return n, n >= limit
+end
+
+-- hist_add appends an attempt to task id's history (field id of the hash
+-- hist), keeping the latest 10. An entry is: started ms (6 bytes), ended ms
+-- (6), outcome (1: r retry, a archive, d done, l lease expired), server
+-- length (1) and server, error length (2) and error (at most 1 KiB).
+local function hist_add(hist, id, started, ended, outcome, server, err)
+  server = string.sub(server or '', 1, 255)
+  err = string.sub(err or '', 1, 1024)
+  local entry = struct.pack('>I6>I6', started, ended) .. outcome .. string.char(#server) .. server .. struct.pack('>I2', #err) .. err
+  local cur = redis.call('HGET', hist, id) or ''
+  local starts, pos = {}, 1
+  while pos + 15 <= #cur do
+    starts[#starts + 1] = pos
+    local sl = string.byte(cur, pos + 13)
+    local el = struct.unpack('>I2', cur, pos + 14 + sl)
+    pos = pos + 16 + sl + el
+  end
+  if #starts >= 10 then cur = string.sub(cur, starts[#starts - 8]) end
+  redis.call('HSET', hist, id, cur .. entry)
+end
+
+-- count_minute adds to the partition's minute counters (field p:<minute>
+-- and f:<minute> of the minute hash) for the live view.
+local function count_minute(minutes, minute, processed, failed)
+  if processed > 0 then redis.call('HINCRBY', minutes, 'p:' .. minute, processed) end
+  if failed > 0 then redis.call('HINCRBY', minutes, 'f:' .. minute, failed) end
 end
 
 -- zset_of names the sorted set holding tasks in state st (nil for pending

@@ -2,29 +2,44 @@
 -- KEYS[1] owner key     KEYS[2] records hash  KEYS[3] pending list
 -- KEYS[4] active zset   KEYS[5] scheduled zset KEYS[6] retry zset
 -- KEYS[7] archived zset KEYS[8] completed zset KEYS[9] results hash
--- ARGV[1] owner  ARGV[2] owner TTL ms  ARGV[3] now ms (caller's clock, for due times)
--- ARGV[4] event channel  ARGV[5] partition  ARGV[6] unique-lock key prefix
--- ARGV[7] max archived  ARGV[8] archive TTL ms  ARGV[9] per-step limit
--- ARGV[10] today (UTC, YYYY-MM-DD): recovered tasks count as failed attempts
--- ARGV[11] '1' to trim archived and completed tasks this time
--- Returns {owned, retry-in ms, pending, forwarded, recovered, next due ms or -1,
---          next lease expiry in ms or -1}.
--- When owned it forwards scheduled and retry tasks due by ARGV[3] to pending,
--- recovers active tasks whose lease expired by the Redis clock (retry at once
--- with the attempt counted, or archive when none is left), and, when asked,
--- deletes completed tasks past retention and trims archived ones by age and
--- count. Each step handles at most ARGV[9] tasks; a due time <= now in the
--- reply means "call again now". With nothing due or expired it runs seven
--- commands.
+-- KEYS[10] unique locks hash  KEYS[11] stats hash  KEYS[12] layout meta
+-- KEYS[13] attempt histories hash  KEYS[14] minute counters hash
+-- ARGV[1] layout  ARGV[2] owner  ARGV[3] owner TTL ms  ARGV[4] event channel
+-- ARGV[5] partition  ARGV[6] max archived  ARGV[7] archive TTL ms
+-- ARGV[8] per-step limit  ARGV[9] today (UTC, YYYY-MM-DD)
+-- ARGV[10] '1' to release the claim instead (a clean shutdown)
+-- ARGV[11] back-off of a recovered task's first retry, ms (doubled per retry;
+--          0: pending at once)
+-- ARGV[12] this minute (Unix minutes): the pending count is sampled under it
+-- Returns {owned, retry-in ms, pending, forwarded, recovered, trimmed, more,
+--          next due ms or -1, next lease expiry in ms or -1}.
+-- All times are the Redis clock's. When owned it forwards scheduled and
+-- retry tasks that are due to pending; recovers active tasks whose lease
+-- expired (to retry after a back-off, with "lease expired" as their last
+-- error and the attempt counted, or to the archive when none is left or the
+-- task was cancelled; a record that cannot be read is archived with the
+-- reason); deletes completed tasks past retention; trims the archive by age
+-- and size; and drops day counters older than 90 days. Each step handles at
+-- most ARGV[8] tasks; more = 1 says to call again at once. Releasing deletes
+-- the claim if the caller holds it and publishes "r<partition>" so that
+-- another server claims the partition at once.
+local bad = layout_error(KEYS[12], ARGV[1])
+if bad then return bad end
 local cur = redis.call('GET', KEYS[1])
-if cur and cur ~= ARGV[1] then
-  return {0, redis.call('PTTL', KEYS[1]), redis.call('LLEN', KEYS[3]), 0, 0, -1, -1}
+if ARGV[10] == '1' then
+  if cur == ARGV[2] then
+    redis.call('DEL', KEYS[1])
+    redis.call('PUBLISH', ARGV[4], 'r' .. ARGV[5])
+  end
+  return {0, 0, 0, 0, 0, 0, 0, -1, -1}
 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-local now = tonumber(ARGV[3])
-local limit = tonumber(ARGV[9])
-local rnow = redis_now()
-local forwarded, recovered = 0, 0
+if cur and cur ~= ARGV[2] then
+  return {0, redis.call('PTTL', KEYS[1]), redis.call('LLEN', KEYS[3]), 0, 0, 0, 0, -1, -1}
+end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+local now = redis_now()
+local limit = tonumber(ARGV[8])
+local forwarded, recovered, more = 0, 0, false
 local was_empty = nil
 
 local due = earliest(KEYS[5], KEYS[6])
@@ -32,6 +47,7 @@ if due and due <= now then
   was_empty = redis.call('LLEN', KEYS[3]) == 0
   for _, z in ipairs({KEYS[5], KEYS[6]}) do
     local ids = redis.call('ZRANGEBYSCORE', z, '-inf', now, 'LIMIT', 0, limit)
+    if #ids == limit then more = true end
     for _, id in ipairs(ids) do
       redis.call('ZREM', z, id)
       local rec = redis.call('HGET', KEYS[2], id)
@@ -44,53 +60,79 @@ if due and due <= now then
       end
     end
   end
-  due = earliest(KEYS[5], KEYS[6])
 end
 
 local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
-if first[2] and tonumber(first[2]) <= rnow then
-  if was_empty == nil then was_empty = redis.call('LLEN', KEYS[3]) == 0 end
-  local expired = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', rnow, 'LIMIT', 0, limit)
+if first[2] and tonumber(first[2]) <= now then
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, limit)
+  if #expired == limit then more = true end
+  local base = tonumber(ARGV[11])
+  local err = 'tide: lease expired: the worker died, stalled or lost Redis while processing the task'
   for _, id in ipairs(expired) do
     redis.call('ZREM', KEYS[4], id)
     local rec = redis.call('HGET', KEYS[2], id)
     if rec_ok(rec) then
-      local err = 'tide: lease expired: the worker died, stalled or lost Redis while processing the task'
-      if rec_retried(rec) < rec_maxretry(rec) then
-        redis.call('HSET', KEYS[2], id, rec_patch(rec, 1, nil, rec_retried(rec) + 1, now, now, err))
-        redis.call('RPUSH', KEYS[3], id)
+      hist_add(KEYS[13], id, 0, now, 'l', '', err)
+      local n = rec_retried(rec)
+      if rec_canceled(rec) then
+        release_uniq(rec, KEYS[10], id)
+        redis.call('HSET', KEYS[2], id, rec_patch(rec, 5, nil, nil, nil, now, 'tide: task cancelled; ' .. err))
+        redis.call('ZADD', KEYS[7], now, id)
+      elseif n < rec_maxretry(rec) then
+        -- Back off like a failed attempt: a task that kills its worker must
+        -- not hit the fleet again at once.
+        local d = math.min(base * 2 ^ math.min(n, 20), 3600000)
+        if d <= 0 then
+          redis.call('HSET', KEYS[2], id, rec_patch(rec, 1, nil, n + 1, now, now, err))
+          redis.call('RPUSH', KEYS[3], id)
+          if was_empty == nil then was_empty = redis.call('LLEN', KEYS[3]) == 1 end
+        else
+          -- equal jitter (between half and all of d), varied by task
+          local h = now % 997
+          for c = 1, #id do h = (h * 31 + string.byte(id, c)) % 997 end
+          local at = now + math.floor(d / 2 + (d / 2) * (h / 997))
+          redis.call('HSET', KEYS[2], id, rec_patch(rec, 4, nil, n + 1, at, now, err))
+          redis.call('ZADD', KEYS[6], at, id)
+        end
       else
-        release_uniq(rec, ARGV[6], id)
+        release_uniq(rec, KEYS[10], id)
         redis.call('HSET', KEYS[2], id, rec_patch(rec, 5, nil, nil, nil, now, err .. '; no retries left'))
         redis.call('ZADD', KEYS[7], now, id)
       end
-      recovered = recovered + 1
+    elseif rec then
+      redis.call('HSET', KEYS[9], id, rec)
+      redis.call('HSET', KEYS[2], id, rec_corrupt(now, 'tide: undecodable task record (' .. #rec .. ' bytes, bad header), found when its lease expired; original bytes kept as the result'))
+      redis.call('ZADD', KEYS[7], now, id)
     end
+    recovered = recovered + 1
   end
-  count_day(KEYS[2], ARGV[10], recovered, recovered)
+  count_day(KEYS[11], ARGV[9], recovered, recovered)
+  count_minute(KEYS[14], ARGV[12], recovered, recovered)
   first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
 end
 
-if ARGV[11] == '1' then
-  local function drop(z, ids)
-    for _, id in ipairs(ids) do
-      redis.call('ZREM', z, id)
-      redis.call('HDEL', KEYS[2], id)
-      redis.call('HDEL', KEYS[9], id)
-    end
-  end
-  drop(KEYS[8], redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', now, 'LIMIT', 0, limit))
-  drop(KEYS[7], redis.call('ZRANGEBYSCORE', KEYS[7], '-inf', now - tonumber(ARGV[8]), 'LIMIT', 0, limit))
-  local excess = redis.call('ZCARD', KEYS[7]) - tonumber(ARGV[7])
-  if excess > 0 then
-    drop(KEYS[7], redis.call('ZRANGE', KEYS[7], 0, math.min(excess, limit) - 1))
-  end
+local trimmed, tmore = trim(KEYS[8], KEYS[7], KEYS[2], KEYS[9], KEYS[13], now, tonumber(ARGV[6]), tonumber(ARGV[7]), limit)
+more = more or tmore
+if redis.call('HLEN', KEYS[11]) > 184 then
+  -- p:<day> and f:<day>: keep the newest 92 days
+  local fields = redis.call('HKEYS', KEYS[11])
+  table.sort(fields, function(x, y) return string.sub(x, 3) < string.sub(y, 3) end)
+  for i = 1, #fields - 184 do redis.call('HDEL', KEYS[11], fields[i]) end
 end
 
+due = earliest(KEYS[5], KEYS[6])
 local pending = redis.call('LLEN', KEYS[3])
+-- The live view's backlog, and its counters kept for two hours.
+redis.call('HSET', KEYS[14], 'q:' .. ARGV[12], pending)
+if redis.call('HLEN', KEYS[14]) > 400 then
+  local cut = tonumber(ARGV[12]) - 120
+  for _, f in ipairs(redis.call('HKEYS', KEYS[14])) do
+    if (tonumber(string.sub(f, 3)) or 0) < cut then redis.call('HDEL', KEYS[14], f) end
+  end
+end
 if was_empty and pending > 0 then
   redis.call('PUBLISH', ARGV[4], 'p' .. ARGV[5])
 end
 local lease = -1
-if first[2] then lease = math.max(tonumber(first[2]) - rnow, 1) end
-return {1, 0, pending, forwarded, recovered, due or -1, lease}
+if first[2] then lease = math.max(tonumber(first[2]) - now, 1) end
+return {1, 0, pending, forwarded, recovered, trimmed, more and 1 or 0, due or -1, lease}

@@ -1,61 +1,96 @@
--- settle.lua: apply the outcomes of leased tasks of one partition.
+-- settle.lua: apply the settlements of leased tasks of one partition.
 -- KEYS[1] records hash  KEYS[2] active zset  KEYS[3] pending list
 -- KEYS[4] retry zset    KEYS[5] archived zset KEYS[6] completed zset
--- KEYS[7] results hash  KEYS[8] scheduled zset
--- ARGV[1] event channel ARGV[2] partition  ARGV[3] unique-lock key prefix
--- ARGV[4] today (UTC, YYYY-MM-DD) for the processed/failed day counters
--- then 6 per outcome: op, id, token, a, b, c where op is
+-- KEYS[7] results hash  KEYS[8] scheduled zset KEYS[9] unique locks hash
+-- KEYS[10] stats hash   KEYS[11] layout meta  KEYS[12] reply cache
+-- KEYS[13] attempt histories hash  KEYS[14] minute counters hash
+-- ARGV[1] layout  ARGV[2] request ID  ARGV[3] reply cache expiry (ms)
+-- ARGV[4] event channel  ARGV[5] partition
+-- ARGV[6] today (UTC, YYYY-MM-DD) for the processed/failed day counters
+-- ARGV[7] max archived  ARGV[8] archive TTL ms  ARGV[9] this minute (Unix minutes)
+-- then 8 per settlement: op, id, token, a, b, c, started ms, server where op is
 --   'd' done:      a, b, c unused                      -> deleted
---   'c' completed: a = new record, b = expire-at ms    -> kept until b
+--   'c' completed: a = new record, b = expire-at ms, c = completed-at ms -> kept until b
 --   'r' retry:     a = retry-at ms, b = failed-at ms, c = error
 --   'a' archive:   b = failed-at ms, c = error
 --   'q' requeue:   back to the front of pending, attempt not counted
--- Returns one code per outcome: 0 applied, 1 lease lost (nothing changed).
--- The unique lock is released by done, completed and archive. Done, retry and
--- archive count as processed today; retry and archive as failed.
+-- Returns a string of one code per settlement: '0' applied, '1' lease lost
+-- (nothing changed), '3' no such task here (gone, or it may be in the old
+-- span of a repartition). A task whose cancellation was recorded is archived as
+-- cancelled instead of being retried or requeued. The unique lock is released
+-- by done, completed and archive. Done, retry and archive count as processed
+-- today and this minute; retry and archive as failed. Retry, archive and
+-- completed add the attempt to the task's history (a task done at its first
+-- attempt and not kept has none; done deletes it). Each completed or archived task trims
+-- up to two tasks past their retention or the archive's bounds, so trimming
+-- keeps pace with any completion rate. A request run again answers from the
+-- reply cache.
+local bad = layout_error(KEYS[11], ARGV[1])
+if bad then return bad end
+local cached = req_get(KEYS[12], ARGV[2], tonumber(ARGV[3]))
+if cached then return cached end
 local out = {}
 local requeued, first_retry = 0, nil
-local processed, failed = 0, 0
+local processed, failed, finished = 0, 0, 0
 local before = earliest(KEYS[8], KEYS[4])
-for i = 5, #ARGV, 6 do
+for i = 10, #ARGV, 8 do
   local op, id, tok, a, b, c = ARGV[i], ARGV[i+1], tonumber(ARGV[i+2]), ARGV[i+3], ARGV[i+4], ARGV[i+5]
+  local started, server = tonumber(ARGV[i+6]), ARGV[i+7]
   local rec = redis.call('HGET', KEYS[1], id)
-  if not (rec_ok(rec) and rec_state(rec) == 2 and rec_token(rec) == tok) then
-    out[#out + 1] = 1
+  if rec_absent(rec) then
+    out[#out + 1] = '3'
+  elseif not (rec_ok(rec) and rec_state(rec) == 2 and rec_token(rec) == tok) then
+    out[#out + 1] = '1'
   else
+    if rec_canceled(rec) and (op == 'r' or op == 'q') then
+      op, b = 'a', b ~= '' and b or string.format('%d', redis_now())
+      c = 'tide: task cancelled' .. (c ~= '' and ('; last error: ' .. c) or '')
+    end
     redis.call('ZREM', KEYS[2], id)
     if op ~= 'q' then processed = processed + 1 end
     if op == 'r' or op == 'a' then failed = failed + 1 end
     if op == 'd' then
-      release_uniq(rec, ARGV[3], id)
+      release_uniq(rec, KEYS[9], id)
       redis.call('HDEL', KEYS[1], id)
       redis.call('HDEL', KEYS[7], id)
+      if rec_retried(rec) > 0 then redis.call('HDEL', KEYS[13], id) end
     elseif op == 'c' then
-      release_uniq(rec, ARGV[3], id)
+      release_uniq(rec, KEYS[9], id)
       redis.call('HSET', KEYS[1], id, a)
       redis.call('ZADD', KEYS[6], tonumber(b), id)
+      hist_add(KEYS[13], id, started, tonumber(c), 'd', server, '')
+      finished = finished + 1
     elseif op == 'r' then
       local at = tonumber(a)
       redis.call('HSET', KEYS[1], id, rec_patch(rec, 4, nil, rec_retried(rec) + 1, at, tonumber(b), c))
       redis.call('ZADD', KEYS[4], at, id)
+      hist_add(KEYS[13], id, started, tonumber(b), 'r', server, c)
       if not first_retry or at < first_retry then first_retry = at end
     elseif op == 'a' then
-      release_uniq(rec, ARGV[3], id)
+      release_uniq(rec, KEYS[9], id)
       redis.call('HSET', KEYS[1], id, rec_patch(rec, 5, nil, nil, nil, tonumber(b), c))
       redis.call('ZADD', KEYS[5], tonumber(b), id)
+      hist_add(KEYS[13], id, started, tonumber(b), 'a', server, c)
+      finished = finished + 1
     else -- 'q'
       redis.call('HSET', KEYS[1], id, rec_patch(rec, 1, nil, nil, nil, nil, nil))
       redis.call('RPUSH', KEYS[3], id)
       requeued = requeued + 1
     end
-    out[#out + 1] = 0
+    out[#out + 1] = '0'
   end
 end
-count_day(KEYS[1], ARGV[4], processed, failed)
+count_day(KEYS[10], ARGV[6], processed, failed)
+count_minute(KEYS[14], ARGV[9], processed, failed)
+if finished > 0 then
+  trim(KEYS[6], KEYS[5], KEYS[1], KEYS[7], KEYS[13], redis_now(), tonumber(ARGV[7]), tonumber(ARGV[8]), 2 * finished)
+end
 if requeued > 0 and redis.call('LLEN', KEYS[3]) == requeued then
-  redis.call('PUBLISH', ARGV[1], 'p' .. ARGV[2])
+  redis.call('PUBLISH', ARGV[4], 'p' .. ARGV[5])
 end
 if first_retry and (not before or first_retry < before) then
-  redis.call('PUBLISH', ARGV[1], 's' .. ARGV[2] .. ':' .. string.format('%d', first_retry))
+  redis.call('PUBLISH', ARGV[4], 's' .. ARGV[5] .. ':' .. string.format('%d', first_retry))
 end
-return out
+local reply = table.concat(out)
+req_put(KEYS[12], ARGV[2], reply, tonumber(ARGV[3]))
+return reply

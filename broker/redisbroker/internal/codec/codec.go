@@ -1,19 +1,22 @@
-// Package codec encodes task messages into the compact binary record the Redis
-// broker stores as one hash field per task.
+// Package codec encodes tasks into the compact binary record the Redis broker
+// stores as one hash field per task.
 //
-// A record is a fixed 20-byte header followed by three variable sections:
+// A record is a fixed 24-byte header followed by three variable sections:
 //
 //	off len field
-//	0   1   version (1)
-//	1   1   state (broker.State)
-//	2   4   token: deliveries so far, the fencing token of the current lease
-//	6   2   retried
-//	8   2   max retry
-//	10  6   process-at, Unix ms (0 = unset)
-//	16  3   body length B
-//	19  1   unique-key length U
-//	20  B   body (Go only, see below)
-//	20+B U  unique key
+//	0   1   version (2)
+//	1   1   state (tidetype.TaskState) in the low 4 bits; bit 7 is set when
+//	        the task's cancellation was requested while it was active
+//	2   8   token: the fencing token of the current (or last) lease, 0 before
+//	        the first delivery; drawn from a per-partition sequence that
+//	        never repeats, so a re-created task ID never reuses a token
+//	10  2   retried
+//	12  2   max retry
+//	14  6   process-at, Unix ms (0 = unset)
+//	20  3   body length B
+//	23  1   unique-key length U
+//	24  B   body (Go only, see below)
+//	24+B U  unique key
 //	..  *   failure: empty, or last-failed-at (6 bytes, Unix ms) then the last error
 //
 // Integers are big-endian and unsigned; 48 bits of milliseconds reach the
@@ -39,21 +42,24 @@ import (
 	"math"
 	"time"
 
-	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/tidetype"
 )
 
 // Header layout; keep in sync with the Lua scripts.
 const (
-	Version    = 1
-	HeaderSize = 20
+	Version    = 2
+	HeaderSize = 24
 
 	offState     = 1
 	offToken     = 2
-	offRetried   = 6
-	offMaxRetry  = 8
-	offProcessAt = 10
-	offBodyLen   = 16
-	offUniqLen   = 19
+	offRetried   = 10
+	offMaxRetry  = 12
+	offProcessAt = 14
+	offBodyLen   = 20
+	offUniqLen   = 23
+
+	stateMask  = 0x0f
+	flagCancel = 0x80
 
 	// MaxBody is the largest body a record holds (24-bit length).
 	MaxBody = 1<<24 - 1
@@ -86,7 +92,7 @@ const (
 // Encode returns the record for m with the given token. A unique key longer
 // than MaxUniqueKey or a body over MaxBody is cut; brokers validate
 // messages before encoding them.
-func Encode(m *broker.Message, token uint64) []byte {
+func Encode(m *tidetype.TaskInfo, token uint64) []byte {
 	body := make([]byte, 0, 24+len(m.Type)+len(m.Payload))
 	body = appendString(body, m.Type)
 	body = appendBytes(body, m.Payload)
@@ -148,10 +154,10 @@ func Encode(m *broker.Message, token uint64) []byte {
 	out := make([]byte, HeaderSize, size)
 	out[0] = Version
 	out[offState] = byte(m.State)
-	binary.BigEndian.PutUint32(out[offToken:], uint32(token))
+	binary.BigEndian.PutUint64(out[offToken:], token)
 	binary.BigEndian.PutUint16(out[offRetried:], clampU16(m.Retried))
 	binary.BigEndian.PutUint16(out[offMaxRetry:], clampU16(m.MaxRetry))
-	putU48(out[offProcessAt:], ms(m.ProcessAt))
+	putU48(out[offProcessAt:], ms(m.NextProcessAt))
 	out[offBodyLen], out[offBodyLen+1], out[offBodyLen+2] = byte(len(body)>>16), byte(len(body)>>8), byte(len(body))
 	out[offUniqLen] = byte(len(uniq))
 	out = append(out, body...)
@@ -168,7 +174,7 @@ func Encode(m *broker.Message, token uint64) []byte {
 // Decode parses a record. queue and id are filled in from where the record
 // was found. It returns the message and its token; any malformation is
 // reported as an error wrapping ErrCorrupt, never a panic.
-func Decode(queue, id string, b []byte) (*broker.Message, uint64, error) {
+func Decode(queue, id string, b []byte) (*tidetype.TaskInfo, uint64, error) {
 	m, token, body, err := decodeHeader(queue, id, b)
 	if err != nil {
 		return nil, 0, err
@@ -186,15 +192,15 @@ func Decode(queue, id string, b []byte) (*broker.Message, uint64, error) {
 }
 
 // decodeHeader parses everything but the body, which it returns.
-func decodeHeader(queue, id string, b []byte) (*broker.Message, uint64, []byte, error) {
+func decodeHeader(queue, id string, b []byte) (*tidetype.TaskInfo, uint64, []byte, error) {
 	if len(b) < HeaderSize {
 		return nil, 0, nil, fmt.Errorf("%w: %d bytes, shorter than the %d-byte header", ErrCorrupt, len(b), HeaderSize)
 	}
 	if b[0] != Version {
 		return nil, 0, nil, fmt.Errorf("%w: unknown version %d", ErrCorrupt, b[0])
 	}
-	st := broker.State(b[offState])
-	if st < broker.StatePending || st > broker.StateCompleted {
+	st := tidetype.TaskState(b[offState] & stateMask)
+	if !st.Valid() {
 		return nil, 0, nil, fmt.Errorf("%w: unknown state %d", ErrCorrupt, b[offState])
 	}
 	bodyLen := int(b[offBodyLen])<<16 | int(b[offBodyLen+1])<<8 | int(b[offBodyLen+2])
@@ -202,15 +208,15 @@ func decodeHeader(queue, id string, b []byte) (*broker.Message, uint64, []byte, 
 	if bodyLen > len(b)-HeaderSize || uniqLen > len(b)-HeaderSize-bodyLen {
 		return nil, 0, nil, fmt.Errorf("%w: section lengths %d+%d exceed record size %d", ErrCorrupt, bodyLen, uniqLen, len(b))
 	}
-	m := &broker.Message{
-		ID:        id,
-		Queue:     queue,
-		State:     st,
-		Retried:   int(binary.BigEndian.Uint16(b[offRetried:])),
-		MaxRetry:  int(binary.BigEndian.Uint16(b[offMaxRetry:])),
-		ProcessAt: fromMS(u48(b[offProcessAt:])),
+	m := &tidetype.TaskInfo{
+		ID:            id,
+		Queue:         queue,
+		State:         st,
+		Retried:       int(binary.BigEndian.Uint16(b[offRetried:])),
+		MaxRetry:      int(binary.BigEndian.Uint16(b[offMaxRetry:])),
+		NextProcessAt: fromMS(u48(b[offProcessAt:])),
 	}
-	token := uint64(binary.BigEndian.Uint32(b[offToken:]))
+	token := binary.BigEndian.Uint64(b[offToken:])
 	body := b[HeaderSize : HeaderSize+bodyLen]
 	m.UniqueKey = string(b[HeaderSize+bodyLen : HeaderSize+bodyLen+uniqLen])
 	switch tail := b[HeaderSize+bodyLen+uniqLen:]; {
@@ -227,7 +233,7 @@ func decodeHeader(queue, id string, b []byte) (*broker.Message, uint64, []byte, 
 // DecodeHeader parses only the header, unique key and failure of a record:
 // what is left to show of a record whose body is corrupt (the scripts
 // archive such records, and an operator still needs to see them).
-func DecodeHeader(queue, id string, b []byte) (*broker.Message, error) {
+func DecodeHeader(queue, id string, b []byte) (*tidetype.TaskInfo, error) {
 	m, _, err := Decode(queue, id, b)
 	if err == nil {
 		return m, nil
@@ -239,7 +245,7 @@ func DecodeHeader(queue, id string, b []byte) (*broker.Message, error) {
 	return m, nil
 }
 
-func decodeBody(r *reader, m *broker.Message) error {
+func decodeBody(r *reader, m *tidetype.TaskInfo) error {
 	m.Type = r.str()
 	if p := r.bytes(); len(p) > 0 {
 		m.Payload = p
@@ -289,7 +295,7 @@ func Token(b []byte) (uint64, bool) {
 	if len(b) < HeaderSize || b[0] != Version {
 		return 0, false
 	}
-	return uint64(binary.BigEndian.Uint32(b[offToken:])), true
+	return binary.BigEndian.Uint64(b[offToken:]), true
 }
 
 func appendString(b []byte, s string) []byte {
@@ -410,4 +416,42 @@ func (r *reader) byte() byte {
 	c := r.b[0]
 	r.b = r.b[1:]
 	return c
+}
+
+// DecodeAttempts parses an attempt history (the entries hist_add in lib.lua
+// writes): started ms (6 bytes), ended ms (6), outcome (1), server length
+// (1) and server, error length (2) and error. A malformed tail is ignored.
+func DecodeAttempts(b []byte) []tidetype.Attempt {
+	var out []tidetype.Attempt
+	for len(b) >= 16 {
+		sl := int(b[13])
+		if len(b) < 16+sl {
+			break
+		}
+		el := int(binary.BigEndian.Uint16(b[14+sl:]))
+		if len(b) < 16+sl+el {
+			break
+		}
+		a := tidetype.Attempt{
+			Started: fromMS(u48(b[0:])),
+			Ended:   fromMS(u48(b[6:])),
+			Server:  string(b[14 : 14+sl]),
+			Err:     string(b[16+sl : 16+sl+el]),
+		}
+		switch b[12] {
+		case 'r':
+			a.Outcome = "retry"
+		case 'a':
+			a.Outcome = "archive"
+		case 'd':
+			a.Outcome = "done"
+		case 'l':
+			a.Outcome = "lease expired"
+		default:
+			a.Outcome = "unknown"
+		}
+		out = append(out, a)
+		b = b[16+sl+el:]
+	}
+	return out
 }

@@ -7,16 +7,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/tidetype"
 )
 
-func sample() *broker.Message {
+func sample() *tidetype.TaskInfo {
 	now := time.UnixMilli(1_790_000_000_123)
-	return &broker.Message{
+	return &tidetype.TaskInfo{
 		ID: "id-1", Queue: "q", Type: "order:cancel", Payload: []byte{0, 1, 2, 0xff},
 		Headers: map[string]string{"traceparent": "00-abc-def-01", "k": ""},
-		State:   broker.StateRetry, MaxRetry: 25, Retried: 3, LastErr: "boom\nstack",
-		ProcessAt: now.Add(time.Minute), EnqueuedAt: now, LastFailedAt: now.Add(time.Second),
+		State:   tidetype.StateRetry, MaxRetry: 25, Retried: 3, LastErr: "boom\nstack",
+		NextProcessAt: now.Add(time.Minute), EnqueuedAt: now, LastFailedAt: now.Add(time.Second),
 		CompletedAt: now.Add(2 * time.Second), Timeout: 30 * time.Second, Deadline: now.Add(time.Hour),
 		Retention: 24 * time.Hour, UniqueKey: "digest", UniqueTTL: time.Hour,
 	}
@@ -35,16 +35,16 @@ func TestRoundTrip(t *testing.T) {
 	if !reflect.DeepEqual(got, m) {
 		t.Fatalf("round trip:\n got %+v\nwant %+v", got, m)
 	}
-	min := &broker.Message{Type: "t", State: broker.StatePending}
+	min := &tidetype.TaskInfo{Type: "t", State: tidetype.StatePending}
 	got, _, err = Decode("", "", Encode(min, 0))
-	if err != nil || got.Type != "t" || got.Payload != nil || got.Headers != nil || !got.ProcessAt.IsZero() {
+	if err != nil || got.Type != "t" || got.Payload != nil || got.Headers != nil || !got.NextProcessAt.IsZero() {
 		t.Fatalf("minimal: %+v, %v", got, err)
 	}
 }
 
 func TestCompact(t *testing.T) {
-	m := &broker.Message{Type: "order:cancel", Payload: bytes.Repeat([]byte{'x'}, 64), State: broker.StateScheduled,
-		MaxRetry: 25, ProcessAt: time.Now(), EnqueuedAt: time.Now()}
+	m := &tidetype.TaskInfo{Type: "order:cancel", Payload: bytes.Repeat([]byte{'x'}, 64), State: tidetype.StateScheduled,
+		MaxRetry: 25, NextProcessAt: time.Now(), EnqueuedAt: time.Now()}
 	n := len(Encode(m, 0))
 	// header + type + payload + a handful of varint bytes
 	if limit := HeaderSize + len(m.Type) + len(m.Payload) + 16; n > limit {
@@ -58,8 +58,8 @@ func TestDecodeRejectsCorruptInput(t *testing.T) {
 		"empty":         nil,
 		"short":         good[:10],
 		"bad version":   append([]byte{9}, good[1:]...),
-		"bad state":     append([]byte{1, 99}, good[2:]...),
-		"body too long": func() []byte { b := bytes.Clone(good); b[16], b[17] = 0xff, 0xff; return b }(),
+		"bad state":     append([]byte{Version, 15}, good[2:]...),
+		"body too long": func() []byte { b := bytes.Clone(good); b[offBodyLen], b[offBodyLen+1] = 0xff, 0xff; return b }(),
 		"truncated":     good[:HeaderSize+5],
 	}
 	for name, b := range cases {
@@ -71,7 +71,7 @@ func TestDecodeRejectsCorruptInput(t *testing.T) {
 
 func TestDecodeHeaderOfCorruptBody(t *testing.T) {
 	b := Encode(sample(), 1)
-	bl := int(b[16])<<16 | int(b[17])<<8 | int(b[18])
+	bl := int(b[offBodyLen])<<16 | int(b[offBodyLen+1])<<8 | int(b[offBodyLen+2])
 	for i := HeaderSize; i < HeaderSize+bl; i++ {
 		b[i] = 0xff
 	}
@@ -79,14 +79,14 @@ func TestDecodeHeaderOfCorruptBody(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.State != broker.StateRetry || m.Retried != 3 || m.LastErr != "boom\nstack" || m.Type != "" {
+	if m.State != tidetype.StateRetry || m.Retried != 3 || m.LastErr != "boom\nstack" || m.Type != "" {
 		t.Fatalf("header view = %+v", m)
 	}
 }
 
 func FuzzDecode(f *testing.F) {
 	f.Add(Encode(sample(), 1))
-	f.Add(Encode(&broker.Message{Type: "t", State: broker.StatePending}, 0))
+	f.Add(Encode(&tidetype.TaskInfo{Type: "t", State: tidetype.StatePending}, 0))
 	f.Add([]byte("not a record"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, tok, err := Decode("q", "id", b)
@@ -109,7 +109,7 @@ func FuzzDecode(f *testing.F) {
 }
 
 // normalize maps empty collections to nil for comparison.
-func normalize(m *broker.Message) *broker.Message {
+func normalize(m *tidetype.TaskInfo) *tidetype.TaskInfo {
 	c := *m
 	if len(c.Payload) == 0 {
 		c.Payload = nil

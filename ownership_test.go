@@ -46,3 +46,30 @@ func TestPartitionOwnershipMovesWhenTheOwnerStops(t *testing.T) {
 		t.Fatalf("stopped server ran %d tasks", ranOnA.Load())
 	}
 }
+
+// A clean shutdown gives up the server's partition claims at once, so that
+// during a rolling deploy another server maintains them without waiting for
+// the claims to expire.
+func TestShutdownReleasesPartitionClaims(t *testing.T) {
+	t.Parallel()
+	e := setup(t, redisbroker.WithPartitions(3))
+	ctx := context.Background()
+	s := tide.NewServer(e.broker(), tide.Config{LeaseDuration: 30 * time.Second, ServerID: "leaving", Logger: testLogger(t)})
+	if err := s.Start(tide.HandlerFunc(func(context.Context, *tide.Task) error { return nil })); err != nil {
+		t.Fatal(err)
+	}
+	owners := func() []string {
+		var out []string
+		for p := range 3 {
+			if v, err := e.rdb.Get(ctx, fmt.Sprintf("%s:{default:%d}:owner", e.prefix, p)).Result(); err == nil {
+				out = append(out, v)
+			}
+		}
+		return out
+	}
+	eventually(t, 10*time.Second, "the server to claim every partition", func() bool { return len(owners()) == 3 })
+	s.Shutdown()
+	if o := owners(); len(o) != 0 {
+		t.Fatalf("claims left after a clean shutdown: %v (they would block other servers for up to 10s)", o)
+	}
+}

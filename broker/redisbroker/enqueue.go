@@ -1,0 +1,504 @@
+package redisbroker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/broker/redisbroker/internal/codec"
+	"github.com/tidequeue/tide/tidetype"
+)
+
+// item is one task of an Enqueue with what routing it needs.
+type item struct {
+	t   *tidetype.TaskInfo
+	lay layout
+	own bool // the broker chose the ID (and may draw again on a proven collision)
+}
+
+// maxRedraws bounds how often a broker-chosen ID that met another task is
+// drawn again.
+const maxRedraws = 5
+
+func validTask(t *tidetype.TaskInfo) error {
+	switch {
+	case t == nil:
+		return fmt.Errorf("%w: nil task", broker.ErrInvalidTask)
+	case t.Queue == "" || strings.ContainsAny(t.Queue, "{}"):
+		return fmt.Errorf("%w: invalid queue name %q", broker.ErrInvalidTask, t.Queue)
+	case t.Type == "":
+		return fmt.Errorf("%w: empty task type", broker.ErrInvalidTask)
+	case len(t.UniqueKey) > codec.MaxUniqueKey:
+		return fmt.Errorf("%w: unique key of %d bytes, over %d", broker.ErrInvalidTask, len(t.UniqueKey), codec.MaxUniqueKey)
+	case len(t.IdempotencyKey) > codec.MaxUniqueKey:
+		return fmt.Errorf("%w: idempotency key of %d bytes, over %d", broker.ErrInvalidTask, len(t.IdempotencyKey), codec.MaxUniqueKey)
+	case len(t.Payload) > codec.MaxBody/2:
+		return fmt.Errorf("%w: payload of %d bytes is too large", broker.ErrInvalidTask, len(t.Payload))
+	case t.State != tidetype.StatePending && t.State != tidetype.StateScheduled:
+		return fmt.Errorf("%w: cannot enqueue a task in state %s", broker.ErrInvalidTask, t.State)
+	}
+	return nil
+}
+
+// Enqueue implements broker.Broker: one script call per partition, all in
+// one pipeline. Concurrent calls share round trips: calls made while others
+// are in flight are sent together when one returns. A call whose context ends
+// while it waits returns the context's error; its tasks may still have been
+// stored, as with any timeout.
+func (b *Broker) Enqueue(ctx context.Context, tasks []*tidetype.TaskInfo, opts broker.EnqueueOptions) ([]error, error) {
+	if err := b.check(); err != nil {
+		return nil, err
+	}
+	for _, t := range tasks {
+		if err := validTask(t); err != nil {
+			return nil, err
+		}
+	}
+	if len(tasks) == 0 {
+		return nil, nil
+	}
+	items := make([]item, len(tasks))
+	errs := make([]error, len(tasks))
+	for i, t := range tasks {
+		l, err := b.layoutOf(ctx, t.Queue)
+		if err != nil {
+			return nil, err
+		}
+		it := item{t: t, lay: l, own: t.ID == ""}
+		switch {
+		case t.UniqueKey != "" && !it.own && broker.Partition(t.ID, l.cur.n) != broker.Partition(t.UniqueKey, l.cur.n):
+			// The task and its lock must share a partition (one script
+			// sees both); the caller chose an ID elsewhere.
+			errs[i] = fmt.Errorf("%w: Unique cannot be combined with TaskID on queue %q, which has %d partitions; the task ID already makes the task unique",
+				broker.ErrInvalidTask, t.Queue, l.cur.n)
+		case t.IdempotencyKey != "" && !it.own && t.UniqueKey == "" && broker.Partition(t.ID, l.cur.n) != broker.Partition(t.IdempotencyKey, l.cur.n):
+			errs[i] = fmt.Errorf("%w: IdempotencyKey %q with TaskID %q on queue %q, which has %d partitions: use the task ID as the key",
+				broker.ErrInvalidTask, t.IdempotencyKey, t.ID, t.Queue, l.cur.n)
+		case it.own:
+			t.ID = b.drawID(t, l)
+		}
+		items[i] = it
+	}
+	var send []item
+	var at []int
+	for i, it := range items {
+		if errs[i] == nil {
+			send, at = append(send, it), append(at, i)
+		}
+	}
+	if len(send) == 0 {
+		return errs, nil
+	}
+	var got []error
+	var err error
+	if opts.WaitReplicas > 0 {
+		// A replica wait can take its whole timeout: never make other
+		// callers' tasks share it.
+		got, err = b.enqueueNow(ctx, send, opts)
+	} else {
+		got, err = b.batch.enqueue(ctx, send)
+	}
+	if err != nil {
+		return nil, err
+	}
+	for j, i := range at {
+		errs[i] = got[j]
+	}
+	return errs, nil
+}
+
+// drawID returns a new ID for t. A unique task's ID is drawn so that the
+// task lands in its lock's partition, where one script sees both; else a
+// task with an idempotency key lands in the key's partition, so that a
+// repeated request is looked up where the first one was stored.
+func (b *Broker) drawID(t *tidetype.TaskInfo, l layout) string {
+	id := b.newID()
+	key := t.UniqueKey
+	if key == "" {
+		key = t.IdempotencyKey
+	}
+	if key != "" && l.cur.n > 1 {
+		want := broker.Partition(key, l.cur.n)
+		for broker.Partition(id, l.cur.n) != want {
+			id = b.newID()
+		}
+	}
+	return id
+}
+
+// enqueueNow sends items at once: one script call per partition. Each item
+// gets its own error; an ID the broker chose that the script proves to be
+// another task's is drawn again and sent again.
+func (b *Broker) enqueueNow(ctx context.Context, items []item, opts broker.EnqueueOptions) ([]error, error) {
+	errs := make([]error, len(items))
+	todo := make([]int, len(items))
+	for i := range todo {
+		todo[i] = i
+	}
+	if err := b.checkOldSpan(ctx, items, errs); err != nil {
+		return nil, err
+	}
+	todo = todo[:0]
+	for i := range items {
+		if errs[i] == nil {
+			todo = append(todo, i)
+		}
+	}
+	for round := 0; len(todo) > 0; round++ {
+		var again []int
+		groups := b.groupItems(items, todo)
+		calls := make([]*call, len(groups))
+		for gi, g := range groups {
+			calls[gi] = b.enqueueCall(g.p, items, g.idx)
+		}
+		var waits []*redis.Cmd
+		if opts.WaitReplicas > 0 {
+			var err error
+			if waits, err = b.runAndWait(ctx, calls, groups, opts.WaitReplicas, opts.WaitTimeout); err != nil {
+				return nil, err
+			}
+		} else {
+			b.run(ctx, calls)
+		}
+		for gi, g := range groups {
+			c := calls[gi]
+			if c.err != nil {
+				for _, i := range g.idx {
+					errs[i] = callErr("enqueue", c.err)
+				}
+				continue
+			}
+			reply, err := c.cmd.Text()
+			var codes string
+			var firsts []string
+			if err == nil {
+				codes, firsts, err = parseEnqueueReply(reply, len(g.idx))
+			}
+			if err != nil {
+				for _, i := range g.idx {
+					errs[i] = callErr("enqueue", fmt.Errorf("unexpected reply: %w", err))
+				}
+				continue
+			}
+			for j, i := range g.idx {
+				switch codes[j] {
+				case '0':
+					errs[i] = nil
+					if waits != nil {
+						if n, err := waits[gi].Int64(); err != nil || int(n) < opts.WaitReplicas {
+							errs[i] = broker.ErrNotReplicated
+						}
+					}
+				case '1':
+					errs[i] = broker.ErrTaskIDConflict
+				case '2':
+					errs[i] = broker.ErrDuplicateTask
+				case '4':
+					// The idempotency key was used before: the task
+					// stored then is the answer.
+					errs[i] = nil
+					items[i].t.ID, firsts = firsts[0], firsts[1:]
+				case '3':
+					if round < maxRedraws {
+						items[i].t.ID = b.drawID(items[i].t, items[i].lay)
+						again = append(again, i)
+					} else {
+						errs[i] = fmt.Errorf("tide: redisbroker: enqueue: %d task IDs drawn at random all met existing tasks", maxRedraws+1)
+					}
+				default:
+					errs[i] = callErr("enqueue", fmt.Errorf("unknown code %q", codes[j]))
+				}
+			}
+		}
+		todo = again
+	}
+	return errs, nil
+}
+
+// parseEnqueueReply splits enqueue.lua's reply into one code per task and,
+// for each code '4', the ID of the task first stored under the key.
+func parseEnqueueReply(reply string, n int) (codes string, firsts []string, err error) {
+	codes, rest, found := strings.Cut(reply, "\n")
+	if len(codes) != n {
+		return "", nil, fmt.Errorf("%d codes for %d tasks", len(codes), n)
+	}
+	if found {
+		firsts = strings.Split(rest, "\n")
+	}
+	if want := strings.Count(codes, "4"); want != len(firsts) {
+		return "", nil, fmt.Errorf("%d task IDs for %d repeated idempotency keys", len(firsts), want)
+	}
+	for _, id := range firsts {
+		if id == "" {
+			return "", nil, errors.New("empty task ID for a repeated idempotency key")
+		}
+	}
+	return codes, firsts, nil
+}
+
+// checkOldSpan refuses, while a queue is repartitioned, a caller's task ID
+// that a task in the old span still holds and a unique key whose lock is
+// held there: new tasks go to the new span, and without this look a task
+// could exist twice. A task that moves over meanwhile meets its new partition's
+// placeholder instead, so the look and the enqueue need not be atomic.
+func (b *Broker) checkOldSpan(ctx context.Context, items []item, errs []error) error {
+	type look struct {
+		i        int
+		id, lock *redis.StringCmd
+	}
+	var looks []look
+	var pipe redis.Pipeliner
+	for i, it := range items {
+		if it.lay.old == nil || (it.own && it.t.UniqueKey == "") {
+			continue
+		}
+		if pipe == nil {
+			pipe = b.rdb.Pipeline()
+		}
+		lk := look{i: i}
+		if !it.own {
+			o, _ := b.oldPartOf(it.t.Queue, it.lay, it.t.ID)
+			lk.id = pipe.HGet(ctx, o.k("t"), it.t.ID)
+		}
+		if it.t.UniqueKey != "" {
+			o, _ := b.oldPartOf(it.t.Queue, it.lay, it.t.UniqueKey)
+			lk.lock = pipe.HGet(ctx, o.k("u"), it.t.UniqueKey)
+		}
+		looks = append(looks, lk)
+	}
+	if pipe == nil {
+		return nil
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("tide: redisbroker: enqueue: %w", classify(err))
+	}
+	now := b.Now().UnixMilli()
+	for _, lk := range looks {
+		if lk.id != nil && lk.id.Err() == nil {
+			errs[lk.i] = broker.ErrTaskIDConflict
+			continue
+		}
+		if lk.lock != nil && lk.lock.Err() == nil {
+			exp, _, _ := strings.Cut(lk.lock.Val(), ":")
+			if n, err := strconv.ParseInt(exp, 10, 64); err == nil && n >= now {
+				errs[lk.i] = broker.ErrDuplicateTask
+			}
+		}
+	}
+	return nil
+}
+
+// group collects the indexes of items bound for one partition.
+type group struct {
+	p   part
+	idx []int
+}
+
+func (b *Broker) groupItems(items []item, idx []int) []*group {
+	if len(idx) == 1 { // the common single Enqueue: no map
+		it := items[idx[0]]
+		return []*group{{p: b.partOf(it.t.Queue, it.lay, it.t.ID), idx: idx}}
+	}
+	var gs grouping
+	for _, i := range idx {
+		it := items[i]
+		gs.add(b.partOf(it.t.Queue, it.lay, it.t.ID), i)
+	}
+	return gs.order
+}
+
+// grouping collects element indexes by partition, in the order partitions
+// first appear.
+type grouping struct {
+	by    map[part]*group
+	order []*group
+}
+
+func (gs *grouping) add(p part, i int) {
+	g := gs.by[p]
+	if g == nil {
+		if gs.by == nil {
+			gs.by = map[part]*group{}
+		}
+		g = &group{p: p}
+		gs.by[p] = g
+		gs.order = append(gs.order, g)
+	}
+	g.idx = append(g.idx, i)
+}
+
+func (b *Broker) enqueueCall(p part, items []item, idx []int) *call {
+	rid, cache, exp := b.request(p)
+	w := b.idemWindow.Milliseconds()
+	n := b.Now().UnixMilli() / w
+	args := make([]any, 0, 6+7*len(idx))
+	args = append(args, p.layout, rid, exp, p.channel, p.idx, (n+2)*w)
+	for _, i := range idx {
+		t := items[i].t
+		kind := "p"
+		if t.State == tidetype.StateScheduled {
+			kind = "s"
+		}
+		if items[i].own {
+			kind = strings.ToUpper(kind)
+		}
+		args = append(args, t.ID, codec.Encode(t, 0), kind, t.NextProcessAt.UnixMilli(), t.UniqueKey, t.UniqueTTL.Milliseconds(), t.IdempotencyKey)
+	}
+	return &call{
+		script: b.s.enqueue,
+		keys: append(p.keys("t", "pending", "scheduled", "retry", "u", "meta"), cache,
+			p.k("ik:"+strconv.FormatInt(n, 10)), p.k("ik:"+strconv.FormatInt(n-1, 10))),
+		args:  args,
+		queue: p.queue,
+	}
+}
+
+// runAndWait runs the calls and then WAIT on every primary they touch: WAIT
+// counts the replicas that have the connection's earlier writes, so each
+// primary gets one pipeline holding its partitions' scripts followed by a
+// WAIT, and the primaries are waited on in parallel. A WAIT is cut short of
+// the client's read timeout (a longer one would time out and be sent again);
+// while replicas are missing and time is left, the broker waits again on a
+// connection that first writes a throwaway key of the partition, which makes
+// WAIT cover everything written before. It returns the last WAIT reply that
+// covers each call.
+func (b *Broker) runAndWait(ctx context.Context, calls []*call, groups []*group, replicas int, timeout time.Duration) ([]*redis.Cmd, error) {
+	cc, cluster := b.rdb.(*redis.ClusterClient)
+	deadline := time.Now().Add(timeout)
+	slice := waitSlice(b.rdb)
+	type node struct {
+		c     redis.Cmdable
+		calls []int
+		wait  *redis.Cmd
+	}
+	for attempt := 0; ; attempt++ {
+		var nodes []*node
+		byAddr := map[string]*node{}
+		for gi := range calls {
+			var c redis.Cmdable = b.rdb
+			addr := ""
+			if cluster {
+				m, err := cc.MasterForKey(ctx, groups[gi].p.k("t"))
+				if err != nil {
+					return nil, fmt.Errorf("tide: redisbroker: enqueue: find primary: %w", classify(err))
+				}
+				c, addr = m, m.Options().Addr
+			}
+			n := byAddr[addr]
+			if n == nil {
+				n = &node{c: c}
+				byAddr[addr] = n
+				nodes = append(nodes, n)
+			}
+			n.calls = append(n.calls, gi)
+		}
+		var wg sync.WaitGroup
+		for _, n := range nodes {
+			wg.Go(func() {
+				for _, useEval := range []bool{false, true} {
+					pipe := n.c.Pipeline()
+					for _, gi := range n.calls {
+						c := calls[gi]
+						if useEval {
+							c.cmd = c.script.Eval(ctx, pipe, c.keys, c.args...)
+						} else {
+							c.cmd = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
+						}
+					}
+					n.wait = pipe.Do(ctx, "WAIT", replicas, waitMS(time.Until(deadline), slice))
+					_, _ = pipe.Exec(ctx) // errors are read per command
+					if !anyNoScript(calls, n.calls) {
+						break
+					}
+				}
+				// Wait more while replicas are missing and time is left.
+				for {
+					got, err := n.wait.Int64()
+					left := time.Until(deadline)
+					if err != nil || int(got) >= replicas || left < time.Millisecond || ctx.Err() != nil {
+						return
+					}
+					pipe := n.c.Pipeline()
+					pipe.Set(ctx, groups[n.calls[0]].p.k("w"), "1", time.Second)
+					n.wait = pipe.Do(ctx, "WAIT", replicas, waitMS(left, slice))
+					_, _ = pipe.Exec(ctx)
+				}
+			})
+		}
+		wg.Wait()
+		waits := make([]*redis.Cmd, len(calls))
+		redirected := false
+		for _, n := range nodes {
+			for _, gi := range n.calls {
+				waits[gi] = n.wait
+				c := calls[gi]
+				c.err = classify(c.cmd.Err())
+				if lerr, ok := b.layoutRefused(c.queue, c.cmd.Err()); ok {
+					c.err = lerr
+				}
+				if err := c.cmd.Err(); err != nil && isRedirect(err) {
+					redirected = true
+				}
+			}
+		}
+		// A redirect means the script did not run on that node: the slot
+		// moved (a failover). Learn the new layout and send again, once;
+		// the reply cache makes the second send safe for scripts that ran.
+		if !redirected || !cluster || attempt > 0 {
+			return waits, nil
+		}
+		cc.ReloadState(ctx)
+	}
+}
+
+// waitMS is a WAIT timeout in ms for d, at most slice and at least 1 (WAIT 0
+// would block until the replicas answer, however long).
+func waitMS(d, slice time.Duration) int64 { return max(min(d, slice).Milliseconds(), 1) }
+
+// waitSlice is the longest single WAIT: under the client's read timeout, so
+// that go-redis does not time out and send it again.
+func waitSlice(rdb redis.UniversalClient) time.Duration {
+	read := 3 * time.Second
+	switch c := rdb.(type) {
+	case *redis.Client:
+		if rt := c.Options().ReadTimeout; rt > 0 {
+			read = rt
+		} else if rt < 0 {
+			read = time.Hour
+		}
+	case *redis.ClusterClient:
+		if rt := c.Options().ReadTimeout; rt > 0 {
+			read = rt
+		} else if rt < 0 {
+			read = time.Hour
+		}
+	}
+	return max(read-read/4, 50*time.Millisecond)
+}
+
+func anyNoScript(calls []*call, idx []int) bool {
+	for _, gi := range idx {
+		if err := calls[gi].cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			return true
+		}
+	}
+	return false
+}
+
+// isRedirect reports a cluster reply that means "not here": the command was
+// not executed.
+func isRedirect(err error) bool {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	s := re.Error()
+	return strings.HasPrefix(s, "MOVED ") || strings.HasPrefix(s, "ASK ") || strings.HasPrefix(s, "CLUSTERDOWN") || strings.HasPrefix(s, "TRYAGAIN")
+}

@@ -1,0 +1,269 @@
+package redisbroker
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/broker/redisbroker/internal/codec"
+	"github.com/tidequeue/tide/tidetype"
+)
+
+// Dequeue implements broker.Broker. Queues are tried in order; the
+// partitions of a queue from a rotating start, so that all get served. A
+// partition that cannot be reached is skipped; its error is returned only
+// when nothing could be had.
+func (b *Broker) Dequeue(ctx context.Context, queues []string, n int, lease time.Duration) ([]*broker.Delivery, error) {
+	if err := b.check(); err != nil {
+		return nil, err
+	}
+	if n <= 0 {
+		return nil, nil
+	}
+	var out []*broker.Delivery
+	var firstErr error
+	start := int(b.nextStart.Add(1))
+	for _, q := range queues {
+		l, err := b.layoutOf(ctx, q)
+		if err != nil {
+			if firstErr == nil {
+				firstErr = err
+			}
+			continue
+		}
+		for i := 0; i < l.total() && len(out) < n; i++ {
+			p := b.partAt(q, l, (start+i)%l.total())
+			rid, cache, exp := b.request(p)
+			c := &call{
+				script: b.s.dequeue,
+				keys:   append(p.keys("t", "pending", "active", "paused", "archived", "result", "scheduled", "retry", "seq", "meta"), cache),
+				args:   []any{p.layout, rid, exp, n - len(out), lease.Milliseconds()},
+				queue:  q,
+			}
+			b.run(ctx, []*call{c})
+			if c.err != nil {
+				// One unreachable partition (a cluster node failing over)
+				// must not starve the others.
+				if firstErr == nil {
+					firstErr = callErr("dequeue "+q, c.err)
+				}
+				continue
+			}
+			res, err := c.cmd.Slice()
+			if err != nil {
+				if firstErr == nil {
+					firstErr = callErr("dequeue "+q, fmt.Errorf("unexpected reply: %w", err))
+				}
+				continue
+			}
+			for j := 0; j+1 < len(res); j += 2 {
+				id, _ := res[j].(string)
+				rec, _ := res[j+1].(string)
+				t, tok, derr := codec.Decode(q, id, []byte(rec))
+				if derr == nil && t.Type == "" {
+					derr = fmt.Errorf("%w: empty task type", codec.ErrCorrupt)
+				}
+				if derr != nil {
+					tok, _ = codec.Token([]byte(rec))
+					b.archiveUndecodable(ctx, p, id, tok, derr)
+					continue
+				}
+				out = append(out, &broker.Delivery{Task: t, Token: tok, LeaseFor: lease})
+			}
+		}
+		if len(out) >= n {
+			break
+		}
+	}
+	if len(out) == 0 && firstErr != nil {
+		return nil, firstErr
+	}
+	return out, nil
+}
+
+// archiveUndecodable archives a leased task whose body could not be decoded,
+// through the settle script so that the lease's token fences it.
+func (b *Broker) archiveUndecodable(ctx context.Context, p part, id string, tok uint64, derr error) {
+	now := b.Now()
+	s := broker.Settlement{
+		Lease: broker.LeaseRef{Queue: p.queue, ID: id, Token: tok},
+		Kind:  broker.SettleArchive, At: now,
+		Err: "tide: undecodable task record: " + derr.Error(),
+	}
+	b.run(ctx, []*call{b.settleCall(p, []broker.Settlement{s}, []int{0})})
+}
+
+// Extend implements broker.Broker: one script call per partition.
+func (b *Broker) Extend(ctx context.Context, leases []broker.LeaseRef, d time.Duration) ([]error, error) {
+	if err := b.check(); err != nil {
+		return nil, err
+	}
+	errs := make([]error, len(leases))
+	b.perPartition(ctx, "extend", len(leases), func(i int) broker.LeaseRef { return leases[i] }, errs,
+		func(p part, idx []int) *call {
+			args := []any{p.layout, d.Milliseconds()}
+			for _, i := range idx {
+				args = append(args, leases[i].ID, leases[i].Token)
+			}
+			return &call{script: b.s.extend, keys: p.keys("t", "active", "meta"), args: args, queue: p.queue}
+		}, map[byte]error{'1': broker.ErrLeaseLost, '2': broker.ErrTaskCanceled})
+	return errs, nil
+}
+
+// perPartition runs one call per partition for n lease references and maps
+// each element's reply code: '0' is success, '3' (no such task here) sends
+// the element to its partition in the old span while a repartition runs and
+// is ErrLeaseLost otherwise, the other codes go through m. A queue whose
+// layout cannot be read, or a call that fails, fails only its own elements.
+func (b *Broker) perPartition(ctx context.Context, op string, n int, at func(int) broker.LeaseRef, errs []error,
+	build func(p part, idx []int) *call, m map[byte]error) {
+	var gs grouping
+	for i := range n {
+		ref := at(i)
+		l, err := b.layoutOf(ctx, ref.Queue)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		gs.add(b.partOf(ref.Queue, l, ref.ID), i)
+	}
+	order := gs.order
+	for round := 0; len(order) > 0 && round < 2; round++ {
+		calls := make([]*call, len(order))
+		for gi, g := range order {
+			calls[gi] = build(g.p, g.idx)
+		}
+		b.run(ctx, calls)
+		var next grouping
+		for gi, g := range order {
+			c := calls[gi]
+			var codes string
+			err := c.err
+			if err == nil {
+				codes, err = c.cmd.Text()
+				if err == nil && len(codes) != len(g.idx) {
+					err = fmt.Errorf("%d codes for %d items", len(codes), len(g.idx))
+				}
+				if err != nil {
+					err = fmt.Errorf("unexpected reply: %w", err)
+				}
+			}
+			for j, i := range g.idx {
+				switch {
+				case err != nil:
+					errs[i] = callErr(op, err)
+				case codes[j] == '0':
+					errs[i] = nil
+				case codes[j] == '3':
+					errs[i] = broker.ErrLeaseLost
+					if g.p.old {
+						continue
+					}
+					ref := at(i)
+					l, err := b.layoutOf(ctx, ref.Queue)
+					if err != nil {
+						continue
+					}
+					if o, ok := b.oldPartOf(ref.Queue, l, ref.ID); ok {
+						next.add(o, i)
+					}
+				default:
+					if e, ok := m[codes[j]]; ok {
+						errs[i] = e
+					} else {
+						errs[i] = callErr(op, fmt.Errorf("unknown code %q", codes[j]))
+					}
+				}
+			}
+		}
+		order = next.order
+	}
+}
+
+// Settle implements broker.Broker: one script call per partition.
+func (b *Broker) Settle(ctx context.Context, ss []broker.Settlement) ([]error, error) {
+	if err := b.check(); err != nil {
+		return nil, err
+	}
+	for _, s := range ss {
+		if s.Kind < broker.SettleDone || s.Kind > broker.SettleRequeue {
+			return nil, fmt.Errorf("tide: redisbroker: settle %s: unknown kind %d", s.Lease.ID, s.Kind)
+		}
+	}
+	errs := make([]error, len(ss))
+	b.perPartition(ctx, "settle", len(ss), func(i int) broker.LeaseRef { return ss[i].Lease }, errs,
+		func(p part, idx []int) *call { return b.settleCall(p, ss, idx) },
+		map[byte]error{'1': broker.ErrLeaseLost})
+	return errs, nil
+}
+
+func (b *Broker) settleCall(p part, ss []broker.Settlement, idx []int) *call {
+	rid, cache, exp := b.request(p)
+	args := make([]any, 0, 9+8*len(idx))
+	args = append(args, p.layout, rid, exp, p.channel, p.idx, b.today(), b.maxArchived, b.archiveTTL.Milliseconds(), b.minute())
+	for _, i := range idx {
+		s := ss[i]
+		at := s.At
+		if at.IsZero() {
+			at = b.Now()
+		}
+		id, tok := s.Lease.ID, s.Lease.Token
+		switch s.Kind {
+		case broker.SettleDone:
+			if s.Task != nil && s.Task.Retention > 0 {
+				t := *s.Task
+				t.State, t.CompletedAt = tidetype.StateCompleted, at
+				args = append(args, "c", id, tok, codec.Encode(&t, tok), at.Add(t.Retention).UnixMilli(), at.UnixMilli())
+			} else {
+				args = append(args, "d", id, tok, "", "", "")
+			}
+		case broker.SettleRetry:
+			args = append(args, "r", id, tok, s.RetryAt.UnixMilli(), at.UnixMilli(), s.Err)
+		case broker.SettleArchive:
+			args = append(args, "a", id, tok, "", at.UnixMilli(), s.Err)
+		default: // broker.SettleRequeue (Settle checked the kinds)
+			args = append(args, "q", id, tok, "", "", "")
+		}
+		var started int64
+		if !s.Started.IsZero() {
+			started = s.Started.UnixMilli()
+		}
+		args = append(args, started, s.Server)
+	}
+	return &call{
+		script: b.s.settle,
+		keys:   append(p.keys("t", "active", "pending", "retry", "archived", "completed", "result", "scheduled", "u", "stat", "meta"), cache, p.k("h"), p.k("m")),
+		args:   args,
+		queue:  p.queue,
+	}
+}
+
+// SetResult implements broker.Broker.
+func (b *Broker) SetResult(ctx context.Context, lease broker.LeaseRef, data []byte) error {
+	if err := b.check(); err != nil {
+		return err
+	}
+	l, err := b.layoutOf(ctx, lease.Queue)
+	if err != nil {
+		return err
+	}
+	for _, p := range b.lookup(lease.Queue, l, lease.ID) {
+		c := &call{script: b.s.setResult, keys: p.keys("t", "result", "meta"), args: []any{p.layout, lease.ID, lease.Token, data}, queue: lease.Queue}
+		b.run(ctx, []*call{c})
+		if c.err != nil {
+			return callErr("set result", c.err)
+		}
+		code, err := c.cmd.Int64()
+		if err != nil {
+			return callErr("set result", fmt.Errorf("unexpected reply: %w", err))
+		}
+		switch code {
+		case 0:
+			return nil
+		case 1:
+			return broker.ErrLeaseLost
+		}
+	}
+	return broker.ErrLeaseLost
+}

@@ -1,0 +1,62 @@
+package redisbroker
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/tidequeue/tide/broker"
+)
+
+// Maintain implements broker.Broker.
+func (b *Broker) Maintain(ctx context.Context, req broker.MaintainRequest) (broker.MaintainResult, error) {
+	if err := b.check(); err != nil {
+		return broker.MaintainResult{}, err
+	}
+	l, err := b.layoutOf(ctx, req.Queue)
+	if err != nil {
+		return broker.MaintainResult{}, err
+	}
+	if req.Partition < 0 || req.Partition >= l.total() {
+		return broker.MaintainResult{}, fmt.Errorf("%w: queue %q has %d partitions, no partition %d", broker.ErrLayout, req.Queue, l.total(), req.Partition)
+	}
+	p := b.partAt(req.Queue, l, req.Partition)
+	ttl := max(req.OwnerTTL.Milliseconds(), 1)
+	release := "0"
+	if req.Release {
+		release = "1"
+	}
+	c := &call{
+		script: b.s.maintain,
+		keys:   p.keys("owner", "t", "pending", "active", "scheduled", "retry", "archived", "completed", "result", "u", "stat", "meta", "h", "m"),
+		args: []any{p.layout, req.Owner, ttl, p.channel, p.idx, b.maxArchived, b.archiveTTL.Milliseconds(),
+			maintainLimit, b.today(), release, req.RecoverBackoff.Milliseconds(), b.minute()},
+		queue: req.Queue,
+	}
+	b.run(ctx, []*call{c})
+	if c.err != nil {
+		return broker.MaintainResult{}, callErr(fmt.Sprintf("maintain %s/%d", req.Queue, req.Partition), c.err)
+	}
+	res, err := c.cmd.Int64Slice()
+	if err != nil || len(res) != 9 {
+		return broker.MaintainResult{}, fmt.Errorf("tide: redisbroker: maintain: unexpected reply %v (%v)", c.cmd.Val(), err)
+	}
+	// A refused claim in its last millisecond reports 0 left; round up so
+	// callers never spin.
+	out := broker.MaintainResult{
+		Owned:     res[0] == 1,
+		RetryIn:   time.Duration(max(res[1], 1)) * time.Millisecond,
+		Pending:   int(res[2]),
+		Forwarded: int(res[3]),
+		Recovered: int(res[4]),
+		Trimmed:   int(res[5]),
+		More:      res[6] == 1,
+	}
+	if res[7] >= 0 {
+		out.NextDue = time.UnixMilli(res[7])
+	}
+	if res[8] >= 0 {
+		out.NextLeaseIn = time.Duration(res[8]) * time.Millisecond
+	}
+	return out, nil
+}

@@ -1,0 +1,386 @@
+package redisbroker
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/broker/redisbroker/internal/codec"
+)
+
+// moveBatch is how many tasks one step of a repartition moves.
+const moveBatch = 200
+
+var _ broker.Repartitioner = (*Broker)(nil)
+
+// Repartition implements broker.Repartitioner: it changes queue to n
+// partitions while servers keep processing and clients keep enqueueing.
+//
+// It records the new layout (a new span of n partitions, with keys of their
+// own) next to the old one, so that every process routes new tasks to the
+// new span, still serves and settles the old one, and looks up tasks by ID
+// in both. Then it moves every task that is not active from the old span to
+// the new one (see move.lua for the steps and why a crash at any of them
+// neither loses nor doubles a task), waits for the active ones to finish,
+// retires the old partitions and records the new layout alone. It returns
+// when that is done, or with ctx's error; calling it again with the same n
+// resumes a repartition that stopped. progress, when not nil, is called after
+// each step with the tasks moved so far and those still in the old span.
+//
+// Unique locks move with their tasks. A task whose ID the broker chose to
+// share its lock's partition may land apart from its lock in the new span;
+// its lock is then held until its TTL even after the task finishes.
+// Processes configured with WithQueuePartitions for the queue refuse it
+// afterwards until their configuration says n.
+func (b *Broker) Repartition(ctx context.Context, queue string, n int, progress func(moved, left int)) error {
+	if err := b.check(); err != nil {
+		return err
+	}
+	if n < 1 || n > maxPartitions {
+		return fmt.Errorf("%w: %d partitions out of range 1..%d", broker.ErrInvalidTask, n, maxPartitions)
+	}
+	l, err := b.startRepartition(ctx, queue, n)
+	if err != nil || l.old == nil {
+		return err
+	}
+	moved := 0
+	for o := range l.old.n {
+		old := b.partAt(queue, l, l.cur.n+o)
+		if meta, err := b.rdb.Get(ctx, old.k("meta")).Result(); err == nil && meta == "retired" {
+			continue // done by an earlier run
+		}
+		for {
+			m, left, err := b.drain(ctx, l, old)
+			moved += m
+			if progress != nil {
+				progress(moved, left)
+			}
+			if err != nil {
+				return err
+			}
+			if left == 0 {
+				done, err := b.retire(ctx, l, old, o)
+				if err != nil {
+					return err
+				}
+				if done {
+					break
+				}
+			}
+			if m == 0 {
+				// Only active tasks are left: wait for them to finish.
+				t := time.NewTimer(100 * time.Millisecond)
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return ctx.Err()
+				case <-t.C:
+				}
+			}
+		}
+	}
+	// Drop placeholders a crash may have left, then record the new span
+	// alone.
+	pipe := b.rdb.Pipeline()
+	for i := range l.cur.n {
+		p := b.partAt(queue, l, i)
+		b.s.move.Run(ctx, pipe, b.moveKeys(p), p.layout, "unreserve")
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("tide: redisbroker: repartition %s: %w", queue, classify(err))
+	}
+	if err := b.casLayout(ctx, queue, l.tag, l.cur.tag()); err != nil {
+		return err
+	}
+	b.forgetLayout(queue)
+	b.rdb.Publish(ctx, b.channel(queue), "l")
+	return nil
+}
+
+// startRepartition records the repartition of queue to n (or finds the one
+// that runs) and returns the layout with both spans; a layout without an old
+// span means there is nothing to do.
+func (b *Broker) startRepartition(ctx context.Context, queue string, n int) (layout, error) {
+	b.forgetLayout(queue)
+	l, err := b.layoutOf(ctx, queue)
+	if err != nil {
+		return layout{}, err
+	}
+	if l.old != nil {
+		if l.cur.n != n {
+			return layout{}, fmt.Errorf("%w: queue %q is being repartitioned from %d to %d partitions; finish that first (repartition it to %d again)",
+				broker.ErrLayout, queue, l.old.n, l.cur.n, l.cur.n)
+		}
+		return l, nil
+	}
+	if l.cur.n == n {
+		return l, nil
+	}
+	next := span{n: n, epoch: l.cur.epoch + 1}
+	ml := layout{tag: next.tag() + "<" + l.cur.tag(), cur: next, old: &span{n: l.cur.n, epoch: l.cur.epoch}}
+	// The new span's partitions first (paused like the old ones), then the
+	// record that makes processes use them, then the old partitions' meta
+	// keys, which from then on refuse processes that route the old way.
+	paused, err := b.rdb.Exists(ctx, b.partAt(queue, ml, ml.cur.n).k("paused")).Result()
+	if err != nil {
+		return layout{}, fmt.Errorf("tide: redisbroker: repartition %s: %w", queue, classify(err))
+	}
+	pipe := b.rdb.Pipeline()
+	for i := range ml.cur.n {
+		p := b.partAt(queue, ml, i)
+		pipe.SetNX(ctx, p.k("meta"), p.layout, 0)
+		if paused == 1 {
+			pipe.Set(ctx, p.k("paused"), "1", 0)
+		}
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return layout{}, fmt.Errorf("tide: redisbroker: repartition %s: %w", queue, classify(err))
+	}
+	if err := b.casLayout(ctx, queue, l.tag, ml.tag); err != nil {
+		return layout{}, err
+	}
+	pipe = b.rdb.Pipeline()
+	for i := range ml.old.n {
+		p := b.partAt(queue, ml, ml.cur.n+i)
+		pipe.Set(ctx, p.k("meta"), p.layout, 0)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return layout{}, fmt.Errorf("tide: redisbroker: repartition %s: %w", queue, classify(err))
+	}
+	b.forgetLayout(queue)
+	b.rdb.Publish(ctx, b.channel(queue), "l") // servers: new partitions to maintain
+	return b.layoutOf(ctx, queue)
+}
+
+// casLayout changes queue's recorded layout from old to new.
+func (b *Broker) casLayout(ctx context.Context, queue, old, new string) error {
+	ok, err := b.s.registry.Run(ctx, b.rdb, []string{b.prefix + ":partitions"}, queue, old, new).Int()
+	if err != nil {
+		return fmt.Errorf("tide: redisbroker: repartition %s: %w", queue, classify(err))
+	}
+	if ok != 1 {
+		return fmt.Errorf("%w: queue %q changed its layout while it was repartitioned; run the repartition again", broker.ErrLayout, queue)
+	}
+	return nil
+}
+
+func (b *Broker) moveKeys(p part) []string {
+	return p.keys("t", "pending", "scheduled", "retry", "archived", "completed", "result", "active", "u", "moving", "reserved", "meta", "stat", "seq", "owner", "paused", "h", "m")
+}
+
+// moveCall runs one op of move.lua on partition p.
+func (b *Broker) moveCall(ctx context.Context, p part, op string, args ...any) *redis.Cmd {
+	return b.s.move.Run(ctx, b.rdb, b.moveKeys(p), append([]any{p.layout, op}, args...)...)
+}
+
+// moved is a task taken out of an old partition.
+type moved struct {
+	id, rec, result, hist string
+	state                 int64
+	score                 float64
+}
+
+// drain moves up to moveBatch tasks of old partition o (first those a
+// crashed repartition left half-moved) and returns how many it moved and how
+// many records are left in o (active tasks, and what it did not get to).
+func (b *Broker) drain(ctx context.Context, l layout, o part) (int, int, error) {
+	fail := func(err error) (int, int, error) {
+		return 0, 0, fmt.Errorf("tide: redisbroker: repartition %s: %w", o.queue, classify(err))
+	}
+	// Tasks taken but not finished by an earlier run: place, then finish.
+	res, err := b.moveCall(ctx, o, "moving", moveBatch).Slice()
+	if err != nil {
+		return fail(err)
+	}
+	ms, err := parseTaken(res)
+	if err != nil {
+		return fail(err)
+	}
+	if len(ms) == 0 {
+		peek, err := b.moveCall(ctx, o, "peek", moveBatch).Slice()
+		if err != nil {
+			return fail(err)
+		}
+		if ms, err = b.reserveAndTake(ctx, l, o, peek); err != nil {
+			return 0, 0, err
+		}
+	}
+	if len(ms) > 0 {
+		if err := b.place(ctx, l, o, ms); err != nil {
+			return 0, 0, err
+		}
+	}
+	left, err := b.rdb.HLen(ctx, o.k("t")).Result()
+	if err != nil {
+		return fail(err)
+	}
+	return len(ms), int(left), nil
+}
+
+// reserveAndTake reserves the peeked tasks' IDs (and copies their locks) in
+// the new span, then takes them out of o; tasks that turned active or went
+// away meanwhile are unreserved.
+func (b *Broker) reserveAndTake(ctx context.Context, l layout, o part, peek []any) ([]moved, error) {
+	if len(peek)%3 != 0 {
+		return nil, fmt.Errorf("tide: redisbroker: repartition %s: peek returned %d values", o.queue, len(peek))
+	}
+	type res struct {
+		ids []string
+		cmd *redis.Cmd
+	}
+	reserve := map[part][]any{}
+	locks := map[part][]any{}
+	var ids []any
+	for i := 0; i < len(peek); i += 3 {
+		id, _ := peek[i].(string)
+		rec, _ := peek[i+1].(string)
+		lock, _ := peek[i+2].(string)
+		uniq := ""
+		if t, err := codec.DecodeHeader(o.queue, id, []byte(rec)); err == nil {
+			uniq = t.UniqueKey
+		}
+		np := b.partOf(o.queue, l, id)
+		if uniq != "" && lock != "" && broker.Partition(uniq, l.cur.n) != broker.Partition(id, l.cur.n) {
+			up := b.partOf(o.queue, l, uniq)
+			locks[up] = append(locks[up], uniq, lock)
+			uniq, lock = "", ""
+		}
+		reserve[np] = append(reserve[np], id, uniq, lock)
+		ids = append(ids, id)
+	}
+	pipe := b.rdb.Pipeline()
+	var rs []res
+	for p, args := range reserve {
+		r := res{cmd: b.s.move.Run(ctx, pipe, b.moveKeys(p), append([]any{p.layout, "reserve"}, args...)...)}
+		for i := 0; i < len(args); i += 3 {
+			r.ids = append(r.ids, args[i].(string))
+		}
+		rs = append(rs, r)
+	}
+	for p, args := range locks {
+		b.s.move.Run(ctx, pipe, b.moveKeys(p), append([]any{p.layout, "lock"}, args...)...)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("tide: redisbroker: repartition %s: reserve: %w", o.queue, classify(err))
+	}
+	for _, r := range rs {
+		codes := r.cmd.Val().(string)
+		for j, c := range codes {
+			if c != '1' {
+				return nil, fmt.Errorf("%w: repartition %s: task %q exists in both the old and the new partitions; delete one of them and run the repartition again",
+					broker.ErrTaskIDConflict, o.queue, r.ids[j])
+			}
+		}
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	res2, err := b.moveCall(ctx, o, "take", ids...).Slice()
+	if err != nil {
+		return nil, fmt.Errorf("tide: redisbroker: repartition %s: take: %w", o.queue, classify(err))
+	}
+	ms, err := parseTaken(res2)
+	if err != nil {
+		return nil, err
+	}
+	taken := map[string]bool{}
+	for _, m := range ms {
+		taken[m.id] = true
+	}
+	un := map[part][]any{}
+	for _, id := range ids {
+		if !taken[id.(string)] {
+			np := b.partOf(o.queue, l, id.(string))
+			un[np] = append(un[np], id)
+		}
+	}
+	for p, args := range un {
+		if err := b.moveCall(ctx, p, "unreserve", args...).Err(); err != nil {
+			return nil, fmt.Errorf("tide: redisbroker: repartition %s: unreserve: %w", o.queue, classify(err))
+		}
+	}
+	return ms, nil
+}
+
+// parseTaken reads what take and moving return: per task id, status,
+// record, state, score, result, history; only the taken ones ("ok") are
+// returned.
+func parseTaken(res []any) ([]moved, error) {
+	if len(res)%7 != 0 {
+		return nil, fmt.Errorf("tide: redisbroker: repartition: %d values for taken tasks", len(res))
+	}
+	var out []moved
+	for i := 0; i < len(res); i += 7 {
+		if st, _ := res[i+1].(string); st != "ok" {
+			continue
+		}
+		m := moved{}
+		m.id, _ = res[i].(string)
+		m.rec, _ = res[i+2].(string)
+		m.state, _ = res[i+3].(int64)
+		m.result, _ = res[i+5].(string)
+		m.hist, _ = res[i+6].(string)
+		switch v := res[i+4].(type) {
+		case int64:
+			m.score = float64(v)
+		case string:
+			fmt.Sscan(v, &m.score)
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+// place puts taken tasks into their new partitions, then deletes them from o.
+func (b *Broker) place(ctx context.Context, l layout, o part, ms []moved) error {
+	byPart := map[part][]any{}
+	for _, m := range ms {
+		p := b.partOf(o.queue, l, m.id)
+		byPart[p] = append(byPart[p], m.id, m.rec, m.state, int64(m.score), m.result, m.hist)
+	}
+	pipe := b.rdb.Pipeline()
+	for p, args := range byPart {
+		b.s.move.Run(ctx, pipe, b.moveKeys(p), append([]any{p.layout, "place", p.channel, p.idx}, args...)...)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("tide: redisbroker: repartition %s: place: %w", o.queue, classify(err))
+	}
+	ids := make([]any, len(ms))
+	for i, m := range ms {
+		ids[i] = m.id
+	}
+	if err := b.moveCall(ctx, o, "finish", ids...).Err(); err != nil {
+		return fmt.Errorf("tide: redisbroker: repartition %s: finish: %w", o.queue, classify(err))
+	}
+	return nil
+}
+
+// retire adds old partition o's day counters to the new span's first
+// partition (once) and retires o if it holds nothing; it reports whether it
+// did.
+func (b *Broker) retire(ctx context.Context, l layout, o part, idx int) (bool, error) {
+	stats, err := b.rdb.HGetAll(ctx, o.k("stat")).Result()
+	if err != nil {
+		return false, fmt.Errorf("tide: redisbroker: repartition %s: %w", o.queue, classify(err))
+	}
+	if len(stats) > 0 {
+		args := []any{"merged:" + l.old.tag() + ":" + fmt.Sprint(idx)}
+		for f, v := range stats {
+			if strings.HasPrefix(f, "p:") || strings.HasPrefix(f, "f:") {
+				args = append(args, f, v)
+			}
+		}
+		if err := b.moveCall(ctx, b.partAt(o.queue, l, 0), "stats", args...).Err(); err != nil {
+			return false, fmt.Errorf("tide: redisbroker: repartition %s: %w", o.queue, classify(err))
+		}
+	}
+	r, err := b.moveCall(ctx, o, "retire").Int64Slice()
+	if err != nil {
+		return false, fmt.Errorf("tide: redisbroker: repartition %s: retire: %w", o.queue, classify(err))
+	}
+	return len(r) == 2 && r[0] == 1, nil
+}

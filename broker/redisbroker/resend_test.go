@@ -1,0 +1,235 @@
+package redisbroker_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/broker/redisbroker"
+	"github.com/tidequeue/tide/internal/faultproxy"
+	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/tidetype"
+)
+
+// faulty is a broker on go-redis's default options but a short read
+// timeout, talking to a private Redis through a fault-injection proxy; direct
+// reads Redis without the proxy.
+type faulty struct {
+	proxy  *faultproxy.Proxy
+	b      *redisbroker.Broker
+	c      *tide.Client
+	direct *redis.Client
+	prefix string
+}
+
+func newFaulty(t *testing.T, opts ...redisbroker.Option) *faulty {
+	t.Helper()
+	srv := redistest.Start(t)
+	p, err := faultproxy.New(srv.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	// go-redis's defaults but for the read timeout, so that a stall "longer
+	// than the read timeout" takes a fraction of a second.
+	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), ReadTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { _ = rdb.Close() })
+	f := &faulty{proxy: p, direct: redistest.Client(t, srv.Addr), prefix: redistest.Prefix(t)}
+	f.b = redisbroker.New(rdb, append([]redisbroker.Option{redisbroker.WithPrefix(f.prefix)}, opts...)...)
+	t.Cleanup(func() { _ = f.b.Close() })
+	f.c = tide.NewClient(f.b)
+	// Load the scripts and the queue's layout, so that the faults below hit
+	// the calls under test.
+	ctx := context.Background()
+	if _, err := f.c.Enqueue(ctx, tide.NewTask("warm", nil), tide.Queue("q")); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := f.b.Dequeue(ctx, []string{"q"}, 1, time.Minute)
+	if err != nil || len(ds) != 1 {
+		t.Fatal(ds, err)
+	}
+	if errs, err := f.b.Settle(ctx, []broker.Settlement{{Lease: ds[0].Lease(), Kind: broker.SettleDone}}); err != nil || errs[0] != nil {
+		t.Fatal(errs, err)
+	}
+	f.b.Extend(ctx, nil, time.Second)
+	return f
+}
+
+// stored counts the task records of queue q.
+func (f *faulty) stored(t *testing.T) int64 {
+	t.Helper()
+	n, err := f.direct.HLen(context.Background(), f.prefix+":{q:0}:t").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// A script whose reply comes later than the client's read timeout is sent
+// again by go-redis and Redis runs it twice. Every state change answers the
+// second run like the first: one Enqueue stores one task and reports it
+// stored (not a conflict with itself), with a chosen ID, a caller's ID or a
+// unique key.
+func TestResentEnqueueStoresOnce(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		opts []tide.Option
+	}{
+		{"GeneratedID", nil},
+		{"TaskID", []tide.Option{tide.TaskID("order-cancel:42")}},
+		{"Unique", []tide.Option{tide.Unique(time.Hour)}},
+		{"Scheduled", []tide.Option{tide.ProcessIn(time.Hour)}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFaulty(t)
+			f.proxy.DelayReplies(faultproxy.Commands("EVALSHA"), 500*time.Millisecond, 1)
+			info, err := f.c.Enqueue(context.Background(), tide.NewTask("t", []byte("p")), append(c.opts, tide.Queue("q"))...)
+			if err != nil {
+				t.Fatalf("Enqueue after a re-send: %v", err)
+			}
+			if f.proxy.Seen("EVALSHA") < 2 {
+				t.Fatal("the enqueue was not sent again: the fault did not happen")
+			}
+			if n := f.stored(t); n != 1 {
+				t.Fatalf("%d tasks stored by one Enqueue", n)
+			}
+			if _, err := f.b.GetTask(context.Background(), "q", info.ID); err != nil {
+				t.Fatalf("the task Enqueue reported: %v", err)
+			}
+		})
+	}
+}
+
+// A re-sent Dequeue returns the tasks its first run leased instead of
+// leasing more to nobody: with MaxRetry(0) the task still runs, once.
+func TestResentDequeueLeasesToNobody(t *testing.T) {
+	t.Parallel()
+	f := newFaulty(t)
+	ctx := context.Background()
+	for range 3 {
+		if _, err := f.c.Enqueue(ctx, tide.NewTask("t", nil), tide.Queue("q"), tide.MaxRetry(0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.proxy.DelayReplies(faultproxy.Commands("EVALSHA"), 500*time.Millisecond, 1)
+	ds, err := f.b.Dequeue(ctx, []string{"q"}, 2, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.proxy.Seen("EVALSHA") < 2 {
+		t.Fatal("the dequeue was not sent again")
+	}
+	if len(ds) != 2 {
+		t.Fatalf("a re-sent Dequeue(2) returned %d tasks", len(ds))
+	}
+	active, err := f.direct.ZCard(ctx, f.prefix+":{q:0}:active").Result()
+	if err != nil || active != 2 {
+		t.Fatalf("%d tasks leased, want the 2 returned (%v)", active, err)
+	}
+	rest, err := f.b.Dequeue(ctx, []string{"q"}, 10, time.Minute)
+	if err != nil || len(rest) != 1 {
+		t.Fatalf("the third task: %v, %v", rest, err)
+	}
+}
+
+// Settle, Delete and Cancel run twice answer like the first run: a
+// settlement is applied (not "lease lost"), a deletion succeeded (not "not
+// found").
+func TestResentChangesAnswerLikeTheFirstRun(t *testing.T) {
+	t.Parallel()
+	f := newFaulty(t)
+	ctx := context.Background()
+	info, err := f.c.Enqueue(ctx, tide.NewTask("t", nil), tide.Queue("q"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, err := f.b.Dequeue(ctx, []string{"q"}, 1, time.Minute)
+	if err != nil || len(ds) != 1 {
+		t.Fatal(ds, err)
+	}
+	seen := f.proxy.Seen("EVALSHA")
+	f.proxy.DelayReplies(faultproxy.Commands("EVALSHA"), 500*time.Millisecond, 1)
+	errs, err := f.b.Settle(ctx, []broker.Settlement{{Lease: ds[0].Lease(), Kind: broker.SettleRetry, RetryAt: time.Now().Add(time.Hour), Err: "boom"}})
+	if err != nil || errs[0] != nil {
+		t.Fatalf("a re-sent settlement: %v %v", errs, err)
+	}
+	if f.proxy.Seen("EVALSHA") < seen+2 {
+		t.Fatal("the settlement was not sent again")
+	}
+	if got, _ := f.b.GetTask(ctx, "q", info.ID); got.State != tidetype.StateRetry || got.Retried != 1 {
+		t.Fatalf("after a re-sent retry: %+v (retried once, not twice)", got)
+	}
+	f.proxy.DelayReplies(faultproxy.Commands("EVALSHA"), 500*time.Millisecond, 1)
+	if err := f.c.Delete(ctx, "q", info.ID); err != nil {
+		t.Fatalf("a re-sent Delete: %v", err)
+	}
+	info2, _ := f.c.Enqueue(ctx, tide.NewTask("t", nil), tide.Queue("q"), tide.ProcessIn(time.Hour))
+	f.proxy.DelayReplies(faultproxy.Commands("EVALSHA"), 500*time.Millisecond, 1)
+	if err := f.c.Cancel(ctx, "q", info2.ID); err != nil {
+		t.Fatalf("a re-sent Cancel: %v", err)
+	}
+}
+
+// A request whose replies never come reports that its outcome is unknown,
+// with the task's ID, instead of guessing; sent again with that ID it is
+// recognised as stored.
+func TestUnknownOutcomeIsReported(t *testing.T) {
+	t.Parallel()
+	f := newFaulty(t, redisbroker.WithReplayWindow(3*time.Second))
+	ctx := context.Background()
+	f.proxy.DropReplies(faultproxy.Commands("EVALSHA", "EVAL"), 0)
+	info, err := f.c.Enqueue(ctx, tide.NewTask("t", nil), tide.Queue("q"))
+	f.proxy.Clear()
+	if !errors.Is(err, tide.ErrOutcomeUnknown) || !errors.Is(err, tide.ErrUnavailable) || info == nil || info.ID == "" {
+		t.Fatalf("Enqueue whose replies are all lost: %v, %+v; want ErrOutcomeUnknown with the task's info", info, err)
+	}
+	if n := f.stored(t); n != 1 {
+		t.Fatalf("%d tasks stored, want 1 (the requests ran, their replies were lost)", n)
+	}
+	if _, err := f.c.Enqueue(ctx, tide.NewTask("t", nil), tide.Queue("q"), tide.TaskID(info.ID)); !errors.Is(err, tide.ErrTaskIDConflict) {
+		t.Fatalf("enqueue again with the reported ID: %v, want ErrTaskIDConflict (it is stored)", err)
+	}
+	if n := f.stored(t); n != 1 {
+		t.Fatalf("%d tasks stored after the retry", n)
+	}
+}
+
+// An Enqueue that waits for replicas longer than the client's read timeout
+// does not have its whole pipeline sent again: the task is stored once and
+// the missing confirmation is reported.
+func TestLongReplicaWaitStoresOnce(t *testing.T) {
+	t.Parallel()
+	primary := redistest.Start(t, "--repl-diskless-sync-delay", "0")
+	host, port, _ := net.SplitHostPort(primary.Addr)
+	replica := redistest.Start(t, "--replicaof", host, port)
+	direct := redistest.Client(t, primary.Addr)
+	rr := redistest.Client(t, replica.Addr)
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(rr.Info(context.Background(), "replication").Val(), "master_link_status:up") {
+		if time.Now().After(deadline) {
+			t.Fatal("the replica did not sync")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: primary.Addr, ReadTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { _ = rdb.Close() })
+	prefix := redistest.Prefix(t)
+	c := tide.NewClient(redisbroker.New(rdb, redisbroker.WithPrefix(prefix)))
+	// Two replicas asked for, one exists: WAIT runs for its whole second.
+	info, err := c.Enqueue(context.Background(), tide.NewTask("t", nil), tide.Queue("q"), tide.WaitForReplicas(2, time.Second))
+	if !errors.Is(err, tide.ErrNotReplicated) || info == nil {
+		t.Fatalf("Enqueue waiting for a missing replica: %v, %v", info, err)
+	}
+	if n := direct.HLen(context.Background(), prefix+":{q:0}:t").Val(); n != 1 {
+		t.Fatalf("%d tasks stored by one Enqueue", n)
+	}
+}

@@ -1,0 +1,231 @@
+-- move.lua: the steps of a repartition, which moves every task that is not
+-- active from a partition of the old span (O) to its partition of the new
+-- span (N) without losing or doubling one, whatever step a crash stops at:
+--   peek (O)     list up to ARGV[3] tasks that are not active, with their
+--                records and unique-lock values (nothing changes)
+--   reserve (N)  write a placeholder under each ID (lookups then look in O,
+--                an Enqueue of the ID is a conflict), remember it in the
+--                reserved set; copy each unique lock (same holder, same expiry)
+--   take (O)     take each task out of its structure, flag its record as
+--                moving and remember it in the moving set; returns record,
+--                score (due, archive or expiry time) and result
+--   place (N)    replace each placeholder with the record and put the task in
+--                its structure with its score; a missing placeholder means
+--                the task was deleted meanwhile: nothing is placed
+--   finish (O)   delete the moved records (and results) from O
+--   unreserve (N) drop placeholders (a task that turned active or vanished)
+--   retire (O)   when O holds nothing at all, mark it retired (every later
+--                call on it is refused) and delete its keys (reply caches
+--                expire on their own)
+-- KEYS (every op): 1 records hash  2 pending list  3 scheduled zset
+--   4 retry zset  5 archived zset  6 completed zset  7 results hash
+--   8 active zset  9 unique locks hash  10 moving zset (ID -> score before
+--   the move)  11 reserved set  12 layout meta  13 stats hash
+--   14 token sequence  15 owner  16 paused flag  17 attempt histories hash
+--   18 minute counters hash
+-- ARGV[1] layout (the caller's view of the partition's meta)  ARGV[2] op
+local bad = layout_error(KEYS[12], ARGV[1])
+if bad then return bad end
+local op = ARGV[2]
+local PH = '\0mv'
+
+if op == 'peek' then
+  -- ARGV[3] limit. Returns a flat array: id, record, lock value ('' none).
+  local limit = tonumber(ARGV[3])
+  local out, n = {}, 0
+  local function add(id)
+    local rec = redis.call('HGET', KEYS[1], id)
+    if rec and not (rec_ok(rec) and rec_moving(rec)) then
+      local lock = ''
+      if rec_ok(rec) then
+        local u = rec_uniq(rec)
+        if u then lock = redis.call('HGET', KEYS[9], u) or '' end
+      end
+      out[#out + 1] = id
+      out[#out + 1] = rec
+      out[#out + 1] = lock
+      n = n + 1
+    end
+  end
+  for _, z in ipairs({KEYS[5], KEYS[6], KEYS[3], KEYS[4]}) do
+    if n >= limit then break end
+    for _, id in ipairs(redis.call('ZRANGE', z, 0, limit - n - 1)) do add(id) end
+  end
+  if n < limit then
+    for _, id in ipairs(redis.call('LRANGE', KEYS[2], -(limit - n), -1)) do add(id) end
+  end
+  return out
+end
+
+if op == 'reserve' then
+  -- ARGV: then triples id, unique key ('' none), lock value ('' none).
+  -- Returns one code per task: '1' reserved, '0' another task has the ID.
+  local out = {}
+  for i = 3, #ARGV, 3 do
+    local id, u, lock = ARGV[i], ARGV[i+1], ARGV[i+2]
+    local cur = redis.call('HGET', KEYS[1], id)
+    if cur and cur ~= PH then
+      out[#out + 1] = '0'
+    else
+      redis.call('HSET', KEYS[1], id, PH)
+      redis.call('SADD', KEYS[11], id)
+      out[#out + 1] = '1'
+    end
+    if u ~= '' and lock ~= '' then redis.call('HSETNX', KEYS[9], u, lock) end
+  end
+  return table.concat(out)
+end
+
+if op == 'lock' then
+  -- ARGV: then pairs unique key, lock value: copy locks whose partition
+  -- in the new span is not their task's.
+  for i = 3, #ARGV, 2 do redis.call('HSETNX', KEYS[9], ARGV[i], ARGV[i+1]) end
+  return 1
+end
+
+if op == 'take' then
+  -- ARGV: then ids. Returns a flat array per task: id, status ('ok',
+  -- 'busy' active now, 'gone'), record, state, score, result (or ''),
+  -- attempt history (or '').
+  local out = {}
+  for i = 3, #ARGV do
+    local id = ARGV[i]
+    local rec = redis.call('HGET', KEYS[1], id)
+    if not rec then
+      for _, v in ipairs({id, 'gone', '', 0, 0, '', ''}) do out[#out + 1] = v end
+    elseif rec_ok(rec) and (rec_state(rec) == 2 or rec_moving(rec)) then
+      for _, v in ipairs({id, 'busy', '', 0, 0, '', ''}) do out[#out + 1] = v end
+    else
+      local st, score = 5, redis_now()
+      if rec_ok(rec) then st = rec_state(rec) end
+      if st == 1 then
+        redis.call('LREM', KEYS[2], 1, id)
+      else
+        local z = zset_of(st, KEYS)
+        local sc = redis.call('ZSCORE', z, id)
+        if sc then score = tonumber(sc) end
+        redis.call('ZREM', z, id)
+      end
+      if rec_ok(rec) then
+        release_uniq(rec, KEYS[9], id)
+        rec = string.sub(rec, 1, 1) .. string.char(string.byte(rec, 2) % 64 + 64 + (rec_canceled(rec) and 128 or 0)) .. string.sub(rec, 3)
+      end
+      redis.call('HSET', KEYS[1], id, rec)
+      redis.call('ZADD', KEYS[10], score, id)
+      local res = redis.call('HGET', KEYS[7], id) or ''
+      local h = redis.call('HGET', KEYS[17], id) or ''
+      for _, v in ipairs({id, 'ok', rec, st, score, res, h}) do out[#out + 1] = v end
+    end
+  end
+  return out
+end
+
+if op == 'moving' then
+  -- ARGV[3] limit: the tasks a crashed repartition left flagged as moving,
+  -- as take returns them.
+  local out = {}
+  local ids = redis.call('ZRANGE', KEYS[10], 0, tonumber(ARGV[3]) - 1, 'WITHSCORES')
+  for i = 1, #ids, 2 do
+    local id = ids[i]
+    local rec = redis.call('HGET', KEYS[1], id)
+    if rec then
+      local st = 5
+      if rec_ok(rec) then st = rec_state(rec) end
+      for _, v in ipairs({id, 'ok', rec, st, tonumber(ids[i+1]), redis.call('HGET', KEYS[7], id) or '', redis.call('HGET', KEYS[17], id) or ''}) do out[#out + 1] = v end
+    else
+      redis.call('ZREM', KEYS[10], id)
+    end
+  end
+  return out
+end
+
+if op == 'place' then
+  -- ARGV[3] event channel  ARGV[4] partition index, then per task 6:
+  -- id, record, state, score, result ('' none), attempt history ('' none).
+  -- Returns one code per task: '1' placed, '0' not (deleted meanwhile, or
+  -- placed before).
+  local out = {}
+  local was_empty = redis.call('LLEN', KEYS[2]) == 0
+  local before = earliest(KEYS[3], KEYS[4])
+  local first_due
+  for i = 5, #ARGV, 6 do
+    local id, rec, st, score, res, h = ARGV[i], ARGV[i+1], tonumber(ARGV[i+2]), tonumber(ARGV[i+3]), ARGV[i+4], ARGV[i+5]
+    if redis.call('HGET', KEYS[1], id) == PH then
+      if rec_ok(rec) then -- no longer moving; a cancel flag only matters while active
+        rec = string.sub(rec, 1, 1) .. string.char(string.byte(rec, 2) % 64) .. string.sub(rec, 3)
+      end
+      redis.call('HSET', KEYS[1], id, rec)
+      if st == 1 then
+        redis.call('RPUSH', KEYS[2], id)
+      else
+        redis.call('ZADD', zset_of(st, KEYS), score, id)
+        if (st == 3 or st == 4) and (not first_due or score < first_due) then first_due = score end
+      end
+      if res ~= '' then redis.call('HSET', KEYS[7], id, res) end
+      if h ~= '' then redis.call('HSET', KEYS[17], id, h) end
+      out[#out + 1] = '1'
+    else
+      out[#out + 1] = '0'
+    end
+    redis.call('SREM', KEYS[11], id)
+  end
+  if was_empty and redis.call('LLEN', KEYS[2]) > 0 then
+    redis.call('PUBLISH', ARGV[3], 'p' .. ARGV[4])
+  end
+  if first_due and (not before or first_due < before) then
+    redis.call('PUBLISH', ARGV[3], 's' .. ARGV[4] .. ':' .. string.format('%d', first_due))
+  end
+  return table.concat(out)
+end
+
+if op == 'finish' then
+  -- ARGV: then ids.
+  for i = 3, #ARGV do
+    local id = ARGV[i]
+    local rec = redis.call('HGET', KEYS[1], id)
+    if rec and rec_ok(rec) and rec_moving(rec) or rec and not rec_ok(rec) then
+      redis.call('HDEL', KEYS[1], id)
+      redis.call('HDEL', KEYS[7], id)
+      redis.call('HDEL', KEYS[17], id)
+    end
+    redis.call('ZREM', KEYS[10], id)
+  end
+  return 1
+end
+
+if op == 'unreserve' then
+  -- ARGV: then ids; '' (none): every reserved ID still a placeholder.
+  local ids = {}
+  for i = 3, #ARGV do ids[#ids + 1] = ARGV[i] end
+  if #ids == 0 then ids = redis.call('SMEMBERS', KEYS[11]) end
+  for _, id in ipairs(ids) do
+    if redis.call('HGET', KEYS[1], id) == PH then redis.call('HDEL', KEYS[1], id) end
+    redis.call('SREM', KEYS[11], id)
+  end
+  return #ids
+end
+
+if op == 'retire' then
+  -- Returns 1 retired, 0 not empty yet (the count of what is left).
+  local left = redis.call('HLEN', KEYS[1]) + redis.call('ZCARD', KEYS[10])
+  if left > 0 then return {0, left} end
+  redis.call('SET', KEYS[12], 'retired')
+  for k = 2, 11 do redis.call('DEL', KEYS[k]) end
+  for k = 13, 18 do redis.call('DEL', KEYS[k]) end
+  return {1, 0}
+end
+
+if op == 'stats' then
+  -- ARGV[3] marker, then pairs field, count: add an old partition's day
+  -- counters to this one's, once (the marker records it).
+  if redis.call('HSETNX', KEYS[13], ARGV[3], '1') == 1 then
+    for i = 4, #ARGV, 2 do
+      if string.sub(ARGV[i], 1, 2) == 'p:' or string.sub(ARGV[i], 1, 2) == 'f:' then
+        redis.call('HINCRBY', KEYS[13], ARGV[i], tonumber(ARGV[i+1]) or 0)
+      end
+    end
+  end
+  return 1
+end
+
+return redis.error_reply('ERR move.lua: unknown op ' .. tostring(op))

@@ -1,0 +1,65 @@
+-- remove.lua: delete or cancel one task.
+-- KEYS[1] records hash  KEYS[2] pending list  KEYS[3] scheduled zset
+-- KEYS[4] retry zset    KEYS[5] archived zset KEYS[6] completed zset
+-- KEYS[7] results hash  KEYS[8] active zset   KEYS[9] unique locks hash
+-- KEYS[10] layout meta  KEYS[11] reply cache KEYS[12] moving zset (repartition)
+-- KEYS[13] attempt histories hash
+-- ARGV[1] layout  ARGV[2] request ID  ARGV[3] reply cache expiry (ms)
+-- ARGV[4] id  ARGV[5] op  ARGV[6] event channel
+-- op 'delete': delete a task that is not active.
+-- op 'cancel': delete a task that is not active, or record the cancellation
+--   of an active one (flag in its record, read by Extend and Settle) and
+--   publish "c<id>" so that the server running it cancels its handler now.
+-- op 'cancelactive': only the latter; a task that is not active is refused.
+-- Returns '1' deleted, '0' not found, '2' active (delete refused),
+-- '3' cancellation recorded, '4<state>' not active (cancelactive refused),
+-- '5' the task was about to move in here from the old span of a repartition:
+-- its placeholder is removed, the caller removes it there too.
+-- A request run again answers from the reply cache.
+local bad = layout_error(KEYS[10], ARGV[1])
+if bad then return bad end
+local cached = req_get(KEYS[11], ARGV[2], tonumber(ARGV[3]))
+if cached then return cached end
+local id, op = ARGV[4], ARGV[5]
+
+local function answer(code)
+  req_put(KEYS[11], ARGV[2], code, tonumber(ARGV[3]))
+  return code
+end
+
+local rec = redis.call('HGET', KEYS[1], id)
+if not rec then return answer('0') end
+if rec_absent(rec) then
+  if op == 'cancelactive' then return answer('0') end
+  redis.call('HDEL', KEYS[1], id)
+  return answer('5')
+end
+local st = nil
+if rec_ok(rec) then st = rec_state(rec)
+elseif redis.call('ZSCORE', KEYS[8], id) then st = 2 end
+if st == 2 then
+  if op == 'delete' then return answer('2') end
+  if rec_ok(rec) and not rec_canceled(rec) then
+    redis.call('HSET', KEYS[1], id, rec_mark_canceled(rec))
+  end
+  redis.call('PUBLISH', ARGV[6], 'c' .. id)
+  return answer('3')
+end
+if op == 'cancelactive' then return answer('4' .. (st or 0)) end
+if st and rec_moving(rec) then
+  -- Taken out of its structure by a repartition: only the record is left.
+  redis.call('ZREM', KEYS[12], id)
+  release_uniq(rec, KEYS[9], id)
+elseif st then
+  if st == 1 then redis.call('LREM', KEYS[2], 1, id)
+  else redis.call('ZREM', zset_of(st, KEYS), id) end
+  release_uniq(rec, KEYS[9], id)
+else
+  -- Unreadable record: remove every trace.
+  redis.call('LREM', KEYS[2], 0, id)
+  for k = 3, 6 do redis.call('ZREM', KEYS[k], id) end
+end
+redis.call('HDEL', KEYS[1], id)
+redis.call('HDEL', KEYS[7], id)
+redis.call('HDEL', KEYS[13], id)
+return answer('1')

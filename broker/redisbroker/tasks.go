@@ -1,0 +1,192 @@
+package redisbroker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/broker/redisbroker/internal/codec"
+	"github.com/tidequeue/tide/tidetype"
+)
+
+// GetTask implements broker.Broker. Reads run no script, so they check the
+// partitions' layout keys themselves: a process that missed a repartition
+// reads the layout again instead of wrongly reporting a task missing.
+func (b *Broker) GetTask(ctx context.Context, queue, id string) (*tidetype.TaskInfo, error) {
+	if err := b.check(); err != nil {
+		return nil, err
+	}
+	for attempt := 0; ; attempt++ {
+		t, stale, err := b.getTask(ctx, queue, id)
+		if !stale || attempt > 0 {
+			return t, err
+		}
+		b.forgetLayout(queue)
+	}
+}
+
+func (b *Broker) getTask(ctx context.Context, queue, id string) (*tidetype.TaskInfo, bool, error) {
+	l, err := b.layoutOf(ctx, queue)
+	if err != nil {
+		return nil, false, err
+	}
+	for _, p := range b.lookup(queue, l, id) {
+		pipe := b.rdb.Pipeline()
+		meta := pipe.Get(ctx, p.k("meta"))
+		rec := pipe.HGet(ctx, p.k("t"), id)
+		result := pipe.HGet(ctx, p.k("result"), id)
+		hist := pipe.HGet(ctx, p.k("h"), id)
+		_, _ = pipe.Exec(ctx)
+		if err := meta.Err(); err != nil && !errors.Is(err, redis.Nil) {
+			return nil, false, callErr("get task", classify(err))
+		}
+		if meta.Val() != p.layout {
+			return nil, true, fmt.Errorf("%w: %w: queue %q changed its layout", broker.ErrUnavailable, broker.ErrLayout, queue)
+		}
+		raw, err := rec.Bytes()
+		if errors.Is(err, redis.Nil) || string(raw) == placeholder {
+			continue // not here (or about to move in): look in the old span
+		}
+		if err != nil {
+			return nil, false, callErr("get task", classify(err))
+		}
+		t, err := codec.DecodeHeader(queue, id, raw)
+		if err != nil {
+			return nil, false, fmt.Errorf("tide: redisbroker: task %s/%s: %w", queue, id, err)
+		}
+		if r, err := result.Bytes(); err == nil {
+			t.Result = r
+		} else if !errors.Is(err, redis.Nil) {
+			return nil, false, callErr("get result", classify(err))
+		}
+		if h, err := hist.Bytes(); err == nil {
+			t.Attempts = codec.DecodeAttempts(h)
+		}
+		return t, false, nil
+	}
+	return nil, false, broker.ErrTaskNotFound
+}
+
+// placeholder is what a repartition writes where a task is about to move in
+// (see move.lua).
+const placeholder = "\x00mv"
+
+// remove runs remove.lua with op on one task and returns its reply code:
+// in the task's partition, and while a repartition runs in its old
+// partition too when the task is not (or not yet) in the new one.
+func (b *Broker) remove(ctx context.Context, queue, id, op string) (string, error) {
+	if err := b.check(); err != nil {
+		return "", err
+	}
+	l, err := b.layoutOf(ctx, queue)
+	if err != nil {
+		return "", err
+	}
+	for _, p := range b.lookup(queue, l, id) {
+		rid, cache, exp := b.request(p)
+		c := &call{
+			script: b.s.remove,
+			keys:   append(p.keys("t", "pending", "scheduled", "retry", "archived", "completed", "result", "active", "u", "meta"), cache, p.k("moving"), p.k("h")),
+			args:   []any{p.layout, rid, exp, id, op, p.channel},
+			queue:  queue,
+		}
+		b.run(ctx, []*call{c})
+		if c.err != nil {
+			return "", callErr(op, c.err)
+		}
+		code, err := c.cmd.Text()
+		if err != nil || code == "" {
+			return "", callErr(op, fmt.Errorf("unexpected reply %q (%v)", code, err))
+		}
+		if code != "0" && code != "5" {
+			return code, nil
+		}
+	}
+	return "0", nil // not found (a placeholder alone is no task)
+}
+
+// Delete implements broker.Broker.
+func (b *Broker) Delete(ctx context.Context, queue, id string) error {
+	code, err := b.remove(ctx, queue, id, "delete")
+	if err != nil {
+		return err
+	}
+	switch code {
+	case "0":
+		return broker.ErrTaskNotFound
+	case "2":
+		return broker.ErrTaskActive
+	}
+	return nil
+}
+
+// Cancel implements broker.Broker.
+func (b *Broker) Cancel(ctx context.Context, queue, id string) error {
+	code, err := b.remove(ctx, queue, id, "cancel")
+	if err != nil {
+		return err
+	}
+	if code == "0" {
+		return broker.ErrTaskNotFound
+	}
+	return nil
+}
+
+// CancelProcessing implements broker.Admin: it records the cancellation of
+// an active task (read by the running server at its next lease renewal at
+// the latest) and publishes it so that the server cancels the handler now.
+func (b *Broker) CancelProcessing(ctx context.Context, queue, id string) error {
+	code, err := b.remove(ctx, queue, id, "cancelactive")
+	if err != nil {
+		return err
+	}
+	switch {
+	case code == "0":
+		return broker.ErrTaskNotFound
+	case code[0] == '4':
+		st, _ := strconv.Atoi(code[1:])
+		return fmt.Errorf("tide: cannot cancel task %s: it is %s, not active", id, tidetype.TaskState(st))
+	}
+	return nil
+}
+
+// Pause implements broker.Broker.
+func (b *Broker) Pause(ctx context.Context, queue string) error { return b.setPaused(ctx, queue, true) }
+
+// Unpause implements broker.Broker.
+func (b *Broker) Unpause(ctx context.Context, queue string) error {
+	return b.setPaused(ctx, queue, false)
+}
+
+func (b *Broker) setPaused(ctx context.Context, queue string, on bool) error {
+	if err := b.check(); err != nil {
+		return err
+	}
+	l, err := b.freshLayout(ctx, queue)
+	if err != nil {
+		return err
+	}
+	pipe := b.rdb.Pipeline()
+	for i := range l.total() {
+		k := b.partAt(queue, l, i).k("paused")
+		if on {
+			pipe.Set(ctx, k, "1", 0)
+		} else {
+			pipe.Del(ctx, k)
+		}
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return callErr("pause "+queue, classify(err))
+	}
+	if !on {
+		// Wake idle servers: the queue may hold work.
+		for i := range l.total() {
+			b.rdb.Publish(ctx, b.channel(queue), "p"+strconv.Itoa(i))
+		}
+	}
+	return nil
+}

@@ -1,0 +1,199 @@
+package redisbroker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tidequeue/tide/broker"
+)
+
+// call is one script invocation destined for one partition.
+type call struct {
+	script *redis.Script
+	keys   []string
+	args   []any
+	queue  string // whose layout the script checks
+
+	cmd *redis.Cmd
+	err error // after run: nil, or classified (see classify)
+}
+
+// request returns the identity of a new state-changing request on partition
+// p: a random ID, the reply cache it answers from when it runs again, and
+// when that cache expires (ms, Redis clock). The cache is one hash per
+// partition and replay window, so its name is fixed when the request is
+// made and a re-send finds the reply the first run stored.
+func (b *Broker) request(p part) (rid, cache string, expireAt int64) {
+	w := b.window.Milliseconds()
+	n := b.Now().UnixMilli() / w
+	var raw [9]byte
+	_, _ = rand.Read(raw[:])
+	return base64.RawURLEncoding.EncodeToString(raw[:]), p.k("rq:" + strconv.FormatInt(n, 10)), (n + 2) * w
+}
+
+// run sends the calls in one pipeline (go-redis splits it per node on a
+// cluster) and classifies each call's error. A call whose outcome is unknown
+// (sent, no reply) is sent again unchanged, with its request ID, until it
+// answers, ctx ends or half the replay window has passed since the first
+// send: the scripts answer a repeated request from their reply cache, so
+// sending again is safe and settles what happened.
+func (b *Broker) run(ctx context.Context, calls []*call) {
+	start := time.Now()
+	pending := calls
+	wait := 20 * time.Millisecond
+	for {
+		b.send(ctx, pending)
+		var again []*call
+		for _, c := range pending {
+			c.err = classify(c.cmd.Err())
+			if lerr, ok := b.layoutRefused(c.queue, c.cmd.Err()); ok {
+				c.err = lerr
+			}
+			if errors.Is(c.err, broker.ErrOutcomeUnknown) {
+				again = append(again, c)
+			}
+		}
+		if len(again) == 0 || time.Since(start)+wait > b.window/2 {
+			return
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		wait = min(wait*2, time.Second)
+		pending = again
+	}
+}
+
+// send runs the calls; those whose script Redis has not cached yet are sent
+// again with EVAL.
+func (b *Broker) send(ctx context.Context, calls []*call) {
+	if len(calls) == 1 {
+		c := calls[0]
+		c.cmd = c.script.Run(ctx, b.rdb, c.keys, c.args...)
+		return
+	}
+	pipe := b.rdb.Pipeline()
+	for _, c := range calls {
+		c.cmd = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
+	}
+	_, _ = pipe.Exec(ctx) // errors are read per command
+	var retry []*call
+	for _, c := range calls {
+		if err := c.cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			retry = append(retry, c)
+		}
+	}
+	if len(retry) == 0 {
+		return
+	}
+	pipe = b.rdb.Pipeline()
+	for _, c := range retry {
+		c.cmd = c.script.Eval(ctx, pipe, c.keys, c.args...)
+	}
+	_, _ = pipe.Exec(ctx)
+}
+
+// classify turns a go-redis error into the broker's vocabulary, so that no
+// Redis type or error string needs to be understood past the broker:
+// ErrUnavailable when Redis could not be reached or refused to run the
+// command for now (the command did not run), ErrUnavailable and
+// ErrOutcomeUnknown when the command was sent but no reply came (it may have
+// run). Other errors (replies of Redis itself, such as a script error) keep
+// their message. redis.Nil and nil are returned as they are.
+func classify(err error) error {
+	if err == nil || errors.Is(err, redis.Nil) {
+		return err
+	}
+	if errors.Is(err, broker.ErrUnavailable) || errors.Is(err, broker.ErrLayout) {
+		return err
+	}
+	switch transportKind(err) {
+	case notRun:
+		return fmt.Errorf("%w: %v", broker.ErrUnavailable, err)
+	case maybeRun:
+		if ce := ctxErr(err); ce != nil {
+			return fmt.Errorf("%w: %w: %w", broker.ErrUnavailable, broker.ErrOutcomeUnknown, ce)
+		}
+		return fmt.Errorf("%w: %w: %v", broker.ErrUnavailable, broker.ErrOutcomeUnknown, err)
+	}
+	return fmt.Errorf("tide: redisbroker: %v", err)
+}
+
+// isTransport reports whether err says Redis could not be reached or
+// answered, as opposed to a reply of Redis itself.
+func isTransport(err error) bool { return transportKind(err) != notTransport }
+
+type kind int
+
+const (
+	notTransport kind = iota
+	notRun            // the command surely did not run
+	maybeRun          // the command may have run
+)
+
+func transportKind(err error) kind {
+	if err == nil {
+		return notTransport
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return maybeRun
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return notRun
+	}
+	if errors.Is(err, redis.ErrClosed) {
+		return notRun
+	}
+	s := err.Error()
+	// Replies that mean "not now": the command was not executed.
+	for _, p := range []string{"CLUSTERDOWN", "TRYAGAIN", "MOVED ", "ASK ", "LOADING", "MASTERDOWN", "READONLY", "NOSCRIPT", "BUSY", "OOM ", "NOREPLICAS"} {
+		if strings.HasPrefix(s, p) {
+			return notRun
+		}
+	}
+	for _, f := range []string{"connection pool timeout", "connection refused", "no such host", "network is unreachable", "client is closed"} {
+		if strings.Contains(s, f) {
+			return notRun
+		}
+	}
+	var ne net.Error
+	if errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
+		return maybeRun
+	}
+	for _, f := range []string{"connection reset", "broken pipe", "i/o timeout", "EOF"} {
+		if strings.Contains(s, f) {
+			return maybeRun
+		}
+	}
+	return notTransport
+}
+
+func ctxErr(err error) error {
+	switch {
+	case errors.Is(err, context.Canceled):
+		return context.Canceled
+	case errors.Is(err, context.DeadlineExceeded):
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// callErr wraps a call's classified error with what was being done.
+func callErr(op string, err error) error {
+	return fmt.Errorf("tide: redisbroker: %s: %w", op, err)
+}
