@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker/redisbroker"
+	"github.com/tidequeue/tide/internal/faultproxy"
 	"github.com/tidequeue/tide/internal/redistest"
 )
 
@@ -32,6 +34,12 @@ const (
 	redisRestartAt = 5 * time.Second
 	cutAt          = 11 * time.Second
 	cutFor         = 10 * time.Second
+	stopAt         = 22 * time.Second // a worker paused past its lease
+	stopFor        = workerLease + 1500*time.Millisecond
+	delayAt        = 25 * time.Second // replies slower than the read timeout, faster than a lease
+	dropAt         = 28 * time.Second // replies lost after Redis ran the command
+	resendFaults   = 12               // commands hit by each of delay and drop
+	probes         = 300              // single Enqueues with broker-chosen IDs during them
 	faultsFor      = 30 * time.Second // no fault is started after this
 	drainLimit     = 90 * time.Second // after the last fault
 	enqueueBatch   = 500
@@ -73,7 +81,7 @@ func TestChaos(t *testing.T) {
 		t.Logf("run files kept in %s", dir)
 	}
 	rs := redistest.StartIn(t, dir, "--appendonly", "yes", "--appendfsync", "always")
-	px, err := NewProxy(rs.Addr)
+	px, err := faultproxy.New(rs.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +91,7 @@ func TestChaos(t *testing.T) {
 
 	// The producer goes through the proxy like the servers; the observer
 	// (the test's own view) talks to Redis directly.
-	crdb := redis.NewClient(&redis.Options{Addr: px.Addr()})
+	crdb := redis.NewClient(&redis.Options{Addr: px.Addr(), ReadTimeout: workerReadTimeout})
 	t.Cleanup(func() { _ = crdb.Close() })
 	client := tide.NewClient(redisbroker.New(crdb, opts...))
 	ordb := redis.NewClient(&redis.Options{Addr: rs.Addr})
@@ -117,7 +125,6 @@ func TestChaos(t *testing.T) {
 	// The observer: how many tasks are not final yet (-1: unknown).
 	var remaining atomic.Int64
 	remaining.Store(-1)
-	drained := make(chan time.Time, 1)
 	stopPoll := make(chan struct{})
 	var pollWG sync.WaitGroup
 	pollWG.Go(func() {
@@ -126,12 +133,7 @@ func TestChaos(t *testing.T) {
 			qi, err := insp.QueueInfo(c, tide.DefaultQueue)
 			cancel()
 			if err == nil {
-				n := qi.Pending + qi.Active + qi.Scheduled + qi.Retry
-				remaining.Store(int64(n))
-				if n == 0 {
-					drained <- time.Now()
-					return
-				}
+				remaining.Store(int64(qi.Pending + qi.Active + qi.Scheduled + qi.Retry))
 			} else {
 				remaining.Store(-1)
 			}
@@ -154,19 +156,17 @@ func TestChaos(t *testing.T) {
 	for d := killEvery; d < faultsFor; d += killEvery {
 		events = append(events, event{d, "kill"})
 	}
-	events = append(events, event{redisRestartAt, "redis"}, event{cutAt, "cut"})
+	events = append(events, event{redisRestartAt, "redis"}, event{cutAt, "cut"},
+		event{stopAt, "stop"}, event{delayAt, "delay"}, event{dropAt, "drop"})
 	slices.SortStableFunc(events, func(a, b event) int { return int(a.at - b.at) })
 
 	var windows []window
 	var drainedAt time.Time
 	victim := 0
-faults:
+	var pr probeRun
+	var bg sync.WaitGroup
 	for _, ev := range events {
-		select {
-		case drainedAt = <-drained:
-			break faults
-		case <-time.After(time.Until(t0.Add(ev.at))):
-		}
+		time.Sleep(time.Until(t0.Add(ev.at)))
 		switch ev.kind {
 		case "kill":
 			f.killAndRestart(names[victim%len(names)])
@@ -183,19 +183,33 @@ faults:
 			px.Cut(cutFor)
 			w.to = w.from.Add(cutFor)
 			windows = append(windows, w)
+		case "stop":
+			name := names[victim%len(names)]
+			victim++
+			bg.Go(func() { f.pause(name, stopFor) })
+		case "delay":
+			// go-redis sends these again after its read timeout and Redis
+			// runs them twice: no task may be doubled by that.
+			px.DelayReplies(faultproxy.Commands("EVALSHA"), workerReadTimeout+500*time.Millisecond, resendFaults)
+			bg.Go(func() { pr.run(t, client, probes/2) })
+		case "drop":
+			px.DropReplies(faultproxy.Commands("EVALSHA"), resendFaults)
+			bg.Go(func() { pr.run(t, client, probes/2) })
 		}
 	}
+	bg.Wait()
 	faultsEnd := time.Now()
-	if drainedAt.IsZero() {
-		select {
-		case drainedAt = <-drained:
-		case <-time.After(drainLimit):
+	deadline := faultsEnd.Add(drainLimit)
+	for remaining.Load() != 0 {
+		if time.Now().After(deadline) {
 			qi, err := insp.QueueInfo(ctx, tide.DefaultQueue)
 			t.Fatalf("queue not drained %v after the last fault: %+v (err %v)", drainLimit, qi, err)
 		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	if len(windows) < 2 {
-		t.Errorf("the queue drained after %v, before the Redis restart and the proxy cut could hit it", drainedAt.Sub(t0))
+	drainedAt = time.Now()
+	if px.Seen("EVALSHA") == 0 || px.Dropped() == 0 {
+		t.Errorf("the re-send faults did not happen: %d EVALSHA seen, %d replies dropped", px.Seen("EVALSHA"), px.Dropped())
 	}
 
 	// Graceful stop of the survivors, with their own goroutine-leak check.
@@ -233,6 +247,31 @@ faults:
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The probes: single Enqueues with broker-chosen IDs sent while replies
+	// were delayed and dropped. Each reported stored (or of unknown outcome)
+	// is at most one task, and each reported stored ran.
+	probeRan := map[string]int{}
+	for id, s := range x.succ {
+		if strings.HasPrefix(id, "task-") {
+			continue
+		}
+		probeRan[id] = len(s)
+	}
+	stored, unknown := pr.result()
+	for id := range stored {
+		if probeRan[id] == 0 {
+			t.Errorf("probe %s was reported stored but never ran (lost)", id)
+		}
+	}
+	for id := range probeRan {
+		if !stored[id] && !unknown[id] {
+			t.Errorf("probe task %s ran but no Enqueue reported it: a re-sent enqueue stored a second task", id)
+		}
+	}
+	if len(stored) == 0 {
+		t.Error("no probe was stored: the re-send faults were not survived")
+	}
+
 	var lost []string
 	dups := 0
 	for i := range chaosTasks {
@@ -268,26 +307,32 @@ faults:
 	// proxy cut hit all of them.
 	f.mu.Lock()
 	kills := append([]kill(nil), f.kills...)
+	stops := append([]stop(nil), f.stops...)
 	incarnations := len(f.all)
 	f.mu.Unlock()
 	perProc := 6 * workerConcurrency
-	affected := len(kills) + len(windows)*chaosWorkers
+	affected := len(kills) + len(stops) + len(windows)*chaosWorkers
 	bound := affected * perProc
 	if dups > bound {
 		t.Errorf("%d duplicate successes, over the bound %d (%d process-faults x %d)", dups, bound, affected, perProc)
 	}
-	byKill, byOutage, unexplained, maxPerKill := attribute(x, kills, windows)
+	byKill, byStop, byOutage, unexplained, maxPerKill := attribute(x, kills, stops, windows)
+	if unexplained > 0 {
+		t.Errorf("%d duplicate successes explained by no kill, pause or outage: re-sent requests doubled work", unexplained)
+	}
 
 	lines := countLogLines(t, dir)
 	t.Logf("tasks %d; attempts recorded %d (%d successes, %d planned failures); worker incarnations %d",
 		chaosTasks, x.total, x.successes, x.failures, incarnations)
-	t.Logf("faults: %d SIGKILLs of a worker (every %v), Redis SIGKILL+restart, proxy cut %v", len(kills), killEvery, cutFor)
+	t.Logf("faults: %d SIGKILLs of a worker (every %v), Redis SIGKILL+restart, proxy cut %v, a worker SIGSTOPped for %v, %d replies delayed past the read timeout and %d dropped (%d EVALSHA sent through the proxy)",
+		len(kills), killEvery, cutFor, stopFor, resendFaults, px.Dropped(), px.Seen("EVALSHA"))
+	t.Logf("probes: %d Enqueues during the re-send faults reported stored, %d of unknown outcome; %d probe tasks ran", len(stored), len(unknown), len(probeRan))
 	t.Logf("drained %v after the enqueue (%v after the last fault); archived %d",
 		drainedAt.Sub(t0).Round(time.Millisecond), drainedAt.Sub(faultsEnd).Round(time.Millisecond), qi.Archived)
 	t.Logf("duplicates: %d (tasks that succeeded more than once: %d); bound %d = %d process-faults x %d (6 x Concurrency); handlers alone would give %d",
 		dups, x.dupTasks(), bound, affected, perProc, affected*workerConcurrency)
-	t.Logf("duplicates explained: by a SIGKILL %d (at most %d for one kill), by an outage %d, unexplained %d",
-		byKill, maxPerKill, byOutage, unexplained)
+	t.Logf("duplicates explained: by a SIGKILL %d (at most %d for one kill), by a paused worker %d, by an outage %d, by re-sent requests (unexplained) %d",
+		byKill, maxPerKill, byStop, byOutage, unexplained)
 	for _, w := range windows {
 		gap, resume := x.gapAround(w.from, w.to)
 		t.Logf("%s: %v, %d tasks not final when it started; longest gap between executions %v, first execution %v after it ended",
@@ -400,7 +445,7 @@ func readExecs(dir string) (*execs, error) {
 // before it to its end (the outcome could not be written within the lease);
 // a SIGKILL of the process accounts for a success shortly before it (an
 // outcome not written within a lease is given up and the task recovered).
-func attribute(x *execs, kills []kill, outages []window) (byKill, byOutage, unexplained, maxPerKill int) {
+func attribute(x *execs, kills []kill, stops []stop, outages []window) (byKill, byStop, byOutage, unexplained, maxPerKill int) {
 	slack := workerLease + 3*time.Second
 	perKill := map[int]int{}
 	for _, s := range x.succ {
@@ -409,6 +454,14 @@ func attribute(x *execs, kills []kill, outages []window) (byKill, byOutage, unex
 				return !e.at.Before(o.from.Add(-time.Second)) && !e.at.After(o.to)
 			}) {
 				byOutage++
+				continue
+			}
+			// A paused worker finishes what it ran before the pause after
+			// its leases expired and others ran the tasks again.
+			if slices.ContainsFunc(stops, func(s stop) bool {
+				return s.name == e.worker && s.inc == e.inc && !e.at.Before(s.from.Add(-slack)) && !e.at.After(s.to.Add(slack))
+			}) {
+				byStop++
 				continue
 			}
 			k := slices.IndexFunc(kills, func(k kill) bool {
@@ -425,7 +478,43 @@ func attribute(x *execs, kills []kill, outages []window) (byKill, byOutage, unex
 	for _, n := range perKill {
 		maxPerKill = max(maxPerKill, n)
 	}
-	return byKill, byOutage, unexplained, maxPerKill
+	return byKill, byStop, byOutage, unexplained, maxPerKill
+}
+
+// probeRun enqueues tasks one at a time with broker-chosen IDs and records
+// what each call reported.
+type probeRun struct {
+	mu      sync.Mutex
+	stored  map[string]bool
+	unknown map[string]bool
+}
+
+func (p *probeRun) run(t *testing.T, c *tide.Client, n int) {
+	for range n {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		info, err := c.Enqueue(ctx, tide.NewTask(chaosTaskType, []byte("0")), tide.MaxRetry(chaosMaxRetry))
+		cancel()
+		p.mu.Lock()
+		if p.stored == nil {
+			p.stored, p.unknown = map[string]bool{}, map[string]bool{}
+		}
+		switch {
+		case err == nil:
+			p.stored[info.ID] = true
+		case info != nil:
+			p.unknown[info.ID] = true // ErrOutcomeUnknown: may or may not exist
+		case !errors.Is(err, tide.ErrUnavailable):
+			t.Errorf("probe enqueue: %v", err)
+		}
+		p.mu.Unlock()
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (p *probeRun) result() (stored, unknown map[string]bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stored, p.unknown
 }
 
 // countLogLines counts the engine's log lines about broker health and lost
@@ -435,8 +524,8 @@ func countLogLines(t *testing.T, dir string) string {
 	kinds := []struct{ name, frag string }{
 		{"unreachable", "tide: broker unreachable"},
 		{"reachable again", "tide: broker reachable again"},
-		{"outcomes given up", "could not write task outcomes"},
-		{"ack refused (lease lost)", "acknowledgement refused"},
+		{"settlements given up", "could not write settlements"},
+		{"settlement refused (lease lost)", "settlement refused"},
 		{"handler lease lost", "lease lost while the task ran"},
 		{"maintenance errors", "queue maintenance failed"},
 	}

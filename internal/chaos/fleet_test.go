@@ -22,6 +22,15 @@ type fleet struct {
 	all   []*proc          // every incarnation started
 	live  map[string]*proc // current incarnation by worker name
 	kills []kill
+	stops []stop
+}
+
+// stop is one SIGSTOP..SIGCONT of a worker process: a paused server (a long
+// GC pause, a stopped VM) that outlives its leases and then resumes.
+type stop struct {
+	name     string
+	inc      int
+	from, to time.Time
 }
 
 // proc is one worker process.
@@ -92,6 +101,22 @@ func (f *fleet) start(name string, env ...string) {
 	f.mu.Lock()
 	f.all = append(f.all, p)
 	f.live[name] = p
+	f.mu.Unlock()
+}
+
+// pause stops the live incarnation of name with SIGSTOP for d, then lets it
+// go on with SIGCONT.
+func (f *fleet) pause(name string, d time.Duration) {
+	f.t.Helper()
+	f.mu.Lock()
+	p := f.live[name]
+	f.mu.Unlock()
+	from := time.Now()
+	_ = p.cmd.Process.Signal(syscall.SIGSTOP)
+	time.Sleep(d)
+	_ = p.cmd.Process.Signal(syscall.SIGCONT)
+	f.mu.Lock()
+	f.stops = append(f.stops, stop{name: name, inc: p.inc, from: from, to: time.Now()})
 	f.mu.Unlock()
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker/redisbroker"
+	"github.com/tidequeue/tide/internal/faultproxy"
 	"github.com/tidequeue/tide/internal/redistest"
 	"github.com/tidequeue/tide/internal/testlog"
 )
@@ -36,7 +37,7 @@ func TestReconnect(t *testing.T) {
 	)
 	ctx := context.Background()
 	rs := redistest.Start(t)
-	px, err := NewProxy(rs.Addr)
+	px, err := faultproxy.New(rs.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -37,6 +37,10 @@ const (
 	workerConcurrency = 10
 	workerLease       = 2 * time.Second
 	workerShutdown    = 5 * time.Second
+	// workerReadTimeout is the workers' (and the producer's) go-redis read
+	// timeout: shorter than the lease, so that a reply delayed past it makes
+	// go-redis send the command again without the stall outlasting a lease.
+	workerReadTimeout = time.Second
 	chaosPartitions   = 4
 	chaosTaskType     = "chaos:task"
 )
@@ -100,7 +104,7 @@ func runWorker() int {
 		return err
 	}
 
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	rdb := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: workerReadTimeout})
 	b := redisbroker.New(rdb, redisbroker.WithPrefix(prefix), redisbroker.WithPartitions(chaosPartitions))
 	srv := tide.NewServer(b, tide.Config{
 		Concurrency:     workerConcurrency,
