@@ -1,4 +1,6 @@
-package dashboard
+// Package e2e drives the dashboard in headless Chromium. It is a module of
+// its own so that the library module does not require chromedp.
+package e2e
 
 import (
 	"bytes"
@@ -6,6 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"image/png"
+	"io"
+	"log/slog"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,7 +21,68 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/broker/redisbroker"
+	"github.com/tidequeue/tide/dashboard"
+	"github.com/tidequeue/tide/internal/redistest"
 )
+
+// testToken is the dashboard token the test logs in with.
+const testToken = "e2e-test-token-0123456789abcdef"
+
+// env is a dashboard on a Redis broker of the test's own, served over HTTP.
+type env struct {
+	t   *testing.T
+	b   *redisbroker.Broker
+	c   *tide.Client
+	in  *tide.Inspector
+	srv *httptest.Server
+}
+
+func newEnv(t *testing.T, token string) *env {
+	t.Helper()
+	rdb := redistest.Client(t, redistest.Addr(t))
+	b := redisbroker.New(rdb, redisbroker.WithPrefix(redistest.Prefix(t)))
+	e := &env{t: t, b: b, c: tide.NewClient(b), in: tide.NewInspector(b)}
+	h, err := dashboard.New(e.in, dashboard.Options{Token: token, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	e.srv = httptest.NewServer(h)
+	t.Cleanup(e.srv.Close)
+	return e
+}
+
+func (e *env) ctx() context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	e.t.Cleanup(cancel)
+	return ctx
+}
+
+// enqueue enqueues a task and returns its info.
+func (e *env) enqueue(typ string, payload []byte, opts ...tide.Option) *tide.TaskInfo {
+	e.t.Helper()
+	ti, err := e.c.Enqueue(e.ctx(), tide.NewTask(typ, payload), opts...)
+	if err != nil {
+		e.t.Fatalf("Enqueue: %v", err)
+	}
+	return ti
+}
+
+func (e *env) state(queue, id string) tide.TaskState {
+	e.t.Helper()
+	ti, err := e.in.GetTaskInfo(e.ctx(), queue, id)
+	if err != nil {
+		e.t.Fatalf("GetTaskInfo %s: %v", id, err)
+	}
+	return ti.State
+}
+
+func testLogger(t testing.TB) *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
 
 // chromiumPath is the browser the end-to-end test drives; TIDE_CHROMIUM
 // overrides it.
