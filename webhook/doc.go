@@ -83,24 +83,55 @@
 //     RetryDelayFunc(nil) gives webhook tasks tide.NotificationRetryDelay
 //     (15s, 3m, 10m, 30m, 1h, 2h, 6h, then every 15h) and honours a
 //     Retry-After header of 429 and 503 responses (up to 24h).
+//   - A 3xx response that is not followed (see Redirects below) is retried
+//     the same way, and its error also shows the redirect's target (the
+//     Location header, resolved, without query or credentials, control
+//     characters replaced, bounded in length) and why it was not followed.
+//     A 3xx never counts as delivered.
 //   - Other 4xx responses are archived at once (the error wraps
 //     tide.SkipRetry): the receiver refused this request and would refuse it
 //     again. Set Config.RetryClientErrors to retry them too. An archived task
 //     can be sent again with `tide tasks run <queue> <id>`.
 //   - A task that cannot be sent at all is archived at once: an undecodable or
 //     invalid payload, a URL whose host is not allowed, a scheme other than
-//     http and https, a redirect to a host that is not allowed, or an address
-//     in a private network (see below).
+//     http and https, a redirect to a host or scheme that is not allowed, or
+//     an address in a private network, also one reached by a redirect (see
+//     below).
+//
+// # Redirects
+//
+// Only 307 and 308 redirects are followed: they keep the method and the
+// body, so the receiver at the new location gets the same request. They are
+// followed at most 5 times per attempt, within the attempt's Config.Timeout,
+// and only to an allowed host with an http or https URL; the new address is
+// checked against private networks like the first (below). Each followed
+// request is signed again, over the same body, with the time it is sent as
+// its t=: every request a receiver gets verifies with the usual tolerance,
+// however long the earlier hops took. Tide-Delivery and Tide-Attempt stay
+// the same. A Referer header is only sent if the task set one (net/http
+// would send the previous URL, query included). As net/http does, the
+// task's Authorization and Cookie headers are dropped when a redirect goes
+// to a host that is neither the task's host nor a subdomain of it.
+//
+// 301, 302 and 303 are never followed, because an HTTP client follows them
+// with a GET without the body (which would still carry the Tide-* headers
+// and count as delivered): the attempt fails and is retried, and the error
+// names the status and the Location, so that the producer can switch to the
+// new URL or the receiver answer with a 307 or 308. A 307 or 308 without a
+// Location, or one more than 5 redirects deep (a loop), fails and is
+// retried the same way. A 307 or 308 to a host or scheme that is not
+// allowed, or whose host resolves to a non-public address, is refused and
+// the task archived.
 //
 // # Where requests may go
 //
 // The handler only calls hosts named in Config.AllowedHosts, so a task,
 // which may come from another system through the gateway, cannot make the
-// server call arbitrary addresses (SSRF). Redirects are followed (up to 5)
-// only to allowed hosts. Unless Config.AllowPrivateNetworks is set, the
-// handler also refuses to connect to loopback, private, link-local and other
+// server call arbitrary addresses (SSRF). Redirects are followed only as
+// described above. Unless Config.AllowPrivateNetworks is set, the handler
+// also refuses to connect to loopback, private, link-local and other
 // non-public addresses, checked on the address actually dialled, after DNS
-// resolution, so an allowed name that resolves (or is rebound) to
-// 127.0.0.1 or 169.254.169.254 is refused. Proxies from the environment are
-// not used.
+// resolution, for the first request and every redirect, so an allowed name
+// that resolves (or is rebound) to 127.0.0.1 or 169.254.169.254 is refused.
+// Proxies from the environment are not used.
 package webhook

@@ -1,5 +1,7 @@
 package webhook
 
+//lint:file-ignore ST1005 config errors start with the Config field they name (Secret, Timeout, ...)
+
 import (
 	"bytes"
 	"context"
@@ -13,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/tidequeue/tide"
 )
@@ -26,7 +29,8 @@ const (
 	// MinSecretLength is the shortest Config.Secret accepted, in bytes.
 	// Use 32 random bytes (openssl rand -hex 32).
 	MinSecretLength = 16
-	// maxRedirects bounds the redirects followed (to allowed hosts only).
+	// maxRedirects bounds the redirects followed (307 and 308 to allowed
+	// hosts only).
 	maxRedirects = 5
 	// maxRetryAfter bounds the Retry-After delay RetryDelayFunc honours.
 	maxRetryAfter = 24 * time.Hour
@@ -65,8 +69,10 @@ type Config struct {
 	// Client sends the requests. Default: a client whose transport applies
 	// the private-network rule and ignores proxy settings from the
 	// environment. A given client is copied; its CheckRedirect is called
-	// after the handler's own check, which refuses hosts that are not
-	// allowed.
+	// only for redirects the handler would follow (307 and 308 to an allowed
+	// host, within the limit) and may stop them: returning
+	// http.ErrUseLastResponse makes the redirect a retried failure, any
+	// other error a retried network error.
 	Client *http.Client
 
 	// MaxResponseBody is how much of a response body is read, in bytes
@@ -79,9 +85,10 @@ type Config struct {
 	RetryClientErrors bool
 }
 
-// StatusError is the error of an attempt that got a non-2xx response. It
-// wraps tide.SkipRetry when the status is not worth retrying (see the
-// package documentation), so the task is archived at once.
+// StatusError is the error of an attempt that got a non-2xx response,
+// including a 3xx redirect that was not followed. It wraps tide.SkipRetry
+// when the status is not worth retrying, or the redirect's target is not
+// allowed (see the package documentation), so the task is archived at once.
 type StatusError struct {
 	// Method and URL (without query, fragment or credentials) of the request.
 	Method, URL string
@@ -95,13 +102,40 @@ type StatusError struct {
 	Snippet string
 	// Permanent is true when the error wraps tide.SkipRetry.
 	Permanent bool
+	// Redirects is how many redirects (307 or 308) were followed before
+	// this response; URL is still the task's URL.
+	Redirects int
+	// Location is, for a 3xx response, its Location header resolved
+	// against the URL of the request it answered, without query, fragment
+	// or credentials, with control and formatting characters replaced and
+	// at most about 200 bytes; empty when the response had none.
+	Location string
+	// NotFollowed is, for a 3xx response with a Location, why the handler
+	// did not follow it: not a 307 or 308, too many redirects, or a
+	// target that is not allowed (then Permanent is true).
+	NotFollowed string
 }
 
 // Error returns "tide: webhook: POST https://host/path: status 500 Internal
-// Server Error: <snippet>".
+// Server Error: <snippet>"; for a redirect that was not followed,
+// "tide: webhook: POST https://host/path: status 302 Found to
+// "https://host/new", not followed: <why>: <snippet>".
 func (e *StatusError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "tide: webhook: %s %s: status %d %s", e.Method, e.URL, e.StatusCode, http.StatusText(e.StatusCode))
+	if e.Redirects > 0 {
+		fmt.Fprintf(&b, " after %s", plural(e.Redirects, "redirect"))
+	}
+	if e.StatusCode >= 300 && e.StatusCode < 400 {
+		if e.Location == "" {
+			b.WriteString(" without a Location header")
+		} else {
+			fmt.Fprintf(&b, " to %q", e.Location)
+		}
+		if e.NotFollowed != "" {
+			fmt.Fprintf(&b, ", not followed: %s", e.NotFollowed)
+		}
+	}
 	if e.Permanent {
 		b.WriteString(" (not retried)")
 	}
@@ -123,8 +157,12 @@ func (e *StatusError) Unwrap() error {
 type handler struct {
 	cfg     Config
 	hosts   hostList
-	client  *http.Client
+	client  *http.Client // CheckRedirect is set per request, see do
 	maxBody int64
+	// userCheck is Config.Client's CheckRedirect, nil when none.
+	userCheck func(req *http.Request, via []*http.Request) error
+	// now signs requests; time.Now but in tests.
+	now func() time.Time
 }
 
 // Handler returns the handler of TaskType tasks with cfg. It returns an error
@@ -155,7 +193,7 @@ func Handler(cfg Config) (tide.Handler, error) {
 		cfg.MaxResponseBody = DefaultMaxResponseBody
 	}
 	cfg.Secret = bytes.Clone(cfg.Secret)
-	h := &handler{cfg: cfg, hosts: hosts, maxBody: cfg.MaxResponseBody}
+	h := &handler{cfg: cfg, hosts: hosts, maxBody: cfg.MaxResponseBody, now: time.Now}
 	var c http.Client
 	if cfg.Client != nil {
 		c = *cfg.Client
@@ -163,25 +201,13 @@ func Handler(cfg Config) (tide.Handler, error) {
 	if c.Transport == nil {
 		c.Transport = newTransport(cfg.AllowPrivateNetworks)
 	}
-	userCheck := c.CheckRedirect
-	c.CheckRedirect = func(req *http.Request, via []*http.Request) error {
-		if len(via) >= maxRedirects {
-			return &refusedError{msg: fmt.Sprintf("stopped after %d redirects", maxRedirects)}
-		}
-		if err := h.checkURL(req.URL); err != nil {
-			return &refusedError{msg: "redirect refused: " + err.Error()}
-		}
-		if userCheck != nil {
-			return userCheck(req, via)
-		}
-		return nil
-	}
+	h.userCheck, c.CheckRedirect = c.CheckRedirect, nil
 	h.client = &c
 	return h, nil
 }
 
-// refusedError is a request the handler refuses to make; the task is
-// archived.
+// refusedError is a request the handler refuses to make (a dial to a
+// non-public address); the task is archived.
 type refusedError struct{ msg string }
 
 func (e *refusedError) Error() string { return e.msg }
@@ -243,11 +269,11 @@ func (h *handler) ProcessTask(ctx context.Context, t *tide.Task) error {
 	if n, ok := tide.GetRetryCount(ctx); ok {
 		req.Header.Set(AttemptHeader, strconv.Itoa(n+1))
 	}
-	req.Header.Set(SignatureHeader, Sign(h.cfg.Secret, time.Now(), p.Body))
+	req.Header.Set(SignatureHeader, Sign(h.cfg.Secret, h.now(), p.Body))
 
-	resp, err := h.client.Do(req)
+	resp, rs, err := h.do(req, p.Body)
 	if err != nil {
-		return h.transportError(ctx, actx, where, err)
+		return h.transportError(ctx, actx, where+rs.note(), err)
 	}
 	defer resp.Body.Close()
 	data, rerr := io.ReadAll(io.LimitReader(resp.Body, h.maxBody))
@@ -257,8 +283,14 @@ func (h *handler) ProcessTask(ctx context.Context, t *tide.Task) error {
 	if rerr != nil && ctx.Err() == nil && actx.Err() != nil {
 		data = append(data, "…(body timed out)"...)
 	}
-	se := &StatusError{Method: m, URL: redact(u), StatusCode: resp.StatusCode, Snippet: snippet(data)}
+	se := &StatusError{Method: m, URL: redact(u), StatusCode: resp.StatusCode, Snippet: snippet(data), Redirects: rs.hops}
 	switch c := resp.StatusCode; {
+	case c >= 300 && c < 400:
+		// A redirect that was not followed: retried like a 5xx, unless its
+		// target is refused (host or scheme not allowed).
+		se.Location = location(resp)
+		se.NotFollowed = rs.notFollowed
+		se.Permanent = rs.refused
 	case c == http.StatusTooManyRequests || c == http.StatusServiceUnavailable:
 		se.RetryAfter = retryAfter(resp.Header.Get("Retry-After"), time.Now())
 	case c >= 400 && c < 500 && c != http.StatusRequestTimeout && c != http.StatusTooEarly && !h.cfg.RetryClientErrors:
@@ -267,8 +299,106 @@ func (h *handler) ProcessTask(ctx context.Context, t *tide.Task) error {
 	return se
 }
 
-// transportError describes a failed request: refused ones (host, redirect,
-// private address) archive the task; the rest are retried.
+// redirects is what happened to the redirects of one request.
+type redirects struct {
+	hops        int      // redirects followed
+	last        *url.URL // where the last one went
+	notFollowed string   // why the last 3xx was not followed
+	refused     bool     // its target is not allowed: archive the task
+}
+
+// note describes the redirects followed, for an error message: "" when
+// none, else " after 1 redirect, to http://host/path".
+func (r *redirects) note() string {
+	if r.hops == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" after %s, to %s", plural(r.hops, "redirect"), redact(r.last))
+}
+
+// do sends req, following only 307 and 308 redirects (which keep the
+// method and body) to allowed hosts, at most maxRedirects of them. Each
+// followed request is signed again over the same body at the time it is
+// sent. A redirect that is not followed is returned as the 3xx response,
+// with the reason in the returned redirects.
+func (h *handler) do(req *http.Request, body []byte) (*http.Response, *redirects, error) {
+	rs := &redirects{}
+	c := *h.client
+	c.CheckRedirect = func(next *http.Request, via []*http.Request) error {
+		// Returning exactly http.ErrUseLastResponse hands the 3xx response
+		// back to ProcessTask, which fails the attempt with it.
+		switch code := next.Response.StatusCode; {
+		case code != http.StatusTemporaryRedirect && code != http.StatusPermanentRedirect:
+			// 301, 302 and 303 would turn the request into a GET without a
+			// body (keeping the Tide-* headers): never follow them.
+			rs.notFollowed = "only 307 and 308 redirects are followed (they keep the method and body)"
+			return http.ErrUseLastResponse
+		case len(via) > maxRedirects:
+			rs.notFollowed = fmt.Sprintf("stopped after %d redirects", maxRedirects)
+			return http.ErrUseLastResponse
+		}
+		if err := h.checkURL(next.URL); err != nil {
+			rs.notFollowed, rs.refused = err.Error(), true
+			return http.ErrUseLastResponse
+		}
+		if h.userCheck != nil {
+			if err := h.userCheck(next, via); err != nil {
+				if errors.Is(err, http.ErrUseLastResponse) {
+					rs.notFollowed = "stopped by Config.Client's CheckRedirect"
+					return http.ErrUseLastResponse
+				}
+				return err
+			}
+		}
+		// net/http copied the first request's headers, Tide-* included, and
+		// set a Referer holding the previous URL with its query, which may
+		// carry a secret: keep only a Referer the task set itself.
+		next.Header.Del("Referer")
+		if ref := via[0].Header.Get("Referer"); ref != "" {
+			next.Header.Set("Referer", ref)
+		}
+		next.Header.Set(SignatureHeader, Sign(h.cfg.Secret, h.now(), body))
+		rs.hops, rs.last = len(via), next.URL
+		return nil
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		// A response that comes with an error (a failed CheckRedirect) has
+		// its body closed already.
+		return nil, rs, err
+	}
+	return resp, rs, nil
+}
+
+// location returns resp's Location header for an error message: resolved
+// against the request's URL, without query, fragment or credentials, and
+// sanitised; "" when there is none.
+func location(resp *http.Response) string {
+	loc := resp.Header.Get("Location")
+	if loc == "" {
+		return ""
+	}
+	base := &url.URL{}
+	if resp.Request != nil && resp.Request.URL != nil {
+		base = resp.Request.URL
+	}
+	u, err := base.Parse(loc)
+	if err != nil {
+		return "(a Location that does not parse)"
+	}
+	return sanitize(redact(u))
+}
+
+// plural returns "1 redirect" or "2 redirects".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return strconv.Itoa(n) + " " + noun + "s"
+}
+
+// transportError describes a failed request: refused ones (a non-public
+// address, also after a redirect) archive the task; the rest are retried.
 func (h *handler) transportError(ctx, actx context.Context, where string, err error) error {
 	var refused *refusedError
 	if errors.As(err, &refused) {
@@ -287,18 +417,24 @@ func (h *handler) transportError(ctx, actx context.Context, where string, err er
 	if errors.As(err, &ue) {
 		err = ue.Err
 	}
-	return fmt.Errorf("tide: webhook: %s: %v", where, err)
+	// Bounded: net/http quotes a receiver's unparsable Location in full.
+	return fmt.Errorf("tide: webhook: %s: %s", where, snippet([]byte(err.Error())))
 }
 
-// snippet returns the start of a response body fit for an error message.
-func snippet(data []byte) string {
-	s := strings.TrimSpace(string(bytes.ToValidUTF8(data, []byte("�"))))
-	s = strings.Map(func(r rune) rune {
-		if r < 0x20 || r == 0x7f {
+// sanitize replaces control and formatting characters (such as
+// bidirectional overrides) with spaces.
+func sanitize(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) || unicode.Is(unicode.Cf, r) {
 			return ' '
 		}
 		return r
 	}, s)
+}
+
+// snippet returns the start of a response body fit for an error message.
+func snippet(data []byte) string {
+	s := sanitize(strings.TrimSpace(string(bytes.ToValidUTF8(data, []byte("�")))))
 	if len(s) > snippetLen {
 		cut := snippetLen
 		for cut > 0 && s[cut]&0xC0 == 0x80 {

@@ -133,3 +133,43 @@ func TestDisallowedHostIsArchived(t *testing.T) {
 		t.Errorf("retried %d, last error %q", ti.Retried, ti.LastErr)
 	}
 }
+
+func TestRedirectIsRetriedNotFollowed(t *testing.T) {
+	var mu sync.Mutex
+	var methods []string
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		methods = append(methods, r.Method+" "+r.URL.Path)
+		n := len(methods)
+		mu.Unlock()
+		if n == 1 {
+			http.Redirect(w, r, "/moved", http.StatusFound)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer recv.Close()
+	u, _ := url.Parse(recv.URL)
+	e := setup(t, u.Hostname())
+
+	tk, err := webhook.NewTask(webhook.Payload{URL: recv.URL + "/hook", Body: []byte(`{"order":42}`)}, tide.TaskID("hook-302"), tide.Retention(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.Enqueue(context.Background(), tk); err != nil {
+		t.Fatal(err)
+	}
+	var ti *tide.TaskInfo
+	eventually(t, "the task to complete", func() bool {
+		ti, err = e.in.GetTaskInfo(context.Background(), webhook.DefaultQueue, "hook-302")
+		return err == nil && ti.State == tide.StateCompleted
+	})
+	if want := `status 302 Found to "` + recv.URL + `/moved", not followed`; ti.Retried != 1 || !strings.Contains(ti.LastErr, want) {
+		t.Errorf("retried %d, last error %q; want 1 and an error containing %q", ti.Retried, ti.LastErr, want)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(methods) != 2 || methods[0] != "POST /hook" || methods[1] != "POST /hook" {
+		t.Errorf("receiver got %q, want the POST twice (never a GET of the redirect)", methods)
+	}
+}

@@ -234,34 +234,6 @@ func TestDisallowedHostIsRefused(t *testing.T) {
 	}
 }
 
-func TestRedirects(t *testing.T) {
-	target := newReceiver(t)
-	redir := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		to := strings.Replace(target.URL, "127.0.0.1", req.URL.Query().Get("host"), 1)
-		http.Redirect(w, req, to+"/landed", http.StatusTemporaryRedirect)
-	}))
-	defer redir.Close()
-
-	// localhost is not allowed: the redirect is refused, the task archived.
-	h := testHandler(t, Config{AllowedHosts: []string{"127.0.0.1"}})
-	err := h.ProcessTask(context.Background(), task(t, Payload{URL: redir.URL + "/?host=localhost", Body: []byte("x")}))
-	if !errors.Is(err, tide.SkipRetry) || !strings.Contains(err.Error(), `redirect refused: host "localhost:`) {
-		t.Fatalf("redirect to a host not allowed: err = %v", err)
-	}
-	if n := len(target.requests()); n != 0 {
-		t.Fatalf("the redirect was followed (%d requests)", n)
-	}
-
-	// An allowed target is followed, and the body resent (307).
-	err = h.ProcessTask(context.Background(), task(t, Payload{URL: redir.URL + "/?host=127.0.0.1", Body: []byte("x")}))
-	if err != nil {
-		t.Fatalf("redirect to an allowed host: %v", err)
-	}
-	if reqs := target.requests(); len(reqs) != 1 || reqs[0].path != "/landed" || reqs[0].verify != nil {
-		t.Fatalf("target got %+v", reqs)
-	}
-}
-
 func TestTimeoutIsAFailure(t *testing.T) {
 	r := newReceiver(t)
 	r.delay = 5 * time.Second
