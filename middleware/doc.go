@@ -44,9 +44,31 @@
 //
 // Metrics records, per task type and queue, the instruments named by the
 // Metric* constants: attempts processed and failed, attempts in flight, the
-// duration of attempts and their lateness (start minus due time).
-// RegisterQueueGauges reports queue sizes by state from a callback, so any
-// source of sizes (such as an Inspector) can feed it.
+// duration of attempts and their lateness (start minus due time). Failed
+// attempts also carry their outcome, "retried" or "archived", as the server
+// will decide it (see Metrics for the rule). RegisterQueueGauges reports
+// queue sizes by state from a callback, so any source of sizes (such as an
+// Inspector) can feed it.
+//
+// In the Prometheus format (the OpenTelemetry Prometheus exporter) the
+// instruments are tide_tasks_processed_total, tide_tasks_failed_total,
+// tide_tasks_active, tide_task_duration_seconds, tide_task_lateness_seconds
+// and tide_queue_size. Their labels are by default the semantic-convention
+// keys (messaging_tide_task_type, messaging_destination_name,
+// messaging_tide_outcome, messaging_tide_task_state);
+// WithShortMetricAttributes makes them type, queue, outcome and state:
+//
+//	mw, err := middleware.Metrics(middleware.WithShortMetricAttributes())
+//	// sum by (type) (rate(tide_tasks_failed_total{outcome="archived"}[5m]))
+//
+// Task types and queues can come from outside (clients of the HTTP gateway
+// choose them), and every distinct value is a new set of series, so the
+// number of values is capped: the first 100 task types and 50 queues that a
+// Metrics middleware (or a RegisterQueueGauges gauge) sees are reported under
+// their names, later ones under "other" (DefaultMaxMetricTypes,
+// DefaultMaxMetricQueues, OtherValue; WithMetricLimits changes the limits).
+// Create the middleware once per process and share it between muxes, so the
+// limits hold for the process.
 //
 // # Outside a server
 //

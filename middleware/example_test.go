@@ -69,6 +69,7 @@ func ExampleRecover() {
 	mux.Use(middleware.Recover())
 	mux.HandleFunc("report:build", func(context.Context, *tide.Task) error {
 		var m map[string]int
+		//lint:ignore SA5000 the example panics on purpose
 		m["rows"]++ // nil map: panics
 		return nil
 	})

@@ -34,6 +34,33 @@ const (
 	// AttrTaskState is the task state ("pending", "scheduled", ...) on the
 	// queue-size gauge of RegisterQueueGauges.
 	AttrTaskState = attribute.Key("messaging.tide.task.state")
+	// AttrOutcome is what the server does with the task after a failed
+	// attempt, OutcomeRetried or OutcomeArchived, on MetricFailed (see
+	// Metrics for how it is decided).
+	AttrOutcome = attribute.Key("messaging.tide.outcome")
+)
+
+// Short attribute keys that Metrics and RegisterQueueGauges use instead of
+// the ones above under WithShortMetricAttributes. In the Prometheus format
+// they become the labels type, queue, outcome and state.
+const (
+	// MetricAttrType replaces AttrTaskType.
+	MetricAttrType = attribute.Key("type")
+	// MetricAttrQueue replaces messaging.destination.name.
+	MetricAttrQueue = attribute.Key("queue")
+	// MetricAttrOutcome replaces AttrOutcome.
+	MetricAttrOutcome = attribute.Key("outcome")
+	// MetricAttrState replaces AttrTaskState.
+	MetricAttrState = attribute.Key("state")
+)
+
+// Values of AttrOutcome (MetricAttrOutcome).
+const (
+	// OutcomeRetried: the failed task will run again.
+	OutcomeRetried = "retried"
+	// OutcomeArchived: the failed task is archived and will not run again
+	// unless someone runs it by hand.
+	OutcomeArchived = "archived"
 )
 
 // Span names: the messaging semantic conventions name a span
@@ -82,6 +109,9 @@ type otelConfig struct {
 	mp       metric.MeterProvider
 	prop     propagation.TextMapPropagator
 	spanName SpanNameFunc
+
+	maxTypes, maxQueues int
+	shortAttrs          bool
 }
 
 func newOTelConfig(opts []OTelOption) *otelConfig {
@@ -102,6 +132,12 @@ func newOTelConfig(opts []OTelOption) *otelConfig {
 	}
 	if c.spanName == nil {
 		c.spanName = DefaultSpanName
+	}
+	if c.maxTypes <= 0 {
+		c.maxTypes = DefaultMaxMetricTypes
+	}
+	if c.maxQueues <= 0 {
+		c.maxQueues = DefaultMaxMetricQueues
 	}
 	return c
 }
@@ -162,12 +198,4 @@ func attrsOf(ctx context.Context, t *tide.Task) taskAttrs {
 	a.queue, a.hasQueue = tide.GetQueueName(ctx)
 	a.retried, a.hasRetried = tide.GetRetryCount(ctx)
 	return a
-}
-
-// metricSet is the low-cardinality attribute set of metrics: type and queue.
-func (a taskAttrs) metricSet() attribute.Set {
-	if a.hasQueue {
-		return attribute.NewSet(AttrTaskType.String(a.typ), semconv.MessagingDestinationName(a.queue))
-	}
-	return attribute.NewSet(AttrTaskType.String(a.typ))
 }
