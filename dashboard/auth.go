@@ -12,7 +12,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -21,37 +20,61 @@ const (
 	flashCookie   = "tide_flash"
 	// sessionTTL is how long a login lasts.
 	sessionTTL = 12 * time.Hour
-	// loginFailures failed logins (or bearer tokens) per loginWindow are
-	// allowed for the whole handler; then every attempt is refused until
-	// the window ends.
-	loginFailures = 10
-	loginWindow   = time.Minute
 )
 
-// auth holds what checking the token and sessions needs. Only the limiter
+// role is what a token or a session may do.
+type role int
+
+const (
+	roleNone  role = iota
+	roleRead       // the read token: see the pages
+	roleAdmin      // the token: see the pages and change things
+)
+
+// auth holds what checking the tokens and sessions needs. Only the limiter
 // changes after construction, under its own lock.
 type auth struct {
-	tokenSum [sha256.Size]byte
+	adminSum, readSum [sha256.Size]byte
+	hasAdmin, hasRead bool
 	// key signs session cookies and derives CSRF tokens. It is derived from
-	// the token, so sessions survive restarts and are shared by replicas,
-	// and changing the token ends them all.
+	// the tokens, so sessions survive restarts and are shared by replicas,
+	// and changing either token ends them all.
 	key []byte
 	lim limiter
 }
 
-func newAuth(token string) *auth {
-	a := &auth{tokenSum: sha256.Sum256([]byte(token))}
+// newAuth returns the auth of the admin token and the read token; either
+// may be empty, not both.
+func newAuth(token, readToken string) *auth {
+	a := &auth{
+		adminSum: sha256.Sum256([]byte(token)), hasAdmin: token != "",
+		readSum: sha256.Sum256([]byte(readToken)), hasRead: readToken != "",
+	}
 	m := hmac.New(sha256.New, []byte(token))
 	m.Write([]byte("tide dashboard session key v1"))
+	if readToken != "" {
+		// Without a read token the key is what it always was, so that
+		// sessions survive an upgrade.
+		m.Write([]byte("\x00read token\x00"))
+		m.Write([]byte(readToken))
+	}
 	a.key = m.Sum(nil)
 	return a
 }
 
-// checkToken compares s with the token in constant time (hashing both first
-// so that the length does not leak either).
-func (a *auth) checkToken(s string) bool {
+// checkToken returns the role of token s, comparing it with both tokens in
+// constant time (hashing it first so that the length does not leak).
+func (a *auth) checkToken(s string) role {
 	sum := sha256.Sum256([]byte(s))
-	return subtle.ConstantTimeCompare(sum[:], a.tokenSum[:]) == 1
+	admin := subtle.ConstantTimeCompare(sum[:], a.adminSum[:]) == 1
+	read := subtle.ConstantTimeCompare(sum[:], a.readSum[:]) == 1
+	switch {
+	case admin && a.hasAdmin:
+		return roleAdmin
+	case read && a.hasRead:
+		return roleRead
+	}
+	return roleNone
 }
 
 func (a *auth) mac(parts ...string) []byte {
@@ -65,40 +88,66 @@ func (a *auth) mac(parts ...string) []byte {
 
 var b64 = base64.RawURLEncoding
 
-// session is a logged-in browser: a random nonce and an expiry, signed.
+// session is a logged-in browser: a role, a random nonce and an expiry,
+// signed.
 type session struct {
+	role  role
 	nonce string
 	exp   int64 // unix seconds
 }
 
-// newSession returns the cookie value of a new session.
-func (a *auth) newSession(now time.Time) string {
+// Session cookies are "<version>.<exp>.<nonce>.<signature>"; the version
+// names the role and is signed with the rest.
+const (
+	adminSessionVersion = "v1"
+	readSessionVersion  = "r1"
+)
+
+// newSession returns the cookie value of a new session of role ro.
+func (a *auth) newSession(ro role, now time.Time) string {
 	var n [18]byte
 	_, _ = rand.Read(n[:])
 	nonce := b64.EncodeToString(n[:])
 	exp := strconv.FormatInt(now.Add(sessionTTL).Unix(), 10)
-	return "v1." + exp + "." + nonce + "." + b64.EncodeToString(a.mac("session", exp, nonce))
+	ver, kind := adminSessionVersion, "session"
+	if ro == roleRead {
+		ver, kind = readSessionVersion, "read session"
+	}
+	return ver + "." + exp + "." + nonce + "." + b64.EncodeToString(a.mac(kind, exp, nonce))
 }
 
 // parseSession checks a cookie value's signature and expiry.
 func (a *auth) parseSession(v string, now time.Time) (session, bool) {
 	parts := strings.Split(v, ".")
-	if len(parts) != 4 || parts[0] != "v1" || len(v) > 200 {
+	if len(parts) != 4 || len(v) > 200 {
+		return session{}, false
+	}
+	var ro role
+	var kind string
+	switch parts[0] {
+	case adminSessionVersion:
+		ro, kind = roleAdmin, "session"
+	case readSessionVersion:
+		ro, kind = roleRead, "read session"
+	default:
+		return session{}, false
+	}
+	if (ro == roleAdmin && !a.hasAdmin) || (ro == roleRead && !a.hasRead) {
 		return session{}, false
 	}
 	sig, err := b64.DecodeString(parts[3])
-	if err != nil || !hmac.Equal(sig, a.mac("session", parts[1], parts[2])) {
+	if err != nil || !hmac.Equal(sig, a.mac(kind, parts[1], parts[2])) {
 		return session{}, false
 	}
 	exp, err := strconv.ParseInt(parts[1], 10, 64)
 	if err != nil || now.Unix() >= exp {
 		return session{}, false
 	}
-	return session{nonce: parts[2], exp: exp}, true
+	return session{role: ro, nonce: parts[2], exp: exp}, true
 }
 
-// csrfToken is the session's CSRF token: every form of the session carries
-// it, and a mutation must send it back.
+// csrfToken is the session's CSRF token: every form of an admin session
+// carries it, and a mutation must send it back.
 func (a *auth) csrfToken(s session) string {
 	return b64.EncodeToString(a.mac("csrf", s.nonce))
 }
@@ -108,29 +157,26 @@ func (a *auth) checkCSRF(s session, got string) bool {
 	return subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
 }
 
-// limiter counts failed logins in fixed windows.
-type limiter struct {
-	mu    sync.Mutex
-	start time.Time
-	fails int
-}
-
-func (l *limiter) allow(now time.Time) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if now.Sub(l.start) >= loginWindow {
-		l.start, l.fails = now, 0
+// wrongToken records a wrong token from r's client and reports whether
+// the client is over its budget, in which case the answer is 429 (with
+// Retry-After set) rather than 401. It logs the first loginFailures wrong
+// tokens of a window and the one that goes over, not the rest.
+func (h *handler) wrongToken(w http.ResponseWriter, r *http.Request, what string) (limited bool) {
+	client := clientKey(r)
+	fails, reset := h.auth.lim.fail(client, h.now())
+	switch {
+	case fails <= loginFailures:
+		h.log.Warn("tide dashboard: "+what, "remote", r.RemoteAddr)
+	case fails == loginFailures+1:
+		h.log.Warn("tide dashboard: "+what+"; too many from this client, answering 429 until the window ends",
+			"remote", r.RemoteAddr, "client", client, "until", reset)
 	}
-	return l.fails < loginFailures
-}
-
-func (l *limiter) fail(now time.Time) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if now.Sub(l.start) >= loginWindow {
-		l.start, l.fails = now, 0
+	if fails <= loginFailures {
+		return false
 	}
-	l.fails++
+	secs := int(reset.Sub(h.now()).Seconds()) + 1
+	w.Header().Set("Retry-After", strconv.Itoa(max(secs, 1)))
+	return true
 }
 
 // session returns the request's valid session, if any.
@@ -200,23 +246,25 @@ func (h *handler) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	next := nextPath(r.PostFormValue("next"))
-	now := h.now()
-	if !h.auth.lim.allow(now) {
-		h.log.Warn("tide dashboard: login refused: too many failed attempts", "remote", r.RemoteAddr)
-		v := h.newView(w, r, "login", "Log in", &loginData{Next: next, Error: "Too many failed attempts. Wait a minute and try again."})
-		h.render(w, http.StatusTooManyRequests, "login", v)
+	// The token is checked first: a correct token always logs in, however
+	// many wrong ones came from the same address.
+	ro := h.auth.checkToken(r.PostFormValue("token"))
+	if ro == roleNone {
+		status, msg := http.StatusUnauthorized, "Wrong token."
+		if h.wrongToken(w, r, "failed login") {
+			status, msg = http.StatusTooManyRequests, "Wrong token, and too many failed attempts from your address. Wait a minute and try again."
+		}
+		v := h.newView(w, r, "login", "Log in", &loginData{Next: next, Error: msg})
+		h.render(w, status, "login", v)
 		return
 	}
-	if !h.auth.checkToken(r.PostFormValue("token")) {
-		h.auth.lim.fail(now)
-		h.log.Warn("tide dashboard: failed login", "remote", r.RemoteAddr)
-		v := h.newView(w, r, "login", "Log in", &loginData{Next: next, Error: "Wrong token."})
-		h.render(w, http.StatusUnauthorized, "login", v)
-		return
+	h.setCookie(w, r, sessionCookie, h.auth.newSession(ro, h.now()), int(sessionTTL/time.Second))
+	f := &flash{Kind: "login"}
+	if ro == roleRead {
+		f.Kind = "login-read"
 	}
-	h.setCookie(w, r, sessionCookie, h.auth.newSession(now), int(sessionTTL/time.Second))
-	h.log.Info("tide dashboard: login", "remote", r.RemoteAddr)
-	h.redirect(w, r, next, &flash{Kind: "login"})
+	h.log.Info("tide dashboard: login", "remote", r.RemoteAddr, "read_only", ro == roleRead)
+	h.redirect(w, r, next, f)
 }
 
 func (h *handler) logout(w http.ResponseWriter, r *http.Request) {
@@ -228,11 +276,46 @@ func (h *handler) logout(w http.ResponseWriter, r *http.Request) {
 	h.redirect(w, r, "/", &flash{Kind: "logout"})
 }
 
+// readable wraps a page. With a read token configured, the request needs a
+// session or a bearer token, of either token; otherwise it gets the login
+// form with 401 (a bearer client a JSON 401, or 429 past its budget of
+// wrong tokens). Without a read token every page is open.
+func (h *handler) readable(f http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if h.auth == nil || !h.auth.hasRead {
+			f(w, r)
+			return
+		}
+		if tok, isBearer := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); isBearer {
+			if h.auth.checkToken(tok) != roleNone {
+				f(w, r)
+				return
+			}
+			w.Header().Set("WWW-Authenticate", `Bearer realm="tide"`)
+			if h.wrongToken(w, r, "wrong bearer token") {
+				h.refuse(w, r, true, http.StatusTooManyRequests, "Too many failed attempts", "Wait a minute and try again.")
+				return
+			}
+			h.refuse(w, r, true, http.StatusUnauthorized, "Wrong token", "The bearer token is neither the dashboard's token nor its read token.")
+			return
+		}
+		if _, ok := h.session(r); ok {
+			f(w, r)
+			return
+		}
+		w.Header().Set("WWW-Authenticate", `Bearer realm="tide"`)
+		v := h.newView(w, r, "login", "Log in", nil)
+		v.Data = &loginData{Next: nextPath(v.Return)}
+		h.render(w, http.StatusUnauthorized, "login", v)
+	}
+}
+
 // authorize checks a mutation: a configured token, then either a valid
-// bearer token, or a same-origin request with a session and its CSRF token.
-// It parses the form. On failure it has answered and returns ok false.
+// bearer token, or a same-origin request with an admin session and its CSRF
+// token. It parses the form. On failure it has answered and returns ok
+// false.
 func (h *handler) authorize(w http.ResponseWriter, r *http.Request) (bearer, ok bool) {
-	if h.auth == nil {
+	if h.auth == nil || !h.auth.hasAdmin {
 		h.refuse(w, r, false, http.StatusForbidden, "Read-only dashboard", "No token is configured, so the dashboard cannot change anything.")
 		return false, false
 	}
@@ -242,20 +325,24 @@ func (h *handler) authorize(w http.ResponseWriter, r *http.Request) (bearer, ok 
 		return false, false
 	}
 	if hdr := r.Header.Get("Authorization"); hdr != "" {
-		now := h.now()
-		tok, isBearer := strings.CutPrefix(hdr, "Bearer ")
-		switch {
-		case !h.auth.lim.allow(now):
-			h.refuse(w, r, true, http.StatusTooManyRequests, "Too many failed attempts", "Wait a minute and try again.")
-			return true, false
-		case !isBearer || !h.auth.checkToken(tok):
-			h.auth.lim.fail(now)
-			h.log.Warn("tide dashboard: wrong bearer token", "remote", r.RemoteAddr)
-			w.Header().Set("WWW-Authenticate", `Bearer realm="tide"`)
-			h.refuse(w, r, true, http.StatusUnauthorized, "Wrong token", "The bearer token is not the dashboard's token.")
+		ro := roleNone
+		if tok, isBearer := strings.CutPrefix(hdr, "Bearer "); isBearer {
+			ro = h.auth.checkToken(tok)
+		}
+		switch ro {
+		case roleAdmin:
+			return true, true
+		case roleRead:
+			h.refuse(w, r, true, http.StatusForbidden, "Read-only token", "The read token only shows the dashboard; changes need the dashboard's token.")
 			return true, false
 		}
-		return true, true
+		w.Header().Set("WWW-Authenticate", `Bearer realm="tide"`)
+		if h.wrongToken(w, r, "wrong bearer token") {
+			h.refuse(w, r, true, http.StatusTooManyRequests, "Too many failed attempts", "Wait a minute and try again.")
+			return true, false
+		}
+		h.refuse(w, r, true, http.StatusUnauthorized, "Wrong token", "The bearer token is not the dashboard's token.")
+		return true, false
 	}
 	if err := h.sameOrigin(r); err != nil {
 		h.refuse(w, r, false, http.StatusForbidden, "Cross-origin request refused", err.Error())
@@ -264,6 +351,10 @@ func (h *handler) authorize(w http.ResponseWriter, r *http.Request) (bearer, ok 
 	s, ok := h.session(r)
 	if !ok {
 		h.refuse(w, r, false, http.StatusForbidden, "Not logged in", "Log in with the dashboard's token to make changes.")
+		return false, false
+	}
+	if s.role != roleAdmin {
+		h.refuse(w, r, false, http.StatusForbidden, "Logged in read-only", "You logged in with the read token, which only shows the dashboard. Log in with the dashboard's token to make changes.")
 		return false, false
 	}
 	if !h.auth.checkCSRF(s, r.PostFormValue("csrf")) {
@@ -369,6 +460,8 @@ func (f *flash) Message() string {
 		return fmt.Sprintf("%d %s tasks of queue %s were deleted.", f.N, f.State, f.Queue)
 	case "login":
 		return "Logged in: you can now change tasks and queues."
+	case "login-read":
+		return "Logged in read-only."
 	case "logout":
 		return "Logged out."
 	}

@@ -8,21 +8,46 @@
 //
 // # Security model
 //
-// Reading is open to whoever can reach the handler: mount it on a trusted
-// network or behind an authenticating proxy, since the pages show task
-// payloads. Changes need Options.Token. Without a token the dashboard is
-// read-only: no buttons are shown and every mutation returns 403.
+// Without Options.ReadToken, reading is open to whoever can reach the
+// handler: mount it on a trusted network or behind an authenticating proxy,
+// since the pages show task payloads. With a read token, every page needs a
+// login with the read token or the admin token (Options.Token), or either
+// one as "Authorization: Bearer <token>"; a visitor who has neither gets
+// the login form with 401. Only the login page and the static files (the
+// stylesheet and the script) are open.
 //
-// With a token, an operator logs in once by entering it on the login page;
-// the dashboard then sets an HttpOnly, SameSite=Strict session cookie (valid
-// for 12 hours, signed with a key derived from the token, so it survives
-// restarts and works across replicas, and every session ends when the token
-// changes). Mutations are POST requests that need that cookie, a per-session
-// CSRF token in the form (checked in constant time) and a same-origin
-// request (Sec-Fetch-Site, Origin and Referer are checked). Scripts may
-// instead send "Authorization: Bearer <token>" with a POST, which needs no
-// cookie or CSRF token and gets a JSON answer. Failed logins are limited to
-// 10 a minute for the whole handler.
+// Changes need Options.Token. Without a token the dashboard is read-only:
+// no buttons are shown and every mutation returns 403, as it does for a
+// session or a bearer of the read token.
+//
+// An operator logs in once by entering a token on the login page; the
+// dashboard then sets an HttpOnly, SameSite=Strict session cookie (valid
+// for 12 hours, signed with a key derived from the tokens, so it survives
+// restarts and works across replicas, and every session ends when either
+// token changes). The cookie records which token was used. Mutations are
+// POST requests that need an admin session's cookie, a per-session CSRF
+// token in the form (checked in constant time) and a same-origin request
+// (Sec-Fetch-Site, Origin and Referer are checked). Scripts may instead send
+// "Authorization: Bearer <token>" with a POST, which needs no cookie or
+// CSRF token and gets a JSON answer.
+//
+// Wrong tokens are counted per client (its IP address; the /64 network for
+// IPv6): after 10 in a minute, the client's further wrong tokens are
+// answered 429 rather than 401 until the minute ends. A correct token is
+// never refused, so an attacker cannot lock operators out, not even from
+// the same address (behind a reverse proxy every client has the proxy's
+// address). The limiter tracks at most 10,000 clients, forgetting the one
+// that failed least recently. Since a correct guess always gets in, the
+// limit does not bound how many tokens an attacker can try: the token's
+// strength does, so use long random tokens (New warns below 16 bytes).
+//
+// To defeat DNS rebinding (a web page on an attacker's domain that resolves
+// to the dashboard's address, so that the victim's browser reads the
+// dashboard as a same-origin page), every request must name an allowed
+// host in its Host header: "localhost", an IP address, or one of
+// Options.AllowedHosts. Other requests get 421 Misdirected Request. A
+// dashboard reached by a DNS name, directly or through a proxy that passes
+// the Host header on, needs that name in AllowedHosts.
 //
 // Every response carries a Content-Security-Policy that allows only the
 // dashboard's own script and stylesheet, X-Frame-Options DENY and
@@ -48,6 +73,10 @@
 //	POST /queue/{pause,unpause}                form field q
 //	POST /queue/{run-all,archive-all,delete-all} form fields q, state
 //	GET  /static/...        the stylesheet and script
+//
+// With Options.ReadToken set, the GET routes but /login and /static/ answer
+// 401 without a session or bearer token (the login form, or JSON for a
+// bearer client). Every route answers 421 to a Host that is not allowed.
 //
 // The POST routes take form-encoded bodies. A browser form also sends csrf
 // and return (the dashboard path to go back to, answered with 303 See
@@ -81,12 +110,29 @@ var templateFS embed.FS
 var staticFS embed.FS
 
 // Options configures the dashboard. The zero value is valid: a read-only
-// dashboard titled "tide" that logs to slog.Default().
+// dashboard titled "tide", open to whoever reaches it on localhost or an
+// IP address, that logs to slog.Default().
 type Options struct {
 	// Token enables mutations: an operator must log in with it (or send it
 	// as "Authorization: Bearer <token>"). Without a token the dashboard is
 	// read-only. Use a long random string; it is compared in constant time.
 	Token string
+	// ReadToken, when set, is needed to see anything: every page needs a
+	// login with ReadToken or Token, or either one as "Authorization:
+	// Bearer <token>". A ReadToken login only shows; changes still need
+	// Token. Default "": the pages are open to whoever reaches the handler.
+	// It must differ from Token; use a long random string.
+	ReadToken string
+	// AllowedHosts lists the host names the dashboard answers to, besides
+	// "localhost" and IP addresses, which are always allowed: a request
+	// whose Host header names another host is refused with 421, which
+	// defeats DNS rebinding. An entry is a name ("tide.example.com", any
+	// port) or a name and a port ("tide.example.com:8443", only that
+	// port); names are matched without regard to case or a trailing dot.
+	// There are no wildcards. Default none: only localhost and IP
+	// addresses. New returns an error for a malformed entry; it copies the
+	// list, so changing the slice later has no effect.
+	AllowedHosts []string
 	// Title is shown in the header and the window title. Default "tide".
 	Title string
 	// Logger receives one line per change made through the dashboard (an
@@ -119,7 +165,8 @@ type handler struct {
 	in      *tide.Inspector
 	title   string
 	log     *slog.Logger
-	auth    *auth // nil when read-only
+	auth    *auth // nil when neither token is set
+	hosts   hostSet
 	pages   map[string]*template.Template
 	mux     *http.ServeMux
 	cop     *http.CrossOriginProtection
@@ -147,13 +194,22 @@ func New(in *tide.Inspector, opts Options) (http.Handler, error) {
 	if h.log == nil {
 		h.log = slog.Default()
 	}
-	if opts.Token != "" {
-		h.auth = newAuth(opts.Token)
-		if len(opts.Token) < 16 {
-			h.log.Warn("tide dashboard: the token is shorter than 16 bytes; use a long random token")
-		}
+	if opts.ReadToken != "" && opts.ReadToken == opts.Token {
+		return nil, errors.New("tide/dashboard: ReadToken is the same as Token; use a different read token, or none")
+	}
+	if opts.Token != "" || opts.ReadToken != "" {
+		h.auth = newAuth(opts.Token, opts.ReadToken)
+	}
+	if opts.Token != "" && len(opts.Token) < 16 {
+		h.log.Warn("tide dashboard: the token is shorter than 16 bytes; use a long random token")
+	}
+	if opts.ReadToken != "" && len(opts.ReadToken) < 16 {
+		h.log.Warn("tide dashboard: the read token is shorter than 16 bytes; use a long random token")
 	}
 	var err error
+	if h.hosts, err = newHostSet(opts.AllowedHosts); err != nil {
+		return nil, err
+	}
 	if h.pages, err = parsePages(); err != nil {
 		return nil, fmt.Errorf("tide/dashboard: templates: %w", err)
 	}
@@ -164,10 +220,10 @@ func New(in *tide.Inspector, opts Options) (http.Handler, error) {
 	h.static = http.StripPrefix("/static/", http.FileServer(http.FS(sub)))
 
 	m := http.NewServeMux()
-	m.HandleFunc("GET /{$}", h.overview)
-	m.HandleFunc("GET /queue", h.queuePage)
-	m.HandleFunc("GET /task", h.taskPage)
-	m.HandleFunc("GET /servers", h.serversPage)
+	m.HandleFunc("GET /{$}", h.readable(h.overview))
+	m.HandleFunc("GET /queue", h.readable(h.queuePage))
+	m.HandleFunc("GET /task", h.readable(h.taskPage))
+	m.HandleFunc("GET /servers", h.readable(h.serversPage))
 	m.HandleFunc("GET /login", h.loginPage)
 	m.HandleFunc("POST /login", h.login)
 	// Mutations are POST only. These patterns take every method so that a
@@ -176,12 +232,13 @@ func New(in *tide.Inspector, opts Options) (http.Handler, error) {
 	m.HandleFunc("/task/{op}", postOnly(h.taskAction))
 	m.HandleFunc("/queue/{op}", postOnly(h.queueAction))
 	m.HandleFunc("GET /static/", h.serveStatic)
-	m.HandleFunc("/", h.notFound)
+	m.HandleFunc("/", h.readable(h.notFound))
 	h.mux = m
 	return h, nil
 }
 
-// ServeHTTP sets the security headers and dispatches.
+// ServeHTTP sets the security headers, refuses requests for hosts that are
+// not allowed, and dispatches.
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hd := w.Header()
 	hd.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "+
@@ -191,6 +248,15 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hd.Set("Referrer-Policy", "same-origin")
 	hd.Set("Cross-Origin-Opener-Policy", "same-origin")
 	hd.Set("Cross-Origin-Resource-Policy", "same-origin")
+	if !h.hosts.allows(r.Host) {
+		hd.Set("Cache-Control", "no-store")
+		http.Error(w, fmt.Sprintf("421 misdirected request: this dashboard does not answer to host %q. "+
+			"It answers to localhost, IP addresses and the host names it is configured to allow "+
+			"(Options.AllowedHosts), which protects it from DNS rebinding; "+
+			"if this is the dashboard's own name, add it to the allowed hosts.", r.Host),
+			http.StatusMisdirectedRequest)
+		return
+	}
 	h.mux.ServeHTTP(w, r)
 }
 
@@ -240,9 +306,12 @@ type view struct {
 	Page     string // the page title
 	Nav      string // which nav entry is current
 	Base     string // mount prefix, "" at the root
-	ReadOnly bool   // no token configured
-	LoggedIn bool   // mutations allowed (buttons shown)
-	CSRF     string // the session's CSRF token
+	ReadOnly bool   // no admin token configured
+	LoggedIn bool   // an admin session: mutations allowed (buttons shown)
+	Reader   bool   // a read-token session
+	CanLogIn bool   // a login would give more than this visitor has
+	ReadGate bool   // a read token is configured: reading needs a login
+	CSRF     string // the admin session's CSRF token
 	Return   string // this page's path and query, for forms' return field
 	Flash    *flash
 	Now      time.Time
@@ -252,15 +321,23 @@ type view struct {
 func (h *handler) newView(w http.ResponseWriter, r *http.Request, nav, page string, data any) *view {
 	v := &view{
 		Title: h.title, Page: page, Nav: nav, Base: basePath(r),
-		ReadOnly: h.auth == nil, Now: h.now(), Data: data,
+		ReadOnly: h.auth == nil || !h.auth.hasAdmin, Now: h.now(), Data: data,
 		Return: r.URL.Path,
 	}
 	if r.URL.RawQuery != "" {
 		v.Return += "?" + r.URL.RawQuery
 	}
 	if s, ok := h.session(r); ok {
-		v.LoggedIn = true
-		v.CSRF = h.auth.csrfToken(s)
+		if s.role == roleAdmin {
+			v.LoggedIn = true
+			v.CSRF = h.auth.csrfToken(s)
+		} else {
+			v.Reader = true
+		}
+	}
+	if h.auth != nil {
+		v.ReadGate = h.auth.hasRead
+		v.CanLogIn = !v.LoggedIn && (h.auth.hasAdmin || (h.auth.hasRead && !v.Reader))
 	}
 	v.Flash = takeFlash(w, r)
 	return v
@@ -336,12 +413,8 @@ func classify(err error, mutation bool) (int, string) {
 }
 
 // unavailable reports whether err means the broker could not be reached in
-// time (network error, timeout, closed client or broker).
+// time (network error, timeout, closed broker).
 func unavailable(err error) bool {
-	var ne interface {
-		error
-		Timeout() bool
-	}
-	return errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded) ||
-		errors.Is(err, context.Canceled) || isRedisUnavailable(err)
+	return errors.Is(err, tide.ErrUnavailable) || errors.Is(err, tide.ErrClosed) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }

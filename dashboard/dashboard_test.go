@@ -34,6 +34,7 @@ type env struct {
 	srv   *httptest.Server
 	hc    *http.Client
 	token string
+	h     *handler // the dashboard, for white-box checks
 }
 
 func testLogger(t testing.TB) *slog.Logger {
@@ -45,15 +46,35 @@ func testLogger(t testing.TB) *slog.Logger {
 
 func newEnv(t *testing.T, token string) *env {
 	t.Helper()
+	return newEnvOpts(t, Options{Token: token})
+}
+
+// remoteHeader is a test-only request header whose value the test server
+// uses as the request's RemoteAddr, so that one test can speak from many
+// addresses.
+const remoteHeader = "X-Test-Remote-Addr"
+
+// newEnvOpts is newEnv with options; e.token is opts.Token.
+func newEnvOpts(t *testing.T, opts Options) *env {
+	t.Helper()
 	addr := redistest.Addr(t)
 	rdb := redistest.Client(t, addr)
 	b := redisbroker.New(rdb, redisbroker.WithPrefix(redistest.Prefix(t)))
-	e := &env{t: t, b: b, c: tide.NewClient(b), in: tide.NewInspector(b), token: token}
-	h, err := New(e.in, Options{Token: token, Logger: testLogger(t)})
+	e := &env{t: t, b: b, c: tide.NewClient(b), in: tide.NewInspector(b), token: opts.Token}
+	if opts.Logger == nil {
+		opts.Logger = testLogger(t)
+	}
+	h, err := New(e.in, opts)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	e.srv = httptest.NewServer(h)
+	e.h = h.(*handler)
+	e.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if a := r.Header.Get(remoteHeader); a != "" {
+			r.RemoteAddr = a
+		}
+		h.ServeHTTP(w, r)
+	}))
 	t.Cleanup(e.srv.Close)
 	e.hc = noRedirectClient()
 	return e
@@ -98,6 +119,10 @@ func (e *env) do(method, path string, form url.Values, hdr map[string]string, co
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	}
 	for k, v := range hdr {
+		if k == "Host" {
+			req.Host = v
+			continue
+		}
 		req.Header.Set(k, v)
 	}
 	for _, c := range cookies {

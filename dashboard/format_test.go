@@ -144,9 +144,9 @@ func TestChart(t *testing.T) {
 
 func TestSessionCookie(t *testing.T) {
 	t.Parallel()
-	a := newAuth("token-one")
+	a := newAuth("token-one", "")
 	now := time.Unix(1_700_000_000, 0)
-	v := a.newSession(now)
+	v := a.newSession(roleAdmin, now)
 	s, ok := a.parseSession(v, now.Add(time.Hour))
 	if !ok {
 		t.Fatal("fresh session refused")
@@ -154,7 +154,7 @@ func TestSessionCookie(t *testing.T) {
 	if _, ok := a.parseSession(v, now.Add(sessionTTL)); ok {
 		t.Error("expired session accepted")
 	}
-	if _, ok := newAuth("token-two").parseSession(v, now); ok {
+	if _, ok := newAuth("token-two", "").parseSession(v, now); ok {
 		t.Error("session of another token accepted")
 	}
 	parts := strings.Split(v, ".")
@@ -170,7 +170,7 @@ func TestSessionCookie(t *testing.T) {
 	if !a.checkCSRF(s, a.csrfToken(s)) || a.checkCSRF(s, "") || a.checkCSRF(s, a.csrfToken(session{nonce: "x"})) {
 		t.Error("CSRF check wrong")
 	}
-	if !a.checkToken("token-one") || a.checkToken("token-on") || a.checkToken("") {
+	if a.checkToken("token-one") != roleAdmin || a.checkToken("token-on") != roleNone || a.checkToken("") != roleNone {
 		t.Error("token check wrong")
 	}
 }

@@ -467,14 +467,14 @@ func (h *handler) taskPage(w http.ResponseWriter, r *http.Request) {
 // serversData is the data of the servers page.
 type serversData struct {
 	Servers    []serverRow
-	Schedulers []*tide.SchedulerEntryInfo
+	Schedulers []tide.SchedulerEntry
 	MoreSched  int
 }
 
 type serverRow struct {
-	*tide.ServerInfo
+	tide.ServerInfo
 	QueueList  string
-	Shown      []tide.ActiveTaskInfo
+	Shown      []tide.ActiveTask
 	MoreActive int
 }
 
@@ -496,7 +496,7 @@ func (h *handler) serversPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d := &serversData{}
-	slices.SortFunc(ss, func(a, b *tide.ServerInfo) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(ss, func(a, b tide.ServerInfo) int { return strings.Compare(a.ID, b.ID) })
 	for _, s := range ss {
 		row := serverRow{ServerInfo: s}
 		var qs []string
