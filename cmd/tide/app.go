@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
@@ -23,6 +22,9 @@ type app struct {
 	env            func(string) string
 	stdout, stderr io.Writer
 	globals        globals
+	// jsonArg: the command line has --json; parsed: the flags were parsed
+	// (globals.json is then the word). See jsonErrors.
+	jsonArg, parsed bool
 
 	rdb *redis.Client
 	b   *redisbroker.Broker
@@ -98,7 +100,8 @@ func scrubURLError(err error) error {
 
 // connect opens Redis, checks that it answers and builds the broker,
 // inspector and client. Queues whose partition count is recorded in Redis
-// are opened with that count, so a wrong --partitions cannot hide tasks.
+// keep that count (the broker adopts it), so a wrong --partitions cannot
+// hide tasks.
 func (a *app) connect(ctx context.Context) error {
 	opts, shown, err := redisOptions(a.globals.redis)
 	if err != nil {
@@ -110,20 +113,10 @@ func (a *app) connect(ctx context.Context) error {
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := a.rdb.Ping(pctx).Err(); err != nil {
-		return fmt.Errorf("tide: cannot reach Redis at %s: %v\n  Start Redis there, or point tide at yours with --redis host:port or TIDE_REDIS_ADDR.", shown, err)
+		return fmt.Errorf("tide: cannot reach Redis at %s: %v\n  Start Redis there, or point tide at yours with --redis host:port or TIDE_REDIS_ADDR", shown, err)
 	}
-	bopts := []redisbroker.Option{redisbroker.WithPrefix(a.globals.prefix), redisbroker.WithPartitions(a.globals.partitions)}
-	// The layout of <prefix>:partitions is documented in package redisbroker.
-	recorded, err := a.rdb.HGetAll(pctx, a.globals.prefix+":partitions").Result()
-	if err != nil {
-		return fmt.Errorf("tide: read partition counts from Redis at %s: %v", shown, err)
-	}
-	for q, v := range recorded {
-		if n, err := strconv.Atoi(v); err == nil && n >= 1 && n <= 1024 && n != a.globals.partitions {
-			bopts = append(bopts, redisbroker.WithQueuePartitions(q, n))
-		}
-	}
-	a.b = redisbroker.New(a.rdb, bopts...)
+	// Queues in use keep the partition count recorded in Redis.
+	a.b = redisbroker.New(a.rdb, redisbroker.WithPrefix(a.globals.prefix), redisbroker.WithPartitions(a.globals.partitions))
 	a.in = tide.NewInspector(a.b)
 	a.c = tide.NewClient(a.b)
 	return nil
@@ -163,6 +156,12 @@ func (a *app) knownQueue(ctx context.Context, queue string) error {
 		msg += " (no queues at all: is --prefix right?)"
 	}
 	return &notFoundError{msg: msg}
+}
+
+// jsonErrors reports whether errors are printed as JSON: with --json, even
+// when the command line could not be parsed as far as --json.
+func (a *app) jsonErrors() bool {
+	return a.globals.json || a.jsonArg && !a.parsed
 }
 
 // printJSON writes v as indented JSON.

@@ -6,10 +6,13 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 	"unicode/utf8"
 )
 
-// table writes aligned columns.
+// table writes aligned columns. Every cell is passed through escape: cells
+// hold text read back from Redis (task types, IDs, errors, headers, host
+// names...), which must not drive the terminal.
 type table struct{ tw *tabwriter.Writer }
 
 func newTable(w io.Writer, header ...string) *table {
@@ -20,9 +23,13 @@ func newTable(w io.Writer, header ...string) *table {
 	return t
 }
 
+// cellLayout turns the characters that would break a table's layout into
+// spaces; escape shows the other control characters.
+var cellLayout = strings.NewReplacer("\t", " ", "\n", " ", "\r", " ")
+
 func (t *table) row(cells ...string) {
 	for i, c := range cells {
-		cells[i] = strings.NewReplacer("\t", " ", "\n", " ", "\r", " ").Replace(c)
+		cells[i] = escape(cellLayout.Replace(c))
 	}
 	fmt.Fprintln(t.tw, strings.Join(cells, "\t"))
 }
@@ -69,6 +76,68 @@ func short(d time.Duration) string {
 	return fmt.Sprintf("%dd%dh", d/(24*time.Hour), d%(24*time.Hour)/time.Hour)
 }
 
+// escapeHelp documents escape, for the help texts.
+const escapeHelp = `Text read from Redis (task types, IDs, errors, headers, payloads, queue,
+host and server names) is printed with its control characters escaped, so
+that it cannot drive your terminal (clear the screen, set the window title,
+reorder text): ASCII control characters and bytes that are not UTF-8 are
+shown as \xHH (ESC as \x1b), and Unicode control and format characters (C1
+controls, bidirectional overrides, zero-width characters, line and
+paragraph separators) as \uHHHH (RIGHT-TO-LEFT OVERRIDE as \u202e).
+Backslashes in the text itself are shown as they are. --json output is
+exact.`
+
+// escape makes text read back from Redis safe to print on a terminal: the
+// ASCII control characters (C0 and DEL) and bytes that are not UTF-8 become
+// \xHH, and the Unicode control and format characters (C1, bidirectional
+// controls, zero-width characters, U+2028 and U+2029) become \uHHHH (or
+// \UHHHHHHHH). See escapeHelp.
+func escape(s string) string { return escapeKeeping(s, "") }
+
+// escapeLines is escape for multi-line text: it keeps newlines and tabs
+// (stack traces are indented with tabs) and drops the carriage return of a
+// CRLF line end.
+func escapeLines(s string) string {
+	return escapeKeeping(strings.ReplaceAll(s, "\r\n", "\n"), "\n\t")
+}
+
+func escapeKeeping(s, keep string) string {
+	i := strings.IndexFunc(s, func(r rune) bool { return (r == utf8.RuneError || unsafeRune(r)) && !strings.ContainsRune(keep, r) })
+	if i < 0 {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(len(s) + 16)
+	b.WriteString(s[:i])
+	for i < len(s) {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case strings.ContainsRune(keep, r):
+			b.WriteRune(r)
+		case r < 0x80 && unsafeRune(r):
+			fmt.Fprintf(&b, `\x%02x`, r)
+		case unsafeRune(r) && r <= 0xffff:
+			fmt.Fprintf(&b, `\u%04x`, r)
+		case unsafeRune(r):
+			fmt.Fprintf(&b, `\U%08x`, r)
+		default:
+			b.WriteString(s[i : i+size])
+		}
+		i += size
+	}
+	return b.String()
+}
+
+// unsafeRune reports whether r may change what a terminal shows beyond
+// printing a character: a control character (C0, DEL, C1), a format
+// character (Unicode category Cf: bidirectional controls, zero-width
+// characters, soft hyphen, tags...) or a line or paragraph separator.
+func unsafeRune(r rune) bool {
+	return unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || r == '\u2028' || r == '\u2029'
+}
+
 // firstLine returns s's first line, cut to n runes.
 func firstLine(s string, n int) string {
 	if i := strings.IndexByte(s, '\n'); i >= 0 {
@@ -95,6 +164,7 @@ func yesNo(b bool) string {
 	return "no"
 }
 
+// plural words a count: "1 task", "2 tasks", "0 tasks".
 func plural(n int, one, many string) string {
 	if n == 1 {
 		return fmt.Sprintf("%d %s", n, one)

@@ -16,6 +16,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"regexp"
 	"strings"
 	"syscall"
 
@@ -61,35 +62,78 @@ func (e *notFoundError) Error() string { return e.msg }
 // exit code. ctx ends long-running commands (watch, dash, serve); env reads
 // the environment.
 func run(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) int {
-	a := &app{env: env, stdout: stdout, stderr: stderr}
+	a := &app{env: env, stdout: stdout, stderr: stderr, jsonArg: wantsJSON(args)}
 	defer a.close()
 	err := a.dispatch(ctx, args)
-	if err == nil {
+	if err == nil || errors.Is(err, flag.ErrHelp) {
 		return exitOK
 	}
-	if errors.Is(err, flag.ErrHelp) {
-		return exitOK
-	}
+	code, msg, hint := exitError, err.Error(), ""
 	var ue *usageError
-	if errors.As(err, &ue) {
-		fmt.Fprintf(stderr, "tide: %s\n", ue.msg)
-		if ue.cmd != nil {
-			fmt.Fprintf(stderr, "Run 'tide %s --help' for usage.\n", ue.cmd.name)
-		} else {
-			fmt.Fprintln(stderr, "Run 'tide --help' for usage.")
-		}
-		return exitUsage
-	}
-	msg := err.Error()
-	if !strings.HasPrefix(msg, "tide: ") {
-		msg = "tide: " + msg
-	}
-	fmt.Fprintln(stderr, msg)
 	var nf *notFoundError
-	if errors.As(err, &nf) || errors.Is(err, tide.ErrTaskNotFound) {
-		return exitNotFound
+	switch {
+	case errors.As(err, &ue):
+		code, msg, hint = exitUsage, ue.msg, "Run 'tide --help' for usage."
+		if ue.cmd != nil {
+			hint = fmt.Sprintf("Run 'tide %s --help' for usage.", ue.cmd.name)
+		}
+	case errors.As(err, &nf) || errors.Is(err, tide.ErrTaskNotFound):
+		code = exitNotFound
 	}
-	return exitError
+	msg = strings.TrimPrefix(msg, "tide: ")
+	if a.jsonErrors() {
+		// Exact, like the rest of --json: JSON escapes control characters.
+		_ = writeLineJSON(stderr, struct {
+			Error string `json:"error"`
+			Code  int    `json:"code"`
+		}{msg, code})
+		return code
+	}
+	// Error messages quote names and errors read from Redis: escape them.
+	fmt.Fprintln(stderr, "tide: "+escapeLines(msg))
+	if hint != "" {
+		fmt.Fprintln(stderr, hint)
+	}
+	return code
+}
+
+// wantsJSON reports whether args ask for --json before any "--", so that
+// an error found before the flags are parsed is reported as JSON too.
+func wantsJSON(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "--":
+			return false
+		case "--json", "-json", "--json=true", "-json=true", "--json=1", "-json=1":
+			return true
+		}
+	}
+	return false
+}
+
+// flagError rewords the flag package's errors, which name flags with one
+// dash ("flag provided but not defined: -bogus"), with the two dashes the
+// help shows.
+func flagError(err error) string {
+	msg := err.Error()
+	for _, r := range flagMessages {
+		if r.re.MatchString(msg) {
+			return r.re.ReplaceAllString(msg, r.repl)
+		}
+	}
+	return msg
+}
+
+var flagMessages = []struct {
+	re   *regexp.Regexp
+	repl string
+}{
+	{regexp.MustCompile(`^flag provided but not defined: -+(.*)$`), "unknown flag --$1"},
+	{regexp.MustCompile(`^flag needs an argument: -+(.*)$`), "--$1 needs a value"},
+	{regexp.MustCompile(`(?s)^invalid boolean value (".*") for -+([^:]*): .*$`), "--$2 is true or false, not $1"},
+	{regexp.MustCompile(`(?s)^invalid boolean flag -*([^:]*): (.*)$`), "--$1: $2"},
+	{regexp.MustCompile(`(?s)^invalid value (".*") for flag -+([^:]*): (.*)$`), "--$2 $1: $3"},
+	{regexp.MustCompile(`^bad flag syntax: (.*)$`), "bad flag syntax: $1 (flags look like --name or --name=value)"},
 }
 
 // command is one (sub)command.
@@ -115,6 +159,7 @@ type cmdOpts struct {
 	state       string
 	page, size  int
 	all         bool
+	force       bool
 	watch       bool
 	interval    durationFlag
 	count       int
@@ -155,9 +200,13 @@ func findCommand(name string) *command {
 
 // groups are commands that take a subcommand.
 var groups = map[string]string{
-	"tasks": "inspect and act on the tasks of a queue",
-	"cron":  "inspect periodic tasks",
+	"queues": "list and change queues",
+	"tasks":  "inspect and act on the tasks of a queue",
+	"cron":   "inspect periodic tasks",
 }
+
+// groupDefaults are the subcommands a group runs when none is given.
+var groupDefaults = map[string]string{"queues": "ls"}
 
 // dispatch parses the global flags, finds the command and runs it.
 func (a *app) dispatch(ctx context.Context, args []string) error {
@@ -170,11 +219,13 @@ func (a *app) dispatch(ctx context.Context, args []string) error {
 			a.topHelp(a.stdout)
 			return flag.ErrHelp
 		}
-		return usagef(nil, "%s", strings.TrimPrefix(err.Error(), "flag provided but not defined: "))
+		return usagef(nil, "%s", flagError(err))
 	}
 	rest := top.Args()
 	if len(rest) == 0 {
-		a.topHelp(a.stderr)
+		if !a.jsonErrors() {
+			a.topHelp(a.stderr)
+		}
 		return usagef(nil, "no command given")
 	}
 	name := rest[0]
@@ -188,8 +239,16 @@ func (a *app) dispatch(ctx context.Context, args []string) error {
 				a.groupHelp(a.stdout, name)
 				return flag.ErrHelp
 			}
-			a.groupHelp(a.stderr, name)
-			return usagef(nil, "'%s' needs a subcommand", name)
+			if def, ok := groupDefaults[name]; ok {
+				rest = append([]string{def}, rest...)
+			} else {
+				if !a.jsonErrors() {
+					a.groupHelp(a.stderr, name)
+				}
+				return usagef(nil, "'%s' needs a subcommand", name)
+			}
+		} else if def, ok := groupDefaults[name]; ok && findCommand(name+" "+rest[0]) == nil && findCommand(aliases[name+" "+rest[0]]) == nil {
+			rest = append([]string{def}, rest...) // arguments of the default subcommand
 		}
 		name += " " + rest[0]
 		rest = rest[1:]
@@ -211,8 +270,9 @@ func (a *app) dispatch(ctx context.Context, args []string) error {
 			a.commandHelp(a.stdout, cmd)
 			return flag.ErrHelp
 		}
-		return usagef(cmd, "%s", err)
+		return usagef(cmd, "%s", flagError(err))
 	}
+	a.parsed = true
 	if err := a.globals.check(); err != nil {
 		return usagef(cmd, "%s", err)
 	}
@@ -237,7 +297,8 @@ var aliases = map[string]string{
 	"tasks get":    "tasks show",
 	"tasks rm":     "tasks delete",
 	"cron list":    "cron ls",
-	"queue":        "queues",
+	"queue":        "queues ls",
+	"queues list":  "queues ls",
 	"server":       "servers",
 	"dashboard":    "dash",
 	"gateway":      "serve",
@@ -279,14 +340,16 @@ Global flags (also accepted after the command):
   --prefix P          key prefix your servers use (redisbroker.WithPrefix).
                       Default $TIDE_PREFIX, else "tide".
   --partitions N      partitions of queues not yet recorded in Redis (redisbroker.WithPartitions);
-                      queues in use are read with the count recorded for them. Default 1.
-  --json              print JSON instead of tables, for scripts.
+                      queues in use keep the count recorded for them. Default 1.
+  --json              print JSON instead of tables, for scripts; errors are then
+                      printed to stderr as {"error": "...", "code": N}.
 
 Exit codes:
   0  success
   1  the operation failed (Redis unreachable, task in the wrong state, ...)
   2  usage error (unknown command, bad flag or argument)
-  3  the task or queue was not found
+  3  the task or queue was not found (pause and unpause: the queue never had a
+     task; --force acts anyway)
 
 Examples:
   tide queues                                   # every queue, its sizes and today's counts
@@ -294,8 +357,14 @@ Examples:
   tide tasks show orders order-cancel:42        # one task, with payload and last error
   tide tasks run orders --all --state archived  # retry every archived task now
   tide --redis 10.0.0.5:6379 stats --watch      # live counters, until Ctrl-C
-  TIDE_DASH_TOKEN=... tide dash --addr :8080    # the web dashboard
+  tide pause emails                             # stop servers taking its tasks
+  tide dash                                     # the web dashboard, on 127.0.0.1:8080
+  TIDE_DASH_TOKEN=... tide dash --addr :8080    # ... on every interface, with a login for changes
   TIDE_GATEWAY_TOKENS=... tide serve            # the HTTP gateway for other languages
+  tide version                                  # the version of tide and Go
+
+Text read from Redis (task types, IDs, errors, payloads...) is printed with
+its control characters escaped, e.g. ESC as \x1b: see 'tide tasks show --help'.
 
 Run 'tide <command> --help' for a command's flags and examples.
 `
@@ -367,8 +436,8 @@ func upperFirst(s string) string {
 
 func init() {
 	commands = []*command{
-		cmdQueues, cmdTasksLs, cmdTasksShow, cmdTasksDelete, cmdTasksRun, cmdTasksArchive, cmdTasksCancel,
-		cmdPause, cmdUnpause, cmdServers, cmdStats, cmdCronLs, cmdDash, cmdServe,
+		cmdQueues, cmdQueuesRepartition, cmdTasksLs, cmdTasksShow, cmdTasksDelete, cmdTasksRun, cmdTasksArchive, cmdTasksCancel,
+		cmdPause, cmdUnpause, cmdServers, cmdStats, cmdCronLs, cmdDash, cmdServe, cmdVersion,
 	}
 }
 

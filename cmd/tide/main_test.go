@@ -4,19 +4,27 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"maps"
 	"net"
 	"os"
+	"regexp"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tidequeue/tide"
-	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/gateway"
 	"github.com/tidequeue/tide/internal/redistest"
 	"github.com/tidequeue/tide/internal/testlog"
+	"github.com/tidequeue/tide/tidetype"
 )
 
 // env is a Redis with a key prefix of the test's own, and a client and
@@ -162,7 +170,18 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"serve", "--token", "0123456789abcdef0123", "--webhook-secret", "short", "--webhook-allow", "a.com"}, "Secret is 5 bytes"},
 		{[]string{"serve", "--token", "0123456789abcdef0123", "--webhook-secret", "0123456789abcdef0123", "--webhook-allow", "https://a.com/"}, "give a host name"},
 		{[]string{"--redis", "redis://:pa55word@[bad", "queues"}, "--redis is not a valid redis:// URL"},
+		// Flag errors name flags with two dashes, as the help does.
+		{[]string{"--bogus", "queues"}, "unknown flag --bogus"},
+		{[]string{"tasks", "ls", "q", "-bogus"}, "unknown flag --bogus"},
+		{[]string{"tasks", "ls", "q", "--state"}, "--state needs a value"},
+		{[]string{"stats", "--watch", "--interval", "soon"}, `--interval "soon": invalid duration "soon"`},
+		{[]string{"tasks", "delete", "q", "--all=maybe", "--state", "archived"}, `--all is true or false, not "maybe"`},
+		// Plurals are right.
+		{[]string{"serve", "--token", "x"}, "token 1 is 1 character;"},
+		// dash checks its token like serve, before connecting.
+		{[]string{"dash", "--token", "short"}, "the token is 5 characters; use at least 16"},
 	}
+	singleDash := singleDashFlag()
 	for _, c := range cases {
 		args := append([]string{"--redis", dead}, c.args...)
 		if len(c.args) > 1 && c.args[0] == "--redis" {
@@ -179,7 +198,37 @@ func TestUsageErrors(t *testing.T) {
 		if strings.Contains(r.stderr, "pa55word") {
 			t.Errorf("the Redis password is echoed: %s", r.stderr)
 		}
+		if m := singleDash.FindString(r.stderr); m != "" {
+			t.Errorf("tide %s: stderr names a flag with one dash (%q):\n%s", strings.Join(c.args, " "), m, r.stderr)
+		}
 	}
+	// TIDE_DASH_TOKEN is checked like --token.
+	var out, errb bytes.Buffer
+	code := run(context.Background(), []string{"--redis", dead, "dash"}, func(k string) string {
+		if k == "TIDE_DASH_TOKEN" {
+			return "short"
+		}
+		return ""
+	}, &out, &errb)
+	if code != exitUsage || !strings.Contains(errb.String(), "the token is 5 characters") {
+		t.Errorf("dash with a short TIDE_DASH_TOKEN: exit %d: %s", code, errb.String())
+	}
+}
+
+// singleDashFlag matches a tide flag named with one dash ("-state"), as the
+// flag package words its errors.
+func singleDashFlag() *regexp.Regexp {
+	names := map[string]bool{}
+	add := func(fs *flag.FlagSet) { fs.VisitAll(func(f *flag.Flag) { names[regexp.QuoteMeta(f.Name)] = true }) }
+	for _, c := range commands {
+		add(c.flagSet(&cmdOpts{}))
+	}
+	var g globals
+	top := flag.NewFlagSet("", flag.ContinueOnError)
+	g.register(top)
+	add(top)
+	names["bogus"] = true
+	return regexp.MustCompile(`(^|[^-\w])-(` + strings.Join(slices.Sorted(maps.Keys(names)), "|") + `)\b`)
 }
 
 func TestUnreachableRedis(t *testing.T) {
@@ -405,10 +454,10 @@ func TestServers(t *testing.T) {
 	e := setup(t)
 	e.tide("servers").want(t, exitOK, "No live servers.")
 	started := time.Now().Add(-time.Hour)
-	err := e.b.RegisterServer(context.Background(), broker.ServerInfo{
+	err := e.b.RegisterServer(context.Background(), tidetype.ServerInfo{
 		ID: "web-1:42:abc", Host: "web-1", PID: 42, Concurrency: 20, Queues: map[string]int{"critical": 6, "default": 3},
-		Strict: true, StartedAt: started,
-		Active: []broker.ActiveTask{{Queue: "critical", ID: "pay-7", Type: "payment:capture", StartedAt: time.Now().Add(-3 * time.Second)}},
+		StrictPriority: true, StartedAt: started,
+		Active: []tidetype.ActiveTask{{Queue: "critical", ID: "pay-7", Type: "payment:capture", StartedAt: time.Now().Add(-3 * time.Second)}},
 	}, time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -441,11 +490,33 @@ func TestPauseUnpause(t *testing.T) {
 	if paused() {
 		t.Fatal("still paused")
 	}
-	// A queue without tasks yet can be paused, with a note.
+	// A queue without tasks yet is refused (most likely a typo that would
+	// leave a hidden pause), with the known queues and the way out.
 	r := e.tide("pause", "later")
+	if r.code != exitNotFound || !strings.Contains(r.stderr, `no queue "later"`) || !strings.Contains(r.stderr, "(queues: q)") ||
+		!strings.Contains(r.stderr, "--force") {
+		t.Errorf("pause of an unknown queue: exit %d\n%s", r.code, r.stderr)
+	}
+	if r := e.tide("unpause", "nosuch"); r.code != exitNotFound || !strings.Contains(r.stderr, `no queue "nosuch"`) {
+		t.Errorf("unpause of an unknown queue: exit %d\n%s", r.code, r.stderr)
+	}
+	// Neither touched the queues (any change would have recorded them).
+	if qs, err := e.in.Queues(context.Background()); err != nil || !slices.Equal(qs, []string{"q"}) {
+		t.Fatalf("queues after the refusals: %q %v", qs, err)
+	}
+	// With --force it can be paused (before its first task), with a note.
+	r = e.tide("pause", "later", "--force")
 	r.want(t, exitOK, "Queue later paused.")
 	if !strings.Contains(r.stderr, `note: no queue "later"`) {
 		t.Errorf("stderr: %s", r.stderr)
+	}
+	if qi, err := e.in.QueueInfo(context.Background(), "later"); err != nil || !qi.Paused {
+		t.Fatalf("--force did not pause: %+v %v", qi, err)
+	}
+	// That pause can be lifted without --force: the queue is known now.
+	e.tide("unpause", "later").want(t, exitOK, "Queue later unpaused.")
+	if qi, err := e.in.QueueInfo(context.Background(), "later"); err != nil || qi.Paused {
+		t.Fatalf("still paused: %+v %v", qi, err)
 	}
 }
 
@@ -494,7 +565,7 @@ func TestCronLs(t *testing.T) {
 	e := setup(t)
 	e.tide("cron", "ls").want(t, exitOK, "No periodic tasks")
 	next := time.Now().Add(150 * time.Minute).Truncate(time.Second)
-	err := e.b.RegisterSchedulerEntries(context.Background(), "sched-1", []broker.SchedulerEntry{
+	err := e.b.RegisterSchedulerEntries(context.Background(), "sched-1", []tidetype.SchedulerEntry{
 		{SchedulerID: "sched-1", ID: "nightly", Spec: "0 3 * * *", Type: "report:nightly", Queue: "reports", Next: next},
 	}, time.Minute)
 	if err != nil {
@@ -547,4 +618,245 @@ func TestShort(t *testing.T) {
 			t.Errorf("short(%v) = %q, want %q", d, got, want)
 		}
 	}
+}
+
+func TestQueuesRepartition(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	for i := range 30 {
+		e.enqueue("job", fmt.Sprint(i), tide.Queue("orders"), tide.ProcessIn(time.Hour), tide.TaskID(fmt.Sprint("o-", i)))
+	}
+	if r := e.tide("queues", "repartition", "orders", "0"); r.code != exitUsage || !strings.Contains(r.stderr, "must be a number from 1 to 1024") {
+		t.Fatalf("bad count: %d %s", r.code, r.stderr)
+	}
+	if r := e.tide("queues", "repartition", "nosuch", "4"); r.code != exitNotFound || !strings.Contains(r.stderr, `no queue "nosuch"`) {
+		t.Fatalf("unknown queue: %d %s", r.code, r.stderr)
+	}
+	e.tide("queues", "repartition", "orders", "4").want(t, exitOK, "Queue orders now has 4 partitions.")
+	fresh := redisbroker.New(redistest.Client(t, e.addr), redisbroker.WithPrefix(e.prefix))
+	if n, err := fresh.Partitions(context.Background(), "orders"); err != nil || n != 4 {
+		t.Fatalf("partitions after the command: %d, %v", n, err)
+	}
+	for i := range 30 {
+		if ti, err := e.in.GetTaskInfo(context.Background(), "orders", fmt.Sprint("o-", i)); err != nil || ti.State != tide.StateScheduled {
+			t.Fatalf("task o-%d after the repartition: %+v, %v", i, ti, err)
+		}
+	}
+	r := e.tide("queues")
+	if r.code != exitOK || !strings.Contains(r.stdout, "orders") {
+		t.Fatalf("tide queues after the repartition: %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	// One partition is "1 partition".
+	e.tide("queues", "repartition", "orders", "1").want(t, exitOK, "Queue orders now has 1 partition.\n")
+}
+
+// evilErr is an error a handler might return with text from outside: ESC
+// sequences that clear the screen and set the window title, BEL, a carriage
+// return, a C1 CSI (U+009B) and a right-to-left override.
+const evilErr = "boom\x1b[2J\x1b]0;pwned\x07\r\u009b31m\u202egnp.exe\nsecond line\tindented"
+
+// rawControls reports the first character in s that a terminal would act
+// on: the ones evilErr and the test's other strings hold, and bytes that are
+// not UTF-8 (0x9b alone is CSI to an 8-bit terminal).
+func rawControls(s string) string {
+	if i := strings.IndexAny(s, "\x1b\x07\r\u009b\u0085\u202e\u2066"); i >= 0 {
+		return strconv.QuoteToASCII(s[i:min(i+12, len(s))])
+	}
+	if !utf8.ValidString(s) {
+		return "a byte that is not UTF-8"
+	}
+	return ""
+}
+
+func TestEscapesStoredText(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	const typ = "evil\u202etype\u0085"
+	const id = "id\u009b2J"
+	srv := tide.NewServer(e.b, tide.Config{Queues: map[string]int{"q": 1}, ShutdownTimeout: time.Second, Logger: quietLogger()})
+	if err := srv.Start(tide.HandlerFunc(func(context.Context, *tide.Task) error {
+		return errors.New(evilErr)
+	})); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	task := tide.NewTask(typ, []byte("{\"note\":\"\u202eevil\u2066\"}"))
+	task.Headers()["x-evil"] = "\x1b]0;title\x07\x9b"
+	if _, err := e.c.Enqueue(ctx, task, tide.Queue("q"), tide.TaskID(id), tide.MaxRetry(0)); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if ti, err := e.in.GetTaskInfo(ctx, "q", id); err == nil && ti.State == tide.StateArchived {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the failed task was not archived")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	r := e.tide("tasks", "ls", "q", "--state", "archived")
+	r.want(t, exitOK, `id\u009b2J`, `evil\u202etype\u0085`, `boom\x1b[2J\x1b]0;pwned\x07 \u009b31m\u202egnp.exe …`)
+	if c := rawControls(r.stdout); c != "" {
+		t.Errorf("tasks ls prints %s raw:\n%q", c, r.stdout)
+	}
+	r = e.tide("tasks", "show", "q", id)
+	r.want(t, exitOK, `id\u009b2J`, `evil\u202etype\u0085`, `x-evil: \x1b]0;title\x07\x9b`, `\u202eevil\u2066`,
+		"Last error:\n  boom\\x1b[2J\\x1b]0;pwned\\x07\\x0d\\u009b31m\\u202egnp.exe\n  second line\tindented\n")
+	if c := rawControls(r.stdout); c != "" {
+		t.Errorf("tasks show prints %s raw:\n%q", c, r.stdout)
+	}
+	// --json stays exact: JSON escapes control characters itself.
+	r = e.tide("tasks", "show", "q", id, "--json")
+	var one gateway.Task
+	if err := json.Unmarshal([]byte(r.stdout), &one); err != nil || one.LastError != evilErr || one.Type != typ || one.ID != id {
+		t.Errorf("show --json is not exact: %v\n%s", err, r.stdout)
+	}
+
+	// Servers, periodic tasks and queue names come from Redis too.
+	err := e.b.RegisterServer(ctx, tidetype.ServerInfo{
+		ID: "srv\x1b[8m", Host: "web\x1b]0;x\x07", PID: 1, Concurrency: 1, Queues: map[string]int{"q": 1}, StartedAt: time.Now(),
+		Active: []tidetype.ActiveTask{{Queue: "q", ID: id, Type: typ, StartedAt: time.Now()}},
+	}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = e.tide("servers")
+	r.want(t, exitOK, `web\x1b]0;x\x07`, `srv\x1b[8m`, `evil\u202etype\u0085`)
+	if c := rawControls(r.stdout); c != "" {
+		t.Errorf("servers prints %s raw:\n%q", c, r.stdout)
+	}
+	err = e.b.RegisterSchedulerEntries(ctx, "sched\u202e", []tidetype.SchedulerEntry{
+		{SchedulerID: "sched\u202e", ID: "n\x1b[2J", Spec: "@every 1h", Type: typ, Queue: "q", Next: time.Now().Add(time.Hour)},
+	}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = e.tide("cron", "ls")
+	r.want(t, exitOK, `n\x1b[2J`, `sched\u202e`)
+	if c := rawControls(r.stdout); c != "" {
+		t.Errorf("cron ls prints %s raw:\n%q", c, r.stdout)
+	}
+	// A queue name that only a direct write to Redis could make: listed,
+	// and named in the error about an unknown queue.
+	if err := redistest.Client(t, e.addr).SAdd(ctx, e.prefix+":queues", "q\x1b]0;x\x07").Err(); err != nil {
+		t.Fatal(err)
+	}
+	r = e.tide("queues")
+	if r.code != exitError || !strings.Contains(r.stderr, `queue q\x1b]0;x\x07`) {
+		t.Errorf("queues with an invalid queue name: exit %d\n%s", r.code, r.stderr)
+	}
+	if c := rawControls(r.stderr); c != "" {
+		t.Errorf("the error prints %s raw:\n%q", c, r.stderr)
+	}
+	r = e.tide("tasks", "ls", "nosuch")
+	if r.code != exitNotFound || !strings.Contains(r.stderr, `q\x1b]0;x\x07`) {
+		t.Errorf("tasks ls of an unknown queue: exit %d\n%s", r.code, r.stderr)
+	}
+	if c := rawControls(r.stderr); c != "" {
+		t.Errorf("the error prints %s raw:\n%q", c, r.stderr)
+	}
+}
+
+func TestEscape(t *testing.T) {
+	for in, want := range map[string]string{
+		"plain text: é, 日本, ✓, emoji 🙂, a\\x1b backslash": "plain text: é, 日本, ✓, emoji 🙂, a\\x1b backslash",
+		"\x1b[31mred\x1b[0m":           `\x1b[31mred\x1b[0m`,
+		"\x00\x07\x08\x7f":             `\x00\x07\x08\x7f`,
+		"a\tb\nc\rd":                   `a\x09b\x0ac\x0dd`,
+		"\u0085\u009b":                 `\u0085\u009b`,
+		"\u202eabc\u202c \u2066\u2069": `\u202eabc\u202c \u2066\u2069`,
+		"zero\u200bwidth\u200d\ufeff":  `zero\u200bwidth\u200d\ufeff`,
+		"line\u2028para\u2029":         `line\u2028para\u2029`,
+		"tag\U000e0041":                `tag\U000e0041`,
+		"bad \xff\x9b byte, ok \ufffd": `bad \xff\x9b byte, ok ` + "\ufffd",
+	} {
+		if got := escape(in); got != want {
+			t.Errorf("escape(%q) = %q, want %q", in, got, want)
+		}
+	}
+	if got, want := escapeLines("panic: x\r\n\tmain.go:1\x1b[2J\rover"), "panic: x\n\tmain.go:1\\x1b[2J\\x0dover"; got != want {
+		t.Errorf("escapeLines = %q, want %q", got, want)
+	}
+	// Table cells: tabs and newlines become spaces (they would break the
+	// columns), the rest is escaped.
+	var b strings.Builder
+	tb := newTable(&b)
+	tb.row("a\tb\nc\x1b[2J")
+	tb.flush()
+	if got := b.String(); got != "a b c\\x1b[2J\n" {
+		t.Errorf("table row: %q", got)
+	}
+}
+
+// jsonError parses stderr as the one JSON object errors are with --json.
+func jsonError(t *testing.T, r result) (msg string, code int) {
+	t.Helper()
+	var e struct {
+		Error *string `json:"error"`
+		Code  *int    `json:"code"`
+	}
+	dec := json.NewDecoder(strings.NewReader(r.stderr))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&e); err != nil || e.Error == nil || e.Code == nil || dec.More() {
+		t.Fatalf("stderr is not one JSON object {\"error\", \"code\"} (%v):\n%s", err, r.stderr)
+	}
+	if *e.Code != r.code {
+		t.Errorf("code %d in JSON, exit code %d", *e.Code, r.code)
+	}
+	return *e.Error, *e.Code
+}
+
+func TestJSONErrors(t *testing.T) {
+	e := setup(t)
+	e.enqueue("t", "{}", tide.Queue("orders"))
+	dead := closedPort(t)
+
+	r := e.tide("--json", "tasks", "show", "orders", "nope")
+	if msg, code := jsonError(t, r); code != exitNotFound || !strings.HasPrefix(msg, `no task "nope" in queue "orders"`) {
+		t.Errorf("not found: %d %q", code, msg)
+	}
+	if r.stdout != "" {
+		t.Errorf("stdout: %s", r.stdout)
+	}
+	r = e.tide("pause", "ordrs", "--json")
+	if msg, code := jsonError(t, r); code != exitNotFound || !strings.Contains(msg, "(queues: orders)") {
+		t.Errorf("pause of an unknown queue: %d %q", code, msg)
+	}
+	r = noEnv("--redis", dead, "--json", "queues")
+	if msg, code := jsonError(t, r); code != exitError || !strings.Contains(msg, "cannot reach Redis at "+dead) {
+		t.Errorf("unreachable Redis: %d %q", code, msg)
+	}
+	for _, args := range [][]string{
+		{"--json", "--bogus", "queues"}, // before the flags are parsed
+		{"tasks", "ls", "q", "--size", "0", "--json"},
+		{"--json"}, // no command: no help text either
+		{"--json", "tasks"},
+	} {
+		r = noEnv(append([]string{"--redis", dead}, args...)...)
+		if _, code := jsonError(t, r); code != exitUsage {
+			t.Errorf("tide %s: code %d", strings.Join(args, " "), code)
+		}
+	}
+	// Without --json, errors stay text.
+	r = e.tide("tasks", "show", "orders", "nope")
+	if r.code != exitNotFound || !strings.HasPrefix(r.stderr, `tide: no task "nope"`) {
+		t.Errorf("text error: %d %s", r.code, r.stderr)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	// Test binaries, like builds from a source checkout, have no module
+	// version: "(devel)".
+	r := noEnv("version")
+	r.want(t, exitOK, "tide (devel), built with "+runtime.Version()+" for "+runtime.GOOS+"/"+runtime.GOARCH)
+	r = noEnv("version", "--json")
+	r.want(t, exitOK)
+	var v versionJSON
+	if err := json.Unmarshal([]byte(r.stdout), &v); err != nil || v.Version != "(devel)" || v.Go != runtime.Version() ||
+		v.OS != runtime.GOOS || v.Arch != runtime.GOARCH {
+		t.Errorf("version --json: %v %s", err, r.stdout)
+	}
+	noEnv("version", "extra").want(t, exitUsage)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"sync"
 	"time"
@@ -11,20 +12,46 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/attribute"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/resource"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/middleware"
 )
 
-// Metrics the CLI adds to the middleware's, per queue, from the Inspector.
+// Metrics the CLI adds to the middleware's, from the Inspector. The queue
+// ones have the attribute "queue" (label queue in Prometheus).
 const (
-	metricLatency = "tide.queue.latency"
-	metricPaused  = "tide.queue.paused"
+	// metricUp is 1 when the last read of the queues reached Redis, else 0.
+	metricUp = "tide.up"
+	// metricScrapeErrors counts the reads of the queues that failed.
+	metricScrapeErrors = "tide.scrape.errors"
+	metricLatency      = "tide.queue.latency"
+	metricPaused       = "tide.queue.paused"
+	// metricProcessedToday and metricFailedToday are the queue's counters
+	// in Redis, kept by every server: the whole fleet's throughput.
+	metricProcessedToday = "tide.queue.processed.today"
+	metricFailedToday    = "tide.queue.failed.today"
 )
+
+// metricsHelp documents /metrics, for the help of dash and serve.
+const metricsHelp = `/metrics serves, in the Prometheus text format, read from Redis at each
+scrape (at most once a second) and so covering every server of the fleet:
+  tide_up                            1 when the scrape reached Redis, else 0:
+                                     alert on tide_up == 0
+  tide_scrape_errors_total           reads of Redis for /metrics that failed
+  tide_queue_size{queue,state}       tasks per queue and state
+  tide_queue_latency_seconds{queue}  age of the oldest pending task
+  tide_queue_paused{queue}           1 when the queue is paused
+  tide_queue_processed_today{queue}  attempts finished today (UTC), failed
+                                     ones included; resets at midnight UTC
+  tide_queue_failed_today{queue}     attempts failed today (UTC)
+and the Go runtime and process metrics. target_info names the service:
+OTEL_SERVICE_NAME, else %s.`
 
 // metrics is the /metrics endpoint: OpenTelemetry instruments exported in
 // the Prometheus format, with the queue gauges fed by the Inspector.
@@ -34,60 +61,89 @@ type metrics struct {
 	// webhook server).
 	mw       tide.MiddlewareFunc
 	provider *sdkmetric.MeterProvider
+	snap     *queueSnapshot
 }
 
-func newMetrics(in *tide.Inspector) (*metrics, error) {
+// newMetrics builds /metrics for the queues of in. service is the
+// service.name of the resource (target_info in Prometheus); log gets a line
+// when reading Redis starts and stops failing.
+func newMetrics(in *tide.Inspector, service string, log *slog.Logger) (*metrics, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	exp, err := otelprom.New(otelprom.WithRegisterer(reg))
 	if err != nil {
 		return nil, fmt.Errorf("tide: metrics: prometheus exporter: %w", err)
 	}
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
-	m := &metrics{provider: mp, handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})}
+	res, err := resource.Merge(resource.Default(), resource.NewSchemaless(
+		semconv.ServiceName(service), semconv.ServiceVersion(buildVersion().Version)))
+	if err != nil {
+		return nil, fmt.Errorf("tide: metrics: resource: %w", err)
+	}
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp), sdkmetric.WithResource(res))
+	snap := &queueSnapshot{in: in, maxAge: time.Second, log: log}
+	m := &metrics{provider: mp, handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), snap: snap}
 	fail := func(err error) (*metrics, error) {
 		_ = mp.Shutdown(context.Background())
 		return nil, fmt.Errorf("tide: metrics: %w", err)
 	}
-	if m.mw, err = middleware.Metrics(middleware.WithMeterProvider(mp)); err != nil {
+	short := middleware.WithShortMetricAttributes() // queue="orders", not messaging_destination_name
+	if m.mw, err = middleware.Metrics(middleware.WithMeterProvider(mp), short); err != nil {
 		return fail(err)
 	}
-	snap := &queueSnapshot{in: in, maxAge: time.Second}
+	// The gauges report what they could read; a failure shows in tide_up
+	// and tide_scrape_errors_total (and once in the log), not as an error
+	// the SDK would print at every scrape.
 	_, err = middleware.RegisterQueueGauges(func(ctx context.Context) (map[string]map[tide.TaskState]int64, error) {
-		infos, err := snap.get(ctx)
-		sizes := make(map[string]map[tide.TaskState]int64, len(infos))
-		for _, q := range infos {
+		r := snap.get(ctx)
+		sizes := make(map[string]map[tide.TaskState]int64, len(r.infos))
+		for _, q := range r.infos {
 			sizes[q.Queue] = map[tide.TaskState]int64{
 				tide.StatePending: int64(q.Pending), tide.StateActive: int64(q.Active), tide.StateScheduled: int64(q.Scheduled),
 				tide.StateRetry: int64(q.Retry), tide.StateArchived: int64(q.Archived), tide.StateCompleted: int64(q.Completed),
 			}
 		}
-		return sizes, err
-	}, middleware.WithMeterProvider(mp))
+		return sizes, nil
+	}, middleware.WithMeterProvider(mp), short)
 	if err != nil {
 		return fail(err)
 	}
 	meter := mp.Meter("github.com/tidequeue/tide/cmd/tide")
-	lat, err1 := meter.Float64ObservableGauge(metricLatency, metric.WithUnit("s"),
+	up, err1 := meter.Int64ObservableGauge(metricUp,
+		metric.WithDescription("1 when this scrape read the queues from Redis, 0 when it could not reach Redis (the tide_queue series are then missing)."))
+	scrapeErrs, err2 := meter.Int64ObservableCounter(metricScrapeErrors,
+		metric.WithDescription("Reads of the queues from Redis for /metrics that failed, in whole or in part, since this process started."))
+	lat, err3 := meter.Float64ObservableGauge(metricLatency, metric.WithUnit("s"),
 		metric.WithDescription("How long the oldest pending task of the queue has been waiting."))
-	paused, err2 := meter.Int64ObservableGauge(metricPaused,
+	paused, err4 := meter.Int64ObservableGauge(metricPaused,
 		metric.WithDescription("1 when the queue is paused, else 0."))
-	if err := errors.Join(err1, err2); err != nil {
+	processed, err5 := meter.Int64ObservableGauge(metricProcessedToday,
+		metric.WithDescription("Task attempts finished today (UTC) in the queue by every server, failed ones included, as counted in Redis; resets at midnight UTC."))
+	failed, err6 := meter.Int64ObservableGauge(metricFailedToday,
+		metric.WithDescription("Task attempts that failed today (UTC) in the queue on every server, as counted in Redis; resets at midnight UTC."))
+	if err := errors.Join(err1, err2, err3, err4, err5, err6); err != nil {
 		return fail(err)
 	}
 	_, err = meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
-		infos, err := snap.get(ctx)
-		for _, q := range infos {
-			attrs := metric.WithAttributes(semconv.MessagingDestinationName(q.Queue))
+		r := snap.get(ctx)
+		var u int64
+		if r.up {
+			u = 1
+		}
+		o.ObserveInt64(up, u)
+		o.ObserveInt64(scrapeErrs, r.errors)
+		for _, q := range r.infos {
+			attrs := metric.WithAttributeSet(attribute.NewSet(middleware.MetricAttrQueue.String(q.Queue)))
 			o.ObserveFloat64(lat, q.Latency.Seconds(), attrs)
 			var p int64
 			if q.Paused {
 				p = 1
 			}
 			o.ObserveInt64(paused, p, attrs)
+			o.ObserveInt64(processed, int64(q.Processed), attrs)
+			o.ObserveInt64(failed, int64(q.Failed), attrs)
 		}
-		return err
-	}, lat, paused)
+		return nil
+	}, up, scrapeErrs, lat, paused, processed, failed)
 	if err != nil {
 		return fail(err)
 	}
@@ -105,34 +161,49 @@ func (m *metrics) shutdown() {
 type queueSnapshot struct {
 	in     *tide.Inspector
 	maxAge time.Duration
+	log    *slog.Logger
 
-	mu    sync.Mutex
-	at    time.Time
-	infos []*tide.QueueInfo
-	err   error
+	mu      sync.Mutex
+	at      time.Time
+	last    snapshot
+	failing bool // the last read failed (logged once)
 }
 
-func (s *queueSnapshot) get(ctx context.Context) ([]*tide.QueueInfo, error) {
+// snapshot is one read of the queues.
+type snapshot struct {
+	infos  []*tide.QueueInfo
+	up     bool  // the list of queues was read from Redis
+	errors int64 // reads that failed so far, this one included
+}
+
+func (s *queueSnapshot) get(ctx context.Context) snapshot {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.at.IsZero() && time.Since(s.at) < s.maxAge {
-		return s.infos, s.err
+		return s.last
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	s.infos, s.err = nil, nil
+	r := snapshot{errors: s.last.errors}
 	qs, err := s.in.Queues(ctx)
-	if err != nil {
-		s.err = err
-	}
+	r.up = err == nil
 	for _, q := range qs {
-		qi, err := s.in.QueueInfo(ctx, q)
-		if err != nil {
-			s.err = err
+		qi, qerr := s.in.QueueInfo(ctx, q)
+		if qerr != nil {
+			err = errors.Join(err, fmt.Errorf("queue %s: %w", q, qerr))
 			continue
 		}
-		s.infos = append(s.infos, qi)
+		r.infos = append(r.infos, qi)
 	}
-	s.at = time.Now()
-	return s.infos, s.err
+	if err != nil {
+		r.errors++
+		if !s.failing && s.log != nil {
+			s.log.Warn("tide: /metrics cannot read the queues from Redis; tide_up and tide_scrape_errors_total report it", "err", err)
+		}
+	} else if s.failing && s.log != nil {
+		s.log.Info("tide: /metrics reads the queues from Redis again")
+	}
+	s.failing = err != nil
+	s.last, s.at = r, time.Now()
+	return r
 }

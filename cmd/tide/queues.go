@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"maps"
@@ -15,7 +16,7 @@ import (
 )
 
 var cmdQueues = &command{
-	name: "queues", args: "", maxArgs: 0, redis: true,
+	name: "queues ls", args: "", maxArgs: 0, redis: true,
 	summary: "list queues with their sizes, today's counts and latency",
 	help: `
 List every queue with the number of tasks in each state, the attempts
@@ -26,6 +27,58 @@ Examples:
   tide queues
   tide queues --json | jq '.[] | select(.retry > 0) | .queue'`,
 	run: runQueues,
+}
+
+var cmdQueuesRepartition = &command{
+	name: "queues repartition", args: "<queue> <partitions>", minArgs: 2, maxArgs: 2, redis: true,
+	summary: "change a queue's partition count while it is in use",
+	help: `
+Change the number of partitions of a queue without stopping its servers or
+its producers: new tasks go to the new partitions at once, every waiting
+task is moved over, tasks running now finish where they are, and then the
+old partitions are retired. Nothing is lost or run twice, even if this
+command is interrupted: run it again with the same count to finish.
+
+More partitions spread a hot queue over more Redis Cluster masters (use at
+least as many as there are masters). Processes configured with
+redisbroker.WithQueuePartitions for this queue must be given the new count.
+
+Examples:
+  tide queues repartition orders 12`,
+	check: func(_ *app, o *cmdOpts, args []string) error {
+		if err := checkQueueArg(o.cmd, args[0]); err != nil {
+			return err
+		}
+		if n, err := strconv.Atoi(args[1]); err != nil || n < 1 || n > 1024 {
+			return usagef(o.cmd, "partitions %q must be a number from 1 to 1024", args[1])
+		}
+		return nil
+	},
+	run: runRepartition,
+}
+
+func runRepartition(ctx context.Context, a *app, _ *cmdOpts, args []string) error {
+	queue := args[0]
+	n, _ := strconv.Atoi(args[1])
+	if err := a.knownQueue(ctx, queue); err != nil {
+		return err
+	}
+	last := time.Time{}
+	err := a.in.Repartition(ctx, queue, n, func(moved, left int) {
+		if a.globals.json || time.Since(last) < time.Second {
+			return
+		}
+		last = time.Now()
+		fmt.Fprintf(a.stderr, "moved %s; %d left in the old partitions (running tasks finish there)\n", plural(moved, "task", "tasks"), left)
+	})
+	if err != nil {
+		return fmt.Errorf("tide: repartition %s: %w", queue, err)
+	}
+	if a.globals.json {
+		return a.printJSON(map[string]any{"queue": queue, "partitions": n})
+	}
+	fmt.Fprintf(a.stdout, "Queue %s now has %s.\n", queue, plural(n, "partition", "partitions"))
+	return nil
 }
 
 // queueJSON is a queue in --json output.
@@ -100,45 +153,77 @@ func latency(d time.Duration) string {
 }
 
 var cmdPause = &command{
-	name: "pause", args: "<queue>", minArgs: 1, maxArgs: 1, redis: true,
+	name: "pause", args: "<queue> [--force]", minArgs: 1, maxArgs: 1, redis: true,
 	summary: "stop servers from taking tasks of a queue",
+	flags: func(fs *flag.FlagSet, o *cmdOpts) {
+		fs.BoolVar(&o.force, "force", false, "pause a queue that has no tasks yet (before its first use)")
+	},
 	help: `
 Pause a queue: servers stop taking its tasks (running ones finish) until
 'tide unpause'. Tasks can still be enqueued, and scheduled tasks still become
 pending.
 
+A queue that never had a task is refused (exit 3, with the list of queues):
+the name is most likely a typo, and the pause would silently stop that
+queue when it is first used. --force pauses it anyway, e.g. to hold a new
+queue's tasks until its servers are ready; the queue is then listed by
+'tide queues'.
+
 Examples:
   tide pause emails
-  tide unpause emails`,
-	run:   func(ctx context.Context, a *app, o *cmdOpts, args []string) error { return a.pause(ctx, args[0], true) },
-	check: func(_ *app, o *cmdOpts, args []string) error { return checkQueueArg(o.cmd, args[0]) },
-}
-
-var cmdUnpause = &command{
-	name: "unpause", args: "<queue>", minArgs: 1, maxArgs: 1, redis: true,
-	summary: "resume a paused queue",
-	help: `
-Resume a queue paused with 'tide pause'.
-
-Example:
-  tide unpause emails`,
+  tide unpause emails
+  tide pause reports-v2 --force   # before its first task`,
 	run: func(ctx context.Context, a *app, o *cmdOpts, args []string) error {
-		return a.pause(ctx, args[0], false)
+		return a.pause(ctx, args[0], true, o.force)
 	},
 	check: func(_ *app, o *cmdOpts, args []string) error { return checkQueueArg(o.cmd, args[0]) },
 }
 
-func (a *app) pause(ctx context.Context, queue string, pause bool) error {
-	if err := a.knownQueue(ctx, queue); err != nil {
-		// Pausing a queue before its first task is legitimate; say so.
-		fmt.Fprintf(a.stderr, "tide: note: %v\n", err)
-	}
+var cmdUnpause = &command{
+	name: "unpause", args: "<queue> [--force]", minArgs: 1, maxArgs: 1, redis: true,
+	summary: "resume a paused queue",
+	flags: func(fs *flag.FlagSet, o *cmdOpts) {
+		fs.BoolVar(&o.force, "force", false, "unpause a queue that never had a task")
+	},
+	help: `
+Resume a queue paused with 'tide pause'. A queue that never had a task (nor
+a pause) is refused with exit 3, as 'tide pause' does; --force skips the
+check.
+
+Example:
+  tide unpause emails`,
+	run: func(ctx context.Context, a *app, o *cmdOpts, args []string) error {
+		return a.pause(ctx, args[0], false, o.force)
+	},
+	check: func(_ *app, o *cmdOpts, args []string) error { return checkQueueArg(o.cmd, args[0]) },
+}
+
+// pause pauses or unpauses queue. A queue no task was ever enqueued to is
+// refused without force: a typo would leave a pause that stops the queue
+// when it is first used. (Pausing records the queue, so a queue paused with
+// force is known to unpause.)
+func (a *app) pause(ctx context.Context, queue string, pause, force bool) error {
 	verb := "paused"
+	if !pause {
+		verb = "unpaused"
+	}
+	if err := a.knownQueue(ctx, queue); err != nil {
+		var nf *notFoundError
+		switch {
+		case !errors.As(err, &nf):
+			return err
+		case force:
+			fmt.Fprintf(a.stderr, "tide: note: %s; %s anyway (--force)\n", escape(err.Error()), verb)
+		case pause:
+			return &notFoundError{msg: fmt.Sprintf("%v\n  Check the name; to pause a queue before its first task, add --force.", err)}
+		default:
+			return &notFoundError{msg: fmt.Sprintf("%v\n  Check the name (--force unpauses it anyway).", err)}
+		}
+	}
 	var err error
 	if pause {
 		err = a.in.PauseQueue(ctx, queue)
 	} else {
-		verb = "unpaused"
 		err = a.in.UnpauseQueue(ctx, queue)
 	}
 	if err != nil {
@@ -190,7 +275,7 @@ func runServers(ctx context.Context, a *app, _ *cmdOpts, _ []string) error {
 	if a.globals.json {
 		out := make([]serverJSON, len(ss))
 		for i, s := range ss {
-			out[i] = serverJSON{s.ID, s.Host, s.PID, s.Concurrency, s.Queues, s.Strict, s.StartedAt.UTC(), []activeTaskJSON{}}
+			out[i] = serverJSON{s.ID, s.Host, s.PID, s.Concurrency, s.Queues, s.StrictPriority, s.StartedAt.UTC(), []activeTaskJSON{}}
 			for _, t := range s.Active {
 				out[i].Active = append(out[i].Active, activeTaskJSON{t.Queue, t.ID, t.Type, t.StartedAt.UTC()})
 			}
@@ -209,7 +294,7 @@ func runServers(ctx context.Context, a *app, _ *cmdOpts, _ []string) error {
 			qs = append(qs, fmt.Sprintf("%s=%d", q, s.Queues[q]))
 		}
 		queues := strings.Join(qs, ",")
-		if s.Strict {
+		if s.StrictPriority {
 			queues += " (strict)"
 		}
 		t.row(s.ID, s.Host, strconv.Itoa(s.PID), queues, fmt.Sprintf("%d/%d", len(s.Active), s.Concurrency), when(s.StartedAt, now))

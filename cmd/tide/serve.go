@@ -18,10 +18,10 @@ import (
 )
 
 var cmdServe = &command{
-	name: "serve", args: "[--addr :8080] [--token T]... [--webhook-secret S --webhook-allow HOSTS]", maxArgs: 0, redis: true,
+	name: "serve", args: "[--addr 127.0.0.1:8080] [--token T]... [--webhook-secret S --webhook-allow HOSTS]", maxArgs: 0, redis: true,
 	summary: "run the HTTP gateway (and the webhook sender) with /metrics",
 	flags: func(fs *flag.FlagSet, o *cmdOpts) {
-		fs.StringVar(&o.addr, "addr", ":8080", "`address` to listen on")
+		fs.StringVar(&o.addr, "addr", defaultAddr, "`address` to listen on; :8080 or 0.0.0.0:8080 for every network interface")
 		fs.Var(&o.tokens, "token", "bearer `token` clients must send; repeat for several (default $TIDE_GATEWAY_TOKENS, comma-separated)")
 		fs.Int64Var(&o.maxBody, "max-body", gateway.DefaultMaxBodyBytes, "largest request body, in `bytes`")
 		fs.Var(&o.allowQueues, "allow-queue", "only allow these `queues` (repeat, or comma-separate); default all")
@@ -45,8 +45,13 @@ inspect and delete tasks with JSON over HTTP:
   GET    /metrics                                Prometheus metrics, no token needed
 
 Every /v1 request needs "Authorization: Bearer <token>" with one of the
-tokens. Put TLS in front of it (a proxy or load balancer): tokens are
-passwords. Prefer the environment variables for secrets: flags show in 'ps'.
+tokens (each at least 16 characters). Put TLS in front of it (a proxy or
+load balancer): tokens are passwords. Prefer the environment variables for
+secrets: flags show in 'ps'.
+
+It listens on 127.0.0.1:8080, this machine only, unless --addr says
+otherwise: --addr :8080 (or 0.0.0.0:8080) for every network interface, so
+that other machines can reach it.
 
 With a webhook secret and allowed hosts, serve also runs a tide server that
 sends the tide:webhook tasks of --webhook-queue: each is POSTed (or its
@@ -55,14 +60,15 @@ HMAC-SHA256 of t.body>", and retried on 5xx, 408, 429 and timeouts (15s, 3m,
 10m, 30m, 1h, 2h, 6h, then every 15h). Only the allowed hosts are called,
 and never private or loopback addresses unless --webhook-allow-private.
 
-/metrics has the queue sizes and latency of every queue (read from Redis at
-each scrape) and, with webhooks, the attempts this process made.
+` + fmt.Sprintf(metricsHelp, "tide-serve") + `
+With webhooks, it also has the attempts this process made
+(tide_tasks_processed_total{type,queue} and the like).
 
 Stops on SIGINT or SIGTERM, letting requests and webhooks in flight finish.
 
 Examples:
   export TIDE_GATEWAY_TOKENS=$(openssl rand -hex 32)
-  tide serve --addr :8080
+  tide serve --addr :8080          # every interface; the default is 127.0.0.1:8080
 
   TIDE_WEBHOOK_SECRET=$(cat /run/secrets/webhook) \
     tide serve --webhook-allow hooks.example.com,*.partner.example
@@ -84,8 +90,8 @@ func checkServe(a *app, o *cmdOpts, _ []string) error {
 		return usagef(o.cmd, "serve needs a token: pass --token or set TIDE_GATEWAY_TOKENS (generate one with: openssl rand -hex 32)")
 	}
 	for i, t := range o.tokens {
-		if len(t) < gateway.MinTokenLength {
-			return usagef(o.cmd, "token %d is %d characters; use at least %d (openssl rand -hex 32)", i+1, len(t), gateway.MinTokenLength)
+		if err := checkToken(o.cmd, fmt.Sprintf("token %d", i+1), t); err != nil {
+			return err
 		}
 	}
 	if o.whSecret == "" {
@@ -127,7 +133,7 @@ func runServe(ctx context.Context, a *app, o *cmdOpts, _ []string) error {
 	if err != nil {
 		return usagef(o.cmd, "%s", strings.TrimPrefix(err.Error(), "tide: "))
 	}
-	m, err := newMetrics(a.in)
+	m, err := newMetrics(a.in, a.serviceName("tide-serve"), log)
 	if err != nil {
 		return err
 	}
@@ -157,49 +163,84 @@ func runServe(ctx context.Context, a *app, o *cmdOpts, _ []string) error {
 	h := http.NewServeMux()
 	h.Handle("/metrics", m.handler)
 	h.Handle("/", gw)
-	return a.serveHTTP(ctx, o.addr, h, "gateway", log)
+	return a.serveHTTP(ctx, o.addr, h, "gateway", "", log)
 }
 
 var cmdDash = &command{
-	name: "dash", args: "[--addr :8080] [--token T] [--title T]", maxArgs: 0, redis: true,
+	name: "dash", args: "[--addr 127.0.0.1:8080] [--token T] [--title T]", maxArgs: 0, redis: true,
 	summary: "serve the web dashboard, with /metrics",
 	flags: func(fs *flag.FlagSet, o *cmdOpts) {
-		fs.StringVar(&o.addr, "addr", ":8080", "`address` to listen on")
-		fs.StringVar(&o.token, "token", "", "`token` operators log in with to change things (default $TIDE_DASH_TOKEN); without one the dashboard is read-only")
+		fs.StringVar(&o.addr, "addr", defaultAddr, "`address` to listen on; :8080 or 0.0.0.0:8080 for every network interface")
+		fs.StringVar(&o.token, "token", "", "`token` operators log in with to change things, at least 16 characters (default $TIDE_DASH_TOKEN); without one the dashboard is read-only")
 		fs.StringVar(&o.title, "title", "", "`title` shown in the dashboard (e.g. the environment)")
 	},
 	help: `
 Serve the web dashboard: queues, tasks, servers and periodic tasks, with
 buttons to run, archive, delete and cancel tasks and to pause queues. Those
 changes need the token (log in with it); without a token the dashboard is
-read-only. Reading needs no token: bind to a private address or put the
-dashboard behind your SSO proxy. Prefer TIDE_DASH_TOKEN: flags show in 'ps'.
+read-only. Prefer TIDE_DASH_TOKEN: flags show in 'ps'.
 
-/metrics serves the queue sizes, latency and pause state of every queue in
-the Prometheus format (read from Redis at each scrape).
+Reading needs no token, and the pages show payloads and errors: so the
+dashboard listens on 127.0.0.1:8080, this machine only, unless --addr says
+otherwise (reach it with an SSH tunnel, or put it behind your SSO proxy).
+--addr :8080 (or 0.0.0.0:8080) listens on every network interface; tide
+then warns, when there is no token, that anyone who reaches it can read
+everything.
+
+` + fmt.Sprintf(metricsHelp, "tide-dash") + `
 
 Stops on SIGINT or SIGTERM.
 
 Examples:
-  TIDE_DASH_TOKEN=$(openssl rand -hex 32) tide dash --addr :8080 --title production
-  tide dash --addr 127.0.0.1:8080     # read-only, this machine only`,
+  tide dash                           # read-only, this machine only: http://127.0.0.1:8080
+  ssh -L 8080:127.0.0.1:8080 queue-host   # then open http://127.0.0.1:8080 on your laptop
+  TIDE_DASH_TOKEN=$(openssl rand -hex 32) tide dash --addr :8080 --title production`,
+	check: func(a *app, o *cmdOpts, _ []string) error {
+		if o.token == "" {
+			o.token = a.env("TIDE_DASH_TOKEN")
+		}
+		if o.token == "" {
+			return nil
+		}
+		return checkToken(o.cmd, "the token", o.token)
+	},
 	run: runDash,
 }
 
-func runDash(ctx context.Context, a *app, o *cmdOpts, _ []string) error {
-	token := o.token
-	if token == "" {
-		token = a.env("TIDE_DASH_TOKEN")
+// defaultAddr is where dash and serve listen without --addr: this machine
+// only, since the dashboard's pages and both /metrics need no login.
+const defaultAddr = "127.0.0.1:8080"
+
+// checkToken refuses a token shorter than gateway.MinTokenLength; what
+// names it ("token 2", "the token").
+func checkToken(cmd *command, what, token string) error {
+	if len(token) < gateway.MinTokenLength {
+		return usagef(cmd, "%s is %s; use at least %d (generate one with: openssl rand -hex 32)",
+			what, plural(len(token), "character", "characters"), gateway.MinTokenLength)
 	}
+	return nil
+}
+
+// serviceName is the service.name of /metrics: $OTEL_SERVICE_NAME, else def.
+func (a *app) serviceName(def string) string {
+	if s := a.env("OTEL_SERVICE_NAME"); s != "" {
+		return s
+	}
+	return def
+}
+
+func runDash(ctx context.Context, a *app, o *cmdOpts, _ []string) error {
 	log := slog.New(slog.NewTextHandler(a.stderr, nil))
-	dash, err := dashboard.New(a.in, dashboard.Options{Token: token, Title: o.title, Logger: log})
+	dash, err := dashboard.New(a.in, dashboard.Options{Token: o.token, Title: o.title, Logger: log})
 	if err != nil {
 		return fmt.Errorf("tide: dashboard: %w", err)
 	}
-	if token == "" {
+	open := "reading needs no login (only changes need the token): put it behind a proxy that logs people in, or listen on 127.0.0.1 (the default)"
+	if o.token == "" {
 		fmt.Fprintln(a.stderr, "tide: no --token or TIDE_DASH_TOKEN: the dashboard is read-only")
+		open = "it has no token: anyone who reaches it can read every queue and task, payloads and errors included, and no login is asked; listen on 127.0.0.1 (the default) and use an SSH tunnel, or put it behind a proxy that logs people in"
 	}
-	m, err := newMetrics(a.in)
+	m, err := newMetrics(a.in, a.serviceName("tide-dash"), log)
 	if err != nil {
 		return err
 	}
@@ -207,12 +248,14 @@ func runDash(ctx context.Context, a *app, o *cmdOpts, _ []string) error {
 	h := http.NewServeMux()
 	h.Handle("/metrics", m.handler)
 	h.Handle("/", dash)
-	return a.serveHTTP(ctx, o.addr, h, "dashboard", log)
+	return a.serveHTTP(ctx, o.addr, h, "dashboard", open, log)
 }
 
 // serveHTTP serves h on addr until ctx ends, then shuts down gracefully.
-// It reports the address it listens on (useful with port 0) on stderr.
-func (a *app) serveHTTP(ctx context.Context, addr string, h http.Handler, what string, log *slog.Logger) error {
+// It reports the address it listens on (useful with port 0) on stderr, and
+// whether other machines can reach it; then, if exposed is set, it warns
+// with it.
+func (a *app) serveHTTP(ctx context.Context, addr string, h http.Handler, what, exposed string, log *slog.Logger) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("tide: %s: cannot listen on %s: %v (is another program using the port? choose another with --addr)", what, addr, err)
@@ -226,7 +269,25 @@ func (a *app) serveHTTP(ctx context.Context, addr string, h http.Handler, what s
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	fmt.Fprintf(a.stderr, "tide: %s listening on http://%s\n", what, ln.Addr())
+	scope := "this machine only"
+	loopback := false
+	if ta, ok := ln.Addr().(*net.TCPAddr); ok {
+		switch {
+		case ta.IP.IsLoopback():
+			loopback = true
+		case ta.IP.IsUnspecified():
+			scope = "every network interface: other machines can reach it"
+		default:
+			scope = "other machines can reach it"
+		}
+	}
+	if loopback {
+		scope += "; --addr :8080 for every network interface"
+	}
+	fmt.Fprintf(a.stderr, "tide: %s listening on http://%s (%s)\n", what, ln.Addr(), scope)
+	if !loopback && exposed != "" {
+		fmt.Fprintf(a.stderr, "tide: warning: the %s listens on %s and %s\n", what, ln.Addr(), exposed)
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

@@ -146,12 +146,19 @@ func TestServe(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	for _, want := range []string{"tide_queue_size", `messaging_destination_name="default"`, `messaging_tide_task_state="scheduled"`,
+	// The labels are the short queue and state (they were
+	// messaging_destination_name and messaging_tide_task_state).
+	for _, want := range []string{"tide_queue_size", `queue="default"`, `state="scheduled"`,
 		"tide_tasks_processed", "tide_queue_latency", "tide_queue_paused", "go_goroutines"} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
+	fams := parseMetrics(t, metrics)
+	wantSample(t, fams, 1, "tide_up")
+	wantSample(t, fams, 1, "tide_queue_size", "queue", "default", "state", "scheduled")
+	wantSample(t, fams, 1, "tide_tasks_processed_total", "queue", "webhooks", "type", "tide:webhook")
+	wantSample(t, fams, 1, "target_info", "service_name", "tide-serve")
 	if code, _ := get(t, base+"/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz: %d", code)
 	}
@@ -178,6 +185,10 @@ func TestDash(t *testing.T) {
 	if code != http.StatusOK || !strings.Contains(body, `tide_queue_size{`) || !strings.Contains(body, "visible-queue") {
 		t.Errorf("GET /metrics: %d\n%.2000s", code, body)
 	}
+	fams := parseMetrics(t, body)
+	wantSample(t, fams, 1, "tide_up")
+	wantSample(t, fams, 1, "tide_queue_size", "queue", "visible-queue", "state", "pending")
+	wantSample(t, fams, 1, "target_info", "service_name", "tide-dash")
 	r := stop()
 	if r.code != exitOK || strings.Contains(r.stderr, "read-only") {
 		t.Errorf("dash exited with %d:\n%s", r.code, r.stderr)
@@ -190,5 +201,40 @@ func TestListenError(t *testing.T) {
 	r := e.tide("serve", "--addr", "256.0.0.1:1")
 	if r.code != exitError || !strings.Contains(r.stderr, "cannot listen on 256.0.0.1:1") {
 		t.Errorf("exit %d: %s", r.code, r.stderr)
+	}
+}
+
+func TestListenLoopbackByDefault(t *testing.T) {
+	for _, c := range []*command{cmdDash, cmdServe} {
+		var o cmdOpts
+		if err := c.flagSet(&o).Parse(nil); err != nil || o.addr != "127.0.0.1:8080" {
+			t.Errorf("tide %s listens on %q by default, want 127.0.0.1:8080 (%v)", c.name, o.addr, err)
+		}
+		noEnv(c.name, "--help").want(t, exitOK, "(default 127.0.0.1:8080)", "--addr :8080")
+	}
+}
+
+func TestDashWarnsWhenExposed(t *testing.T) {
+	e := setup(t)
+	// Loopback: this machine only, no warning.
+	_, stop := e.start("dash", "--addr", "127.0.0.1:0")
+	r := stop()
+	if !strings.Contains(r.stderr, "(this machine only") || strings.Contains(r.stderr, "warning") {
+		t.Errorf("dash on loopback:\n%s", r.stderr)
+	}
+	// Every interface and no token: a warning that reading needs no login.
+	_, stop = e.start("dash", "--addr", "0.0.0.0:0")
+	r = stop()
+	if !strings.Contains(r.stderr, "(every network interface") ||
+		!regexp.MustCompile(`tide: warning: the dashboard listens on (0\.0\.0\.0|\[::\]):\d+ and it has no token: anyone who reaches it can read`).MatchString(r.stderr) {
+		t.Errorf("dash on every interface without a token:\n%s", r.stderr)
+	}
+	// With a token changes need it, but reading still does not: said too.
+	e.vars["TIDE_DASH_TOKEN"] = "dash-token-0123456789abcdef"
+	_, stop = e.start("dash", "--addr", "0.0.0.0:0")
+	r = stop()
+	if !strings.Contains(r.stderr, "warning: the dashboard listens on ") || !strings.Contains(r.stderr, "reading needs no login") ||
+		strings.Contains(r.stderr, "no token") {
+		t.Errorf("dash on every interface with a token:\n%s", r.stderr)
 	}
 }

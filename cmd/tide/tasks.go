@@ -53,7 +53,8 @@ var cmdTasksLs = &command{
 List the tasks of a queue in one state, a page at a time: pending oldest
 first, scheduled and retry by due time, archived and completed by time,
 active by lease expiry. Payloads are not shown; use 'tide tasks show' (or
---json, which includes them).
+--json, which includes them). Control characters in IDs, types and errors
+are escaped (ESC as \x1b; see 'tide tasks show --help').
 
 Examples:
   tide tasks ls orders
@@ -140,6 +141,8 @@ error (with a stack trace for panics), headers, payload and result. A
 payload is shown as JSON or text when it is, else as base64; long ones are
 cut (--json shows all).
 
+` + escapeHelp + `
+
 Exits with 3 when there is no such task.
 
 Examples:
@@ -189,7 +192,7 @@ func runTasksShow(ctx context.Context, a *app, _ *cmdOpts, args []string) error 
 	t.flush()
 	if ti.LastErr != "" {
 		fmt.Fprintln(a.stdout, "Last error:")
-		for line := range strings.SplitSeq(strings.TrimRight(ti.LastErr, "\n"), "\n") {
+		for line := range strings.SplitSeq(strings.TrimRight(escapeLines(ti.LastErr), "\n"), "\n") {
 			fmt.Fprintln(a.stdout, "  "+line)
 		}
 	} else {
@@ -221,7 +224,11 @@ func showBytes(b []byte) string {
 		s, kind = base64.StdEncoding.EncodeToString(b), "base64"
 	}
 	if len(s) > limit {
-		s = s[:limit] + "…"
+		cut := limit
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut-- // do not split a character
+		}
+		s = s[:cut] + "…"
 	}
 	return fmt.Sprintf("%s  (%s, %s)", s, kind, plural(len(b), "byte", "bytes"))
 }
@@ -283,7 +290,7 @@ func bulkCommand(verb, summary, help string, allowed []tide.TaskState,
 				if a.globals.json {
 					return a.printJSON(map[string]any{"queue": queue, "id": args[1], "count": 1})
 				}
-				fmt.Fprintf(a.stdout, "Task %s in queue %s %s.\n", args[1], queue, past)
+				fmt.Fprintf(a.stdout, "Task %s in queue %s %s.\n", escape(args[1]), queue, past)
 				return nil
 			}
 			st, _ := parseState(o.cmd, o.state, allowed...)
@@ -368,7 +375,7 @@ Example:
 		if a.globals.json {
 			return a.printJSON(map[string]any{"queue": queue, "id": id, "cancel_requested": true})
 		}
-		fmt.Fprintf(a.stdout, "Cancellation of task %s in queue %s requested.\n", id, queue)
+		fmt.Fprintf(a.stdout, "Cancellation of task %s in queue %s requested.\n", escape(id), queue)
 		return nil
 	},
 }
