@@ -196,6 +196,12 @@ func (c *Client) Cancel(ctx context.Context, queue, id string) error {
 // unless TaskID gave one: the broker chooses it) and the options of the
 // broker call.
 func (c *Client) task(t *Task, opts []Option) (*TaskInfo, broker.EnqueueOptions, error) {
+	return prepare(t, opts, c.now())
+}
+
+// prepare applies t's options and opts at now: the task as Enqueue stores it
+// and the options of the Enqueue call itself.
+func prepare(t *Task, opts []Option, clock time.Time) (*TaskInfo, broker.EnqueueOptions, error) {
 	var none broker.EnqueueOptions
 	if t == nil {
 		return nil, none, fmt.Errorf("%w: nil task", ErrInvalidTask)
@@ -227,7 +233,7 @@ func (c *Client) task(t *Task, opts []Option) (*TaskInfo, broker.EnqueueOptions,
 			}
 		}
 	}
-	now := c.now().Truncate(time.Millisecond)
+	now := clock.Truncate(time.Millisecond)
 	due := now
 	if o.hasIn {
 		due = now.Add(o.processIn)
