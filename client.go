@@ -83,23 +83,19 @@ func (c *Client) Enqueue(ctx context.Context, t *Task, opts ...Option) (*TaskInf
 	return info, nil
 }
 
-// checkPlacement refuses Unique with TaskID, and an IdempotencyKey other than
-// the TaskID, on a queue with several partitions: the task and its lock or
-// key must share a partition, which only an ID the broker chooses (or the
-// key being the ID) can promise.
+// checkPlacement refuses Unique with TaskID on a queue with several
+// partitions: the task and its lock must share a partition, which only an
+// ID the broker chooses can promise.
 func (c *Client) checkPlacement(ctx context.Context, t *TaskInfo) error {
-	if t.ID == "" || (t.UniqueKey == "" && (t.IdempotencyKey == "" || t.IdempotencyKey == t.ID)) {
+	if t.ID == "" || t.UniqueKey == "" {
 		return nil
 	}
 	n, err := c.b.Partitions(ctx, t.Queue)
 	if err != nil {
 		return fmt.Errorf("tide: enqueue %s: %w", t.Type, err)
 	}
-	switch {
-	case n > 1 && t.UniqueKey != "":
+	if n > 1 {
 		return fmt.Errorf("%w: Unique cannot be combined with TaskID on queue %q, which has %d partitions; the task ID already makes the task unique", ErrInvalidTask, t.Queue, n)
-	case n > 1:
-		return fmt.Errorf("%w: IdempotencyKey %q with TaskID %q on queue %q, which has %d partitions: use the task ID as the key", ErrInvalidTask, t.IdempotencyKey, t.ID, t.Queue, n)
 	}
 	return nil
 }

@@ -170,9 +170,11 @@ const MaxIdempotencyKey = 255
 // finished long ago. Use it where the caller may repeat a request: an HTTP
 // handler a client retries, a relay out of a database table. Unlike
 // Unique, the key is not released when the task finishes, and the second
-// call is not an error. The key is 1 to 255 bytes. With TaskID on a queue
-// with several partitions, use the task ID itself as the key (or leave the
-// ID to the broker): the key and its task must share a partition.
+// call is not an error. The key is 1 to 255 bytes. The key is kept beside its
+// task: with TaskID (or Unique) in the partition of the ID (or lock), so a
+// repeated request (same ID, same key) is recognised everywhere, while two
+// requests that share a key but name different IDs are compared only on a
+// queue with one partition. A Repartition starts the keys afresh.
 func IdempotencyKey(key string) Option {
 	return optionFunc(func(o *enqueueOptions) error {
 		if key == "" || len(key) > MaxIdempotencyKey {

@@ -78,9 +78,6 @@ func (b *Broker) Enqueue(ctx context.Context, tasks []*tidetype.TaskInfo, opts b
 			// sees both); the caller chose an ID elsewhere.
 			errs[i] = fmt.Errorf("%w: Unique cannot be combined with TaskID on queue %q, which has %d partitions; the task ID already makes the task unique",
 				broker.ErrInvalidTask, t.Queue, l.cur.n)
-		case t.IdempotencyKey != "" && !it.own && t.UniqueKey == "" && broker.Partition(t.ID, l.cur.n) != broker.Partition(t.IdempotencyKey, l.cur.n):
-			errs[i] = fmt.Errorf("%w: IdempotencyKey %q with TaskID %q on queue %q, which has %d partitions: use the task ID as the key",
-				broker.ErrInvalidTask, t.IdempotencyKey, t.ID, t.Queue, l.cur.n)
 		case it.own:
 			t.ID = b.drawID(t, l)
 		}
