@@ -1,0 +1,189 @@
+package membroker
+
+import (
+	"bytes"
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/tidetype"
+)
+
+// Dequeue implements broker.Broker.
+func (b *Broker) Dequeue(ctx context.Context, queues []string, n int, lease time.Duration) ([]*broker.Delivery, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.check(ctx); err != nil {
+		return nil, err
+	}
+	if lease <= 0 {
+		return nil, fmt.Errorf("membroker: lease %v is not positive", lease)
+	}
+	for _, qn := range queues {
+		if qn == "" {
+			return nil, errors.New("membroker: empty queue name")
+		}
+	}
+	if n <= 0 {
+		return nil, nil
+	}
+	now := b.clock.Now()
+	var out []*broker.Delivery
+	for _, qn := range queues {
+		q := b.queues[qn]
+		if q == nil || q.paused {
+			continue
+		}
+		for q.head != nil && len(out) < n {
+			t := q.head
+			q.unlinkPending(t)
+			b.tokens++
+			t.token, t.canceled = b.tokens, false
+			t.msg.State = tidetype.StateActive
+			b.push(&q.active, t, now.Add(lease))
+			out = append(out, &broker.Delivery{Task: clone(&t.msg), Token: t.token, LeaseFor: lease})
+		}
+		if len(out) == n {
+			break
+		}
+	}
+	return out, nil
+}
+
+// Extend implements broker.Broker.
+func (b *Broker) Extend(ctx context.Context, leases []broker.LeaseRef, d time.Duration) ([]error, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.check(ctx); err != nil {
+		return nil, err
+	}
+	if d <= 0 {
+		return nil, fmt.Errorf("membroker: lease extension %v is not positive", d)
+	}
+	now := b.clock.Now()
+	errs := make([]error, len(leases))
+	for i, ref := range leases {
+		q, t, err := b.leased(ref)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		t.key = now.Add(d)
+		heap.Fix(&q.active, t.idx)
+		if t.canceled {
+			errs[i] = broker.ErrTaskCanceled
+		}
+	}
+	return errs, nil
+}
+
+// Settle implements broker.Broker.
+func (b *Broker) Settle(ctx context.Context, ss []broker.Settlement) ([]error, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.check(ctx); err != nil {
+		return nil, err
+	}
+	now := b.clock.Now()
+	errs := make([]error, len(ss))
+	for i := range ss {
+		errs[i] = b.settle(&ss[i], now)
+	}
+	return errs, nil
+}
+
+func (b *Broker) settle(s *broker.Settlement, now time.Time) error {
+	if s.Kind < broker.SettleDone || s.Kind > broker.SettleRequeue {
+		return fmt.Errorf("membroker: task %q: unknown settle kind %d", s.Lease.ID, s.Kind)
+	}
+	q, t, err := b.leased(s.Lease)
+	if err != nil {
+		return err
+	}
+	at := s.At
+	if at.IsZero() {
+		at = now
+	}
+	at = msTime(at)
+	heap.Remove(&q.active, t.idx)
+	kind, errMsg := s.Kind, s.Err
+	if t.canceled && (kind == broker.SettleRetry || kind == broker.SettleRequeue) {
+		kind, errMsg = broker.SettleArchive, canceledErr
+		if s.Err != "" {
+			errMsg += "; last error: " + s.Err
+		}
+	}
+	switch kind {
+	case broker.SettleDone:
+		q.count(now, 1, 0)
+	case broker.SettleRetry, broker.SettleArchive:
+		q.count(now, 1, 1)
+	}
+	switch kind {
+	case broker.SettleRetry, broker.SettleArchive:
+		t.addAttempt(s.Started, at, s.Server, map[broker.SettleKind]string{broker.SettleRetry: "retry", broker.SettleArchive: "archive"}[kind], errMsg)
+	case broker.SettleDone:
+		if t.msg.Retention > 0 {
+			t.addAttempt(s.Started, at, s.Server, "done", "")
+		}
+	}
+	switch kind {
+	case broker.SettleDone:
+		q.releaseLock(t)
+		if t.msg.Retention <= 0 {
+			delete(q.tasks, t.msg.ID)
+			return nil
+		}
+		t.msg.State = tidetype.StateCompleted
+		t.msg.CompletedAt = at
+		b.push(&q.completed, t, at.Add(t.msg.Retention))
+		b.trim(q, now)
+	case broker.SettleRetry:
+		retryAt := s.RetryAt
+		if retryAt.IsZero() {
+			retryAt = now
+		}
+		t.msg.Retried++
+		t.msg.LastErr = s.Err
+		t.msg.LastFailedAt = at
+		t.msg.NextProcessAt = msTime(retryAt)
+		b.pushSched(s.Lease.Queue, q, t, tidetype.StateRetry)
+	case broker.SettleArchive:
+		b.archive(q, t, errMsg, at, now)
+		b.trim(q, now)
+	case broker.SettleRequeue:
+		b.pushPending(s.Lease.Queue, q, t, true)
+	}
+	return nil
+}
+
+// SetResult implements broker.Broker.
+func (b *Broker) SetResult(ctx context.Context, lease broker.LeaseRef, data []byte) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.check(ctx); err != nil {
+		return err
+	}
+	_, t, err := b.leased(lease)
+	if err != nil {
+		return err
+	}
+	t.msg.Result = bytes.Clone(data)
+	return nil
+}
+
+// addAttempt appends to t's attempt history, keeping the latest
+// tidetype.MaxAttempts.
+func (t *task) addAttempt(started, ended time.Time, server, outcome, err string) {
+	if len(err) > 1024 {
+		err = err[:1024]
+	}
+	t.attempts = append(t.attempts, tidetype.Attempt{Started: msTime(started), Ended: msTime(ended), Server: server, Outcome: outcome, Err: err})
+	if n := len(t.attempts); n > tidetype.MaxAttempts {
+		t.attempts = slices.Clone(t.attempts[n-tidetype.MaxAttempts:])
+	}
+}

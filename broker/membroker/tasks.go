@@ -1,0 +1,102 @@
+package membroker
+
+import (
+	"context"
+	"errors"
+
+	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/tidetype"
+)
+
+// GetTask implements broker.Broker.
+func (b *Broker) GetTask(ctx context.Context, queue, id string) (*tidetype.TaskInfo, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.check(ctx); err != nil {
+		return nil, err
+	}
+	q := b.queues[queue]
+	if q == nil {
+		return nil, broker.ErrTaskNotFound
+	}
+	t := q.tasks[id]
+	if t == nil {
+		return nil, broker.ErrTaskNotFound
+	}
+	return b.info(t), nil
+}
+
+// Delete implements broker.Broker.
+func (b *Broker) Delete(ctx context.Context, queue, id string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.check(ctx); err != nil {
+		return err
+	}
+	q := b.queues[queue]
+	if q == nil {
+		return broker.ErrTaskNotFound
+	}
+	t := q.tasks[id]
+	if t == nil {
+		return broker.ErrTaskNotFound
+	}
+	if t.msg.State == tidetype.StateActive {
+		return broker.ErrTaskActive
+	}
+	q.detach(t)
+	q.releaseLock(t)
+	delete(q.tasks, id)
+	return nil
+}
+
+// Cancel implements broker.Broker.
+func (b *Broker) Cancel(ctx context.Context, queue, id string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.check(ctx); err != nil {
+		return err
+	}
+	q := b.queues[queue]
+	if q == nil || q.tasks[id] == nil {
+		return broker.ErrTaskNotFound
+	}
+	t := q.tasks[id]
+	if t.msg.State == tidetype.StateActive {
+		t.canceled = true
+		b.emit(q, broker.Event{Kind: broker.EventCancel, Queue: queue, ID: id})
+		return nil
+	}
+	q.detach(t)
+	q.releaseLock(t)
+	delete(q.tasks, id)
+	return nil
+}
+
+// Pause implements broker.Broker.
+func (b *Broker) Pause(ctx context.Context, queue string) error {
+	return b.setPaused(ctx, queue, true)
+}
+
+// Unpause implements broker.Broker. It sends EventPending when tasks wait.
+func (b *Broker) Unpause(ctx context.Context, queue string) error {
+	return b.setPaused(ctx, queue, false)
+}
+
+func (b *Broker) setPaused(ctx context.Context, queue string, paused bool) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.check(ctx); err != nil {
+		return err
+	}
+	if queue == "" {
+		return errors.New("membroker: empty queue name")
+	}
+	q := b.queue(queue)
+	was := q.paused
+	q.paused = paused
+	if was && !paused && q.pending > 0 {
+		b.emit(q, broker.Event{Kind: broker.EventPending, Queue: queue})
+	}
+	return nil
+}
