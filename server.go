@@ -279,6 +279,9 @@ func (s *Server) run(ctx context.Context, d *broker.Delivery) (broker.Settlement
 	case broker.SettleRequeue:
 		s.log.Info("tide: task interrupted by shutdown; requeued", attrs...)
 		return set, true
+	case broker.SettleDefer:
+		s.log.Info("tide: task deferred by its handler; runs again later, no retry used", append(attrs, "in", set.RetryAt.Sub(now))...)
+		return set, true
 	}
 	if s.cfg.ErrorHandler != nil {
 		safely(s.log, "ErrorHandler", func() { s.cfg.ErrorHandler(ctx, t, err) })
@@ -324,14 +327,22 @@ func decide(m *TaskInfo, err, cause error, now time.Time) (set broker.Settlement
 		return set, "cancelled"
 	case errors.Is(err, SkipRetry):
 		return set, "SkipRetry"
-	case m.Retried >= m.MaxRetry:
+	case m.Retried >= m.MaxRetry && !isRetryAfter(err):
 		return set, "no retries left"
 	case !m.Deadline.IsZero() && !now.Before(m.Deadline):
 		return set, "past its deadline"
 	}
+	if d, ok := retryAfter(err); ok {
+		// The handler asked to wait: no retry is used, even by a task
+		// that has none left.
+		set.Kind, set.RetryAt = broker.SettleDefer, now.Add(d)
+		return set, ""
+	}
 	set.Kind = broker.SettleRetry
 	return set, ""
 }
+
+func isRetryAfter(err error) bool { _, ok := retryAfter(err); return ok }
 
 // call runs the handler, turning a panic into an error with its stack.
 func (s *Server) call(ctx context.Context, t *Task) (err error) {

@@ -120,9 +120,16 @@ const (
 	// SettleRequeue: the worker gives the task back without it counting as
 	// an attempt (shutdown); it is pending again at once.
 	SettleRequeue
+	// SettleDefer: the handler asked to run again later (tide.RetryAfter,
+	// an HTTP 429): the task waits in retry until Settlement.RetryAt with
+	// Retried unchanged and Settlement.Err as its last error. It counts as
+	// neither processed nor failed; the attempt history records it as
+	// "deferred".
+	SettleDefer
 )
 
-// String returns "done", "retry", "archive", "requeue" or "unknown".
+// String returns "done", "retry", "archive", "requeue", "defer" or
+// "unknown".
 func (k SettleKind) String() string {
 	switch k {
 	case SettleDone:
@@ -133,6 +140,8 @@ func (k SettleKind) String() string {
 		return "archive"
 	case SettleRequeue:
 		return "requeue"
+	case SettleDefer:
+		return "defer"
 	}
 	return "unknown"
 }
@@ -144,9 +153,10 @@ type Settlement struct {
 	// Task is the delivered task; brokers may use it to write the new
 	// record without reading the old one.
 	Task *tidetype.TaskInfo
-	// Err is the failure message for SettleRetry and SettleArchive.
+	// Err is the failure message for SettleRetry, SettleArchive and
+	// SettleDefer.
 	Err string
-	// RetryAt is when a retried task becomes pending again.
+	// RetryAt is when a retried or deferred task becomes pending again.
 	RetryAt time.Time
 	// At is when the attempt ended (LastFailedAt or CompletedAt).
 	At time.Time

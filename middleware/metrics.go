@@ -140,6 +140,9 @@ func outcome(ctx context.Context, err error) string {
 	if errors.Is(err, tide.SkipRetry) || errors.Is(context.Cause(ctx), tide.ErrTaskCanceled) {
 		return OutcomeArchived
 	}
+	if ra := (*tide.RetryAfterError)(nil); errors.As(err, &ra) {
+		return OutcomeDeferred
+	}
 	retried, ok1 := tide.GetRetryCount(ctx)
 	maxRetry, ok2 := tide.GetMaxRetry(ctx)
 	if ok1 && ok2 && retried >= maxRetry {
@@ -164,12 +167,13 @@ var (
 // and "queue" with WithShortMetricAttributes. A panic that passes through is
 // counted as a failure and re-raised.
 //
-// MetricFailed also carries AttrOutcome ("outcome"): OutcomeArchived or
-// OutcomeRetried. The middleware runs before the server decides, so it
-// applies the server's rule: archived when the error wraps tide.SkipRetry,
-// when the task was cancelled (the context's cause is tide.ErrTaskCanceled),
-// or when tide.GetRetryCount is at least tide.GetMaxRetry (no retries
-// left); retried otherwise. Outside a server only the first two apply. Not
+// MetricFailed also carries AttrOutcome ("outcome"): OutcomeArchived,
+// OutcomeDeferred or OutcomeRetried. The middleware runs before the server
+// decides, so it applies the server's rule: archived when the error wraps
+// tide.SkipRetry or when the task was cancelled (the context's cause is
+// tide.ErrTaskCanceled); deferred when the error wraps a
+// tide.RetryAfterError; archived when tide.GetRetryCount is at least
+// tide.GetMaxRetry (no retries left); retried otherwise. Outside a server only the first two apply. Not
 // foreseen, and so counted as retried: a task past its tide.Deadline
 // (archived), an attempt cut off by shutdown (requeued) or whose lease was
 // lost (recovered).

@@ -61,6 +61,9 @@ const (
 	// OutcomeArchived: the failed task is archived and will not run again
 	// unless someone runs it by hand.
 	OutcomeArchived = "archived"
+	// OutcomeDeferred: the handler returned tide.RetryAfter; the task runs
+	// again later without using a retry.
+	OutcomeDeferred = "deferred"
 )
 
 // Span names: the messaging semantic conventions name a span

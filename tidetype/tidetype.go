@@ -126,7 +126,8 @@ const MaxAttempts = 10
 type Attempt struct {
 	Started, Ended time.Time // Started is zero when unknown (lease expired)
 	Server         string
-	// Outcome is "retry", "archive", "done" or "lease expired".
+	// Outcome is "retry", "archive", "done", "lease expired" or "deferred"
+	// (the handler returned tide.RetryAfter).
 	Outcome string
 	Err     string // bounded to 1 KiB
 }

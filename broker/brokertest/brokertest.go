@@ -70,6 +70,7 @@ func Run(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
 		{"IdempotencyKey", testIdempotencyKey},
 		{"Delayed", testDelayed},
 		{"Retry", testRetry},
+		{"Defer", testDefer},
 		{"Archive", testArchive},
 		{"Requeue", testRequeue},
 		{"Retention", testRetention},

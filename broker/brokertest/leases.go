@@ -75,7 +75,7 @@ func testStaleToken(t *testing.T, b broker.Broker) {
 		t.Fatalf("redelivery token %d not above %d", cur.Token, old.Token)
 	}
 
-	for _, o := range []broker.SettleKind{broker.SettleDone, broker.SettleRetry, broker.SettleArchive, broker.SettleRequeue} {
+	for _, o := range []broker.SettleKind{broker.SettleDone, broker.SettleRetry, broker.SettleArchive, broker.SettleRequeue, broker.SettleDefer} {
 		s := outcomeOf(old, o)
 		s.Err, s.RetryAt = "late", time.Now()
 		if err := settle(t, b, s); !errors.Is(err, broker.ErrLeaseLost) {
@@ -139,5 +139,55 @@ func testRecoveryExhausted(t *testing.T, b broker.Broker) {
 			other.UniqueKey, other.UniqueTTL = key, time.Hour
 			enqueue(t, b, other)
 		})
+	}
+}
+
+// testDefer: a deferred task waits in retry until RetryAt with Retried
+// unchanged, its last error and a "deferred" attempt, counts as neither
+// processed nor failed, and is delivered again when due. Done afterwards
+// leaves no history behind.
+func testDefer(t *testing.T, b broker.Broker) {
+	m := newMsg("q", "d")
+	m.MaxRetry = 0
+	enqueue(t, b, m)
+	d := dequeueOne(t, b, "q", time.Minute)
+	at := time.Now()
+	retryAt := msTrunc(at.Add(time.Second))
+	s := outcomeOf(d, broker.SettleDefer)
+	s.RetryAt, s.Err, s.At, s.Started, s.Server = retryAt, "busy: retry after 1s", at, at, "srv-1"
+	settleOK(t, b, s)
+
+	got := get(t, b, "q", "d")
+	switch {
+	case got.State != tidetype.StateRetry:
+		t.Fatalf("State = %v, want retry", got.State)
+	case got.Retried != 0:
+		t.Fatalf("Retried = %d, want 0: a deferral uses no retry", got.Retried)
+	case got.LastErr != "busy: retry after 1s":
+		t.Fatalf("LastErr = %q", got.LastErr)
+	case !sameTime(got.NextProcessAt, retryAt):
+		t.Fatalf("ProcessAt = %v, want RetryAt %v", got.NextProcessAt, retryAt)
+	}
+	if a, ok := b.(broker.Admin); ok {
+		if len(got.Attempts) != 1 || got.Attempts[0].Outcome != "deferred" || got.Attempts[0].Server != "srv-1" {
+			t.Fatalf("attempts %+v, want one deferred on srv-1", got.Attempts)
+		}
+		qi, err := a.QueueInfo(t.Context(), "q")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if qi.Processed != 0 || qi.Failed != 0 {
+			t.Fatalf("a deferral counted: processed %d, failed %d", qi.Processed, qi.Failed)
+		}
+	}
+	dequeueNoneBefore(t, b, "q", retryAt)
+	awaitState(t, b, "q", "d", tidetype.StatePending)
+	d2 := dequeueOne(t, b, "q", time.Minute)
+	if d2.Task.Retried != 0 {
+		t.Fatalf("redelivered with Retried %d, want 0", d2.Task.Retried)
+	}
+	settleOK(t, b, outcomeOf(d2, broker.SettleDone))
+	if _, err := b.GetTask(t.Context(), "q", "d"); !errors.Is(err, broker.ErrTaskNotFound) {
+		t.Fatalf("GetTask after done: %v, want ErrTaskNotFound", err)
 	}
 }

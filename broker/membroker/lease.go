@@ -97,7 +97,7 @@ func (b *Broker) Settle(ctx context.Context, ss []broker.Settlement) ([]error, e
 }
 
 func (b *Broker) settle(s *broker.Settlement, now time.Time) error {
-	if s.Kind < broker.SettleDone || s.Kind > broker.SettleRequeue {
+	if s.Kind < broker.SettleDone || s.Kind > broker.SettleDefer {
 		return fmt.Errorf("membroker: task %q: unknown settle kind %d", s.Lease.ID, s.Kind)
 	}
 	q, t, err := b.leased(s.Lease)
@@ -111,7 +111,7 @@ func (b *Broker) settle(s *broker.Settlement, now time.Time) error {
 	at = msTime(at)
 	heap.Remove(&q.active, t.idx)
 	kind, errMsg := s.Kind, s.Err
-	if t.canceled && (kind == broker.SettleRetry || kind == broker.SettleRequeue) {
+	if t.canceled && (kind == broker.SettleRetry || kind == broker.SettleRequeue || kind == broker.SettleDefer) {
 		kind, errMsg = broker.SettleArchive, canceledErr
 		if s.Err != "" {
 			errMsg += "; last error: " + s.Err
@@ -124,8 +124,8 @@ func (b *Broker) settle(s *broker.Settlement, now time.Time) error {
 		q.count(now, 1, 1)
 	}
 	switch kind {
-	case broker.SettleRetry, broker.SettleArchive:
-		t.addAttempt(s.Started, at, s.Server, map[broker.SettleKind]string{broker.SettleRetry: "retry", broker.SettleArchive: "archive"}[kind], errMsg)
+	case broker.SettleRetry, broker.SettleArchive, broker.SettleDefer:
+		t.addAttempt(s.Started, at, s.Server, map[broker.SettleKind]string{broker.SettleRetry: "retry", broker.SettleArchive: "archive", broker.SettleDefer: "deferred"}[kind], errMsg)
 	case broker.SettleDone:
 		if t.msg.Retention > 0 {
 			t.addAttempt(s.Started, at, s.Server, "done", "")
@@ -142,12 +142,14 @@ func (b *Broker) settle(s *broker.Settlement, now time.Time) error {
 		t.msg.CompletedAt = at
 		b.push(&q.completed, t, at.Add(t.msg.Retention))
 		b.trim(q, now)
-	case broker.SettleRetry:
+	case broker.SettleRetry, broker.SettleDefer:
 		retryAt := s.RetryAt
 		if retryAt.IsZero() {
 			retryAt = now
 		}
-		t.msg.Retried++
+		if kind == broker.SettleRetry {
+			t.msg.Retried++
+		}
 		t.msg.LastErr = s.Err
 		t.msg.LastFailedAt = at
 		t.msg.NextProcessAt = msTime(retryAt)

@@ -187,7 +187,7 @@ func (b *Broker) Settle(ctx context.Context, ss []broker.Settlement) ([]error, e
 		return nil, err
 	}
 	for _, s := range ss {
-		if s.Kind < broker.SettleDone || s.Kind > broker.SettleRequeue {
+		if s.Kind < broker.SettleDone || s.Kind > broker.SettleDefer {
 			return nil, fmt.Errorf("tide: redisbroker: settle %s: unknown kind %d", s.Lease.ID, s.Kind)
 		}
 	}
@@ -222,6 +222,8 @@ func (b *Broker) settleCall(p part, ss []broker.Settlement, idx []int) *call {
 			args = append(args, "r", id, tok, s.RetryAt.UnixMilli(), at.UnixMilli(), s.Err)
 		case broker.SettleArchive:
 			args = append(args, "a", id, tok, "", at.UnixMilli(), s.Err)
+		case broker.SettleDefer:
+			args = append(args, "w", id, tok, s.RetryAt.UnixMilli(), at.UnixMilli(), s.Err)
 		default: // broker.SettleRequeue (Settle checked the kinds)
 			args = append(args, "q", id, tok, "", "", "")
 		}

@@ -192,7 +192,7 @@ end
 
 -- hist_add appends an attempt to task id's history (field id of the hash
 -- hist), keeping the latest 10. An entry is: started ms (6 bytes), ended ms
--- (6), outcome (1: r retry, a archive, d done, l lease expired), server
+-- (6), outcome (1: r retry, a archive, d done, l lease expired, w deferred), server
 -- length (1) and server, error length (2) and error (at most 1 KiB).
 local function hist_add(hist, id, started, ended, outcome, server, err)
   server = string.sub(server or '', 1, 255)

@@ -14,16 +14,18 @@
 --   'r' retry:     a = retry-at ms, b = failed-at ms, c = error
 --   'a' archive:   b = failed-at ms, c = error
 --   'q' requeue:   back to the front of pending, attempt not counted
+--   'w' defer:     like retry, but Retried unchanged and not counted as
+--                  processed or failed (the handler asked to wait)
 -- Returns a string of one code per settlement: '0' applied, '1' lease lost
 -- (nothing changed), '3' no such task here (gone, or it may be in the old
 -- span of a repartition). A task whose cancellation was recorded is archived as
 -- cancelled instead of being retried or requeued. The unique lock is released
 -- by done, completed and archive. Done, retry and archive count as processed
--- today and this minute; retry and archive as failed. Retry, archive and
--- completed add the attempt to the task's history (a task done at its first
--- attempt and not kept has none; done deletes it). Each completed or archived task trims
--- up to two tasks past their retention or the archive's bounds, so trimming
--- keeps pace with any completion rate. A request run again answers from the
+-- today and this minute; retry and archive as failed. Retry, defer, archive
+-- and completed add the attempt to the task's history (done deletes it).
+-- Each completed or archived task trims up to two tasks past their
+-- retention or the archive's bounds, so trimming keeps pace with any
+-- completion rate. A request run again answers from the
 -- reply cache.
 local bad = layout_error(KEYS[11], ARGV[1])
 if bad then return bad end
@@ -42,29 +44,31 @@ for i = 10, #ARGV, 8 do
   elseif not (rec_ok(rec) and rec_state(rec) == 2 and rec_token(rec) == tok) then
     out[#out + 1] = '1'
   else
-    if rec_canceled(rec) and (op == 'r' or op == 'q') then
+    if rec_canceled(rec) and (op == 'r' or op == 'q' or op == 'w') then
       op, b = 'a', b ~= '' and b or string.format('%d', redis_now())
       c = 'tide: task cancelled' .. (c ~= '' and ('; last error: ' .. c) or '')
     end
     redis.call('ZREM', KEYS[2], id)
-    if op ~= 'q' then processed = processed + 1 end
+    if op ~= 'q' and op ~= 'w' then processed = processed + 1 end
     if op == 'r' or op == 'a' then failed = failed + 1 end
     if op == 'd' then
       release_uniq(rec, KEYS[9], id)
       redis.call('HDEL', KEYS[1], id)
       redis.call('HDEL', KEYS[7], id)
-      if rec_retried(rec) > 0 then redis.call('HDEL', KEYS[13], id) end
+      redis.call('HDEL', KEYS[13], id) -- a retried or deferred task has a history
     elseif op == 'c' then
       release_uniq(rec, KEYS[9], id)
       redis.call('HSET', KEYS[1], id, a)
       redis.call('ZADD', KEYS[6], tonumber(b), id)
       hist_add(KEYS[13], id, started, tonumber(c), 'd', server, '')
       finished = finished + 1
-    elseif op == 'r' then
+    elseif op == 'r' or op == 'w' then
       local at = tonumber(a)
-      redis.call('HSET', KEYS[1], id, rec_patch(rec, 4, nil, rec_retried(rec) + 1, at, tonumber(b), c))
+      local retried = rec_retried(rec)
+      if op == 'r' then retried = retried + 1 end
+      redis.call('HSET', KEYS[1], id, rec_patch(rec, 4, nil, retried, at, tonumber(b), c))
       redis.call('ZADD', KEYS[4], at, id)
-      hist_add(KEYS[13], id, started, tonumber(b), 'r', server, c)
+      hist_add(KEYS[13], id, started, tonumber(b), op, server, c)
       if not first_retry or at < first_retry then first_retry = at end
     elseif op == 'a' then
       release_uniq(rec, KEYS[9], id)

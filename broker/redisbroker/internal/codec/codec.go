@@ -447,6 +447,8 @@ func DecodeAttempts(b []byte) []tidetype.Attempt {
 			a.Outcome = "done"
 		case 'l':
 			a.Outcome = "lease expired"
+		case 'w':
+			a.Outcome = "deferred"
 		default:
 			a.Outcome = "unknown"
 		}
