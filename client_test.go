@@ -280,6 +280,38 @@ func TestPauseQueue(t *testing.T) {
 	}
 }
 
+// A queue paused for a while resumes by itself: the server runs its task
+// after the pause, without an unpause.
+func TestPauseQueueFor(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	in := tide.NewInspector(e.b)
+	const d = 500 * time.Millisecond
+	paused := time.Now()
+	if err := in.PauseQueueFor(ctx, "default", d); err != nil {
+		t.Fatal(err)
+	}
+	ran := make(chan time.Time, 1)
+	e.server(tide.Config{}, tide.HandlerFunc(func(context.Context, *tide.Task) error { ran <- time.Now(); return nil }))
+	if _, err := e.c.Enqueue(ctx, tide.NewTask("t", nil)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case at := <-ran:
+		if at.Sub(paused) < d {
+			t.Fatalf("the task ran %v after a pause of %v", at.Sub(paused), d)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the task did not run after the timed pause ended")
+	}
+	for _, bad := range []time.Duration{0, -time.Second, tide.MaxPauseFor + time.Hour} {
+		if err := in.PauseQueueFor(ctx, "default", bad); !errors.Is(err, tide.ErrInvalidTask) {
+			t.Errorf("PauseQueueFor(%v): %v, want ErrInvalidTask", bad, err)
+		}
+	}
+}
+
 // TestGeneratedIDsAreDistinct: generated IDs are 12 characters and distinct;
 // what happens when one does collide is the subject of redisbroker's
 // TestRedrawOnlyProvenCollisions.

@@ -327,6 +327,28 @@ func (in *Inspector) PauseQueue(ctx context.Context, queue string) error {
 	return in.b.Pause(ctx, queue)
 }
 
+// MaxPauseFor is the longest pause PauseQueueFor accepts.
+const MaxPauseFor = 365 * 24 * time.Hour
+
+// PauseQueueFor pauses queue like PauseQueue, for d (1 ms to MaxPauseFor):
+// the queue resumes by itself when d has passed (servers pick its tasks up
+// within a few seconds of that) or at once with UnpauseQueue. Use it to
+// back off from a downstream that is down for a known while. A later
+// PauseQueue makes the pause indefinite; QueueInfo.PausedUntil tells when
+// it ends. It needs a broker that implements broker.Admin.
+func (in *Inspector) PauseQueueFor(ctx context.Context, queue string, d time.Duration) error {
+	if err := in.needAdmin(); err != nil {
+		return err
+	}
+	if err := ValidateQueueName(queue); err != nil {
+		return err
+	}
+	if d < time.Millisecond || d > MaxPauseFor {
+		return fmt.Errorf("%w: PauseQueueFor(%q, %v): the pause must be 1ms to %v", ErrInvalidTask, queue, d, MaxPauseFor)
+	}
+	return in.admin.PauseFor(ctx, queue, d)
+}
+
 // UnpauseQueue resumes a paused queue.
 func (in *Inspector) UnpauseQueue(ctx context.Context, queue string) error {
 	if err := ValidateQueueName(queue); err != nil {

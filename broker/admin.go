@@ -74,6 +74,12 @@ type Admin interface {
 	ArchiveTasks(ctx context.Context, queue string, state tidetype.TaskState, limit int) (int, error)
 	DeleteTasks(ctx context.Context, queue string, state tidetype.TaskState, limit int) (int, error)
 
+	// PauseFor pauses queue like Broker.Pause, for d: Dequeue hands out
+	// none of its tasks until d has passed (then the queue resumes by
+	// itself) or Unpause is called. A later Pause makes the pause
+	// indefinite again; d is at least a millisecond.
+	PauseFor(ctx context.Context, queue string, d time.Duration) error
+
 	// DeleteQueue forgets an empty queue: it disappears from Queues and its
 	// bookkeeping (counters, pause flag, partition count) is deleted. It
 	// returns an error wrapping ErrQueueNotEmpty while the queue holds a task

@@ -137,6 +137,9 @@ type Attempt struct {
 type QueueInfo struct {
 	Queue  string
 	Paused bool
+	// PausedUntil is when a pause made with a duration (PauseQueueFor)
+	// ends; zero when the queue is not paused or paused until unpaused.
+	PausedUntil time.Time
 	// Size is the number of tasks in every state together.
 	Size                                                   int
 	Pending, Active, Scheduled, Retry, Archived, Completed int

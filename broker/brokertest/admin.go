@@ -24,6 +24,7 @@ var adminTests = []struct {
 	{"AdminRegistry", testAdminRegistry},
 	{"AdminDeleteQueue", testAdminDeleteQueue},
 	{"AdminAttempts", testAdminAttempts},
+	{"AdminPauseFor", testAdminPauseFor},
 	{"AdminSearchSeriesStore", testAdminSearchSeriesStore},
 }
 
@@ -392,4 +393,51 @@ func contains(ss []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// testAdminPauseFor: a timed pause holds the queue's tasks back, reports
+// when it ends, lifts by itself, and Pause afterwards makes it indefinite.
+func testAdminPauseFor(t *testing.T, b broker.Broker, a broker.Admin) {
+	ctx := t.Context()
+	const d = 400 * time.Millisecond
+	start := time.Now()
+	if err := a.PauseFor(ctx, "p", d); err != nil {
+		t.Fatalf("PauseFor: %v", err)
+	}
+	enqueue(t, b, newMsg("p", "p1"))
+	qi, err := a.QueueInfo(ctx, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !qi.Paused || qi.PausedUntil.Before(start.Add(d-50*time.Millisecond)) || qi.PausedUntil.After(time.Now().Add(d+50*time.Millisecond)) {
+		t.Fatalf("QueueInfo: paused %v until %v; want paused until about %v", qi.Paused, qi.PausedUntil, start.Add(d))
+	}
+	if ds := dequeue(t, b, []string{"p"}, 10, time.Minute); len(ds) != 0 && time.Since(start) < d {
+		t.Fatalf("Dequeue of a queue paused for %v returned %d deliveries after %v", d, len(ds), time.Since(start))
+	}
+	var got []*broker.Delivery
+	eventually(t, waitLong, "the timed pause to end", func() bool {
+		got = dequeue(t, b, []string{"p"}, 10, time.Minute)
+		return len(got) == 1
+	})
+	if time.Since(start) < d {
+		t.Fatalf("the pause lifted after %v, before its %v", time.Since(start), d)
+	}
+	if qi, err := a.QueueInfo(ctx, "p"); err != nil || qi.Paused || !qi.PausedUntil.IsZero() {
+		t.Fatalf("after the pause: %+v, %v", qi, err)
+	}
+	// A timed pause, then Pause: indefinite.
+	if err := a.PauseFor(ctx, "p", time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Pause(ctx, "p"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond) // past the timed pause's end
+	if qi, err := a.QueueInfo(ctx, "p"); err != nil || !qi.Paused || !qi.PausedUntil.IsZero() {
+		t.Fatalf("Pause after PauseFor: %+v, %v; want paused indefinitely", qi, err)
+	}
+	if err := a.PauseFor(ctx, "p", 0); err == nil {
+		t.Fatal("PauseFor(0) was accepted")
+	}
 }

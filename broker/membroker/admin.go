@@ -99,7 +99,9 @@ func (b *Broker) QueueInfo(ctx context.Context, name string) (*tidetype.QueueInf
 	for _, t := range q.tasks {
 		st.SetCount(t.msg.State, st.Count(t.msg.State)+1)
 	}
-	st.Paused = q.paused
+	if now := b.clock.Now(); q.isPaused(now) {
+		st.Paused, st.PausedUntil = true, q.pausedUntil
+	}
 	if d := q.days[b.clock.Now().UTC().Format(time.DateOnly)]; d != nil {
 		st.Processed, st.Failed = d.processed, d.failed
 	}

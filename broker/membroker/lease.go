@@ -35,7 +35,7 @@ func (b *Broker) Dequeue(ctx context.Context, queues []string, n int, lease time
 	var out []*broker.Delivery
 	for _, qn := range queues {
 		q := b.queues[qn]
-		if q == nil || q.paused {
+		if q == nil || q.isPaused(now) {
 			continue
 		}
 		for q.head != nil && len(out) < n {

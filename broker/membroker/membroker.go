@@ -165,7 +165,8 @@ type queue struct {
 	archived  taskHeap // by archive time
 	completed taskHeap // by removal time
 
-	paused     bool
+	paused      bool
+	pausedUntil time.Time // end of a PauseFor; zero: until Unpause
 	owner      string
 	ownerUntil time.Time
 
@@ -244,9 +245,14 @@ func (b *Broker) pushPending(qn string, q *queue, t *task, front bool) {
 		q.tail = t
 	}
 	q.pending++
-	if q.pending == 1 && !q.paused {
+	if q.pending == 1 && !q.isPaused(b.clock.Now()) {
 		b.emit(q, broker.Event{Kind: broker.EventPending, Queue: qn})
 	}
+}
+
+// isPaused reports whether the queue is paused at now.
+func (q *queue) isPaused(now time.Time) bool {
+	return q.paused && (q.pausedUntil.IsZero() || now.Before(q.pausedUntil))
 }
 
 func (q *queue) unlinkPending(t *task) {

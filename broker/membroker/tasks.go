@@ -3,6 +3,8 @@ package membroker
 import (
 	"context"
 	"errors"
+	"fmt"
+	"time"
 
 	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/tidetype"
@@ -75,15 +77,23 @@ func (b *Broker) Cancel(ctx context.Context, queue, id string) error {
 
 // Pause implements broker.Broker.
 func (b *Broker) Pause(ctx context.Context, queue string) error {
-	return b.setPaused(ctx, queue, true)
+	return b.setPaused(ctx, queue, true, 0)
+}
+
+// PauseFor implements broker.Admin.
+func (b *Broker) PauseFor(ctx context.Context, queue string, d time.Duration) error {
+	if d < time.Millisecond {
+		return fmt.Errorf("membroker: pause %s for %v: under a millisecond", queue, d)
+	}
+	return b.setPaused(ctx, queue, true, d)
 }
 
 // Unpause implements broker.Broker. It sends EventPending when tasks wait.
 func (b *Broker) Unpause(ctx context.Context, queue string) error {
-	return b.setPaused(ctx, queue, false)
+	return b.setPaused(ctx, queue, false, 0)
 }
 
-func (b *Broker) setPaused(ctx context.Context, queue string, paused bool) error {
+func (b *Broker) setPaused(ctx context.Context, queue string, paused bool, d time.Duration) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err := b.check(ctx); err != nil {
@@ -93,8 +103,12 @@ func (b *Broker) setPaused(ctx context.Context, queue string, paused bool) error
 		return errors.New("membroker: empty queue name")
 	}
 	q := b.queue(queue)
-	was := q.paused
-	q.paused = paused
+	now := b.clock.Now()
+	was := q.isPaused(now)
+	q.paused, q.pausedUntil = paused, time.Time{}
+	if paused && d > 0 {
+		q.pausedUntil = msTime(now.Add(d))
+	}
 	if was && !paused && q.pending > 0 {
 		b.emit(q, broker.Event{Kind: broker.EventPending, Queue: queue})
 	}

@@ -71,6 +71,7 @@ func (b *Broker) QueueInfo(ctx context.Context, queue string) (*tidetype.QueueIn
 	type partCmds struct {
 		sizes    map[tidetype.TaskState]*redis.IntCmd
 		paused   *redis.IntCmd
+		pauseTTL *redis.DurationCmd
 		proc, fl *redis.StringCmd
 		oldest   *redis.StringCmd
 
@@ -90,6 +91,7 @@ func (b *Broker) QueueInfo(ctx context.Context, queue string) (*tidetype.QueueIn
 			}
 		}
 		c.paused = pipe.Exists(ctx, p.k("paused"))
+		c.pauseTTL = pipe.PTTL(ctx, p.k("paused"))
 		c.proc = pipe.HGet(ctx, p.k("stat"), "p:"+day)
 		c.fl = pipe.HGet(ctx, p.k("stat"), "f:"+day)
 		c.oldest = pipe.LIndex(ctx, p.k("pending"), -1)
@@ -108,6 +110,11 @@ func (b *Broker) QueueInfo(ctx context.Context, queue string) (*tidetype.QueueIn
 			qi.SetCount(st, qi.Count(st)+int(cmd.Val()))
 		}
 		qi.Paused = qi.Paused || c.paused.Val() == 1
+		if ttl := c.pauseTTL.Val(); c.paused.Val() == 1 && ttl > 0 {
+			if until := b.Now().Add(ttl).Truncate(time.Millisecond); until.After(qi.PausedUntil) {
+				qi.PausedUntil = until
+			}
+		}
 		qi.Overdue += int(c.overdue.Val() + c.overdueRetry.Val())
 		n, _ := c.proc.Int() // missing field: 0
 		f, _ := c.fl.Int()

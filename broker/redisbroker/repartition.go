@@ -125,7 +125,9 @@ func (b *Broker) startRepartition(ctx context.Context, queue string, n int) (lay
 	// The new span's partitions first (paused like the old ones), then the
 	// record that makes processes use them, then the old partitions' meta
 	// keys, which from then on refuse processes that route the old way.
-	paused, err := b.rdb.Exists(ctx, b.partAt(queue, ml, ml.cur.n).k("paused")).Result()
+	// PTTL: -2 not paused, -1 paused until unpaused, else the ms left of a
+	// PauseFor, which the new partitions keep.
+	ttl, err := b.rdb.PTTL(ctx, b.partAt(queue, ml, ml.cur.n).k("paused")).Result()
 	if err != nil {
 		return layout{}, fmt.Errorf("tide: redisbroker: repartition %s: %w", queue, classify(err))
 	}
@@ -133,8 +135,11 @@ func (b *Broker) startRepartition(ctx context.Context, queue string, n int) (lay
 	for i := range ml.cur.n {
 		p := b.partAt(queue, ml, i)
 		pipe.SetNX(ctx, p.k("meta"), p.layout, 0)
-		if paused == 1 {
+		switch {
+		case ttl == -1:
 			pipe.Set(ctx, p.k("paused"), "1", 0)
+		case ttl > 0:
+			pipe.Set(ctx, p.k("paused"), "1", ttl)
 		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil {

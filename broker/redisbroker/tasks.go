@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -155,14 +156,26 @@ func (b *Broker) CancelProcessing(ctx context.Context, queue, id string) error {
 }
 
 // Pause implements broker.Broker.
-func (b *Broker) Pause(ctx context.Context, queue string) error { return b.setPaused(ctx, queue, true) }
+func (b *Broker) Pause(ctx context.Context, queue string) error {
+	return b.setPaused(ctx, queue, true, 0)
+}
 
 // Unpause implements broker.Broker.
 func (b *Broker) Unpause(ctx context.Context, queue string) error {
-	return b.setPaused(ctx, queue, false)
+	return b.setPaused(ctx, queue, false, 0)
 }
 
-func (b *Broker) setPaused(ctx context.Context, queue string, on bool) error {
+// PauseFor implements broker.Admin: the partitions' pause flags expire
+// after d, and the servers' maintenance finds the waiting tasks within a
+// few seconds.
+func (b *Broker) PauseFor(ctx context.Context, queue string, d time.Duration) error {
+	if d < time.Millisecond {
+		return fmt.Errorf("tide: redisbroker: pause %s for %v: under a millisecond", queue, d)
+	}
+	return b.setPaused(ctx, queue, true, d)
+}
+
+func (b *Broker) setPaused(ctx context.Context, queue string, on bool, d time.Duration) error {
 	if err := b.check(); err != nil {
 		return err
 	}
@@ -174,7 +187,7 @@ func (b *Broker) setPaused(ctx context.Context, queue string, on bool) error {
 	for i := range l.total() {
 		k := b.partAt(queue, l, i).k("paused")
 		if on {
-			pipe.Set(ctx, k, "1", 0)
+			pipe.Set(ctx, k, "1", d) // d 0: no expiry
 		} else {
 			pipe.Del(ctx, k)
 		}
