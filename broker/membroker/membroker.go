@@ -167,8 +167,8 @@ type queue struct {
 
 	paused      bool
 	pausedUntil time.Time // end of a PauseFor; zero: until Unpause
-	owner      string
-	ownerUntil time.Time
+	owner       string
+	ownerUntil  time.Time
 
 	days    map[string]*dayCount   // UTC date -> counters, see count
 	minutes map[int64]*minuteCount // Unix minute -> counters, see minute
