@@ -458,6 +458,12 @@ func (f *flash) Message() string {
 		return fmt.Sprintf("%d %s tasks of queue %s were archived.", f.N, f.State, f.Queue)
 	case "delete-all":
 		return fmt.Sprintf("%d %s tasks of queue %s were deleted.", f.N, f.State, f.Queue)
+	case "sel-run":
+		return fmt.Sprintf("%d selected tasks of queue %s are now pending.", f.N, f.Queue)
+	case "sel-archive":
+		return fmt.Sprintf("%d selected tasks of queue %s were archived.", f.N, f.Queue)
+	case "sel-delete":
+		return fmt.Sprintf("%d selected tasks of queue %s were deleted.", f.N, f.Queue)
 	case "login":
 		return "Logged in: you can now change tasks and queues."
 	case "login-read":

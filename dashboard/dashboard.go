@@ -2,9 +2,21 @@
 // queues, tasks, servers and a processed/failed history, and lets an operator
 // run, archive, delete and cancel tasks and pause queues.
 //
+// Besides the daily history, the overview and each queue's page have a live
+// view of the last hour (processed and failed per second, pending tasks,
+// current sizes) that the page's script polls from GET /api/live every five
+// seconds, without reloading. A queue's page searches its tasks by ID, type,
+// payload and error text and acts on selected rows; a task's page lists its
+// recorded attempts and, while it runs, its server, start and lease. A queue
+// with overdue scheduled or retry tasks and no live server to move them gets
+// a warning. The servers page shows the Redis server's version, memory and
+// eviction policy (warning about any policy but noeviction) and each periodic
+// task's latest runs.
+//
 // The pages are rendered on the server with html/template; a small script
 // and a stylesheet are embedded in the binary, so the dashboard needs no
-// build step and loads nothing from other origins.
+// build step and loads nothing from other origins. They follow the browser's
+// dark mode and fit narrow screens.
 //
 // # Security model
 //
@@ -64,15 +76,32 @@
 //
 // # Routes
 //
-//	GET  /                  queues, totals, history chart (?days=7|30)
-//	GET  /queue?q=Q         a queue's tasks by state (&state=&page=&size=)
-//	GET  /task?q=Q&id=ID    one task: payload, headers, error, result
-//	GET  /servers           live servers, their active tasks, schedulers
+//	GET  /                  queues, totals, live view, history chart (?days=7|30)
+//	GET  /queue?q=Q         a queue's tasks by state (&state=&page=&size=);
+//	                        with any of &id=&type=&payload=&err= (substrings,
+//	                        at most 200 bytes each) a search, paged by &from=
+//	GET  /task?q=Q&id=ID    one task: payload, headers, error, result,
+//	                        attempts; for a running task its server and lease
+//	GET  /servers           live servers, their active tasks, schedulers and
+//	                        their latest runs, the Redis server's facts
+//	GET  /cron?id=E[&s=S]   the latest 30 runs of a periodic entry
+//	GET  /api/live[?q=Q]    JSON: a queue's (or all queues') activity per
+//	                        minute over the last hour and its sizes now
 //	GET  /login             login form; POST /login logs in; POST /logout
 //	POST /task/{run,archive,delete,cancel}     form fields q, id
 //	POST /queue/{pause,unpause}                form field q
 //	POST /queue/{run-all,archive-all,delete-all} form fields q, state
+//	POST /selection/{run,archive,delete}       form fields q, id (repeated,
+//	                                           at most 100 per request)
 //	GET  /static/...        the stylesheet and script
+//
+// GET /api/live answers {"queue":...,"now":...,"points":[{"t":ms,
+// "processed":n,"failed":n,"pending":n},...],"sizes":{"pending":n,...},
+// "processed_last_hour":n,"failed_last_hour":n,"processed_per_sec":x,
+// "failed_per_sec":x,"queues":n}: one point per minute (the minute's start
+// in Unix milliseconds; pending -1 when no server sampled it), and rates
+// over the last minute or two. Errors are {"ok":false,"error":...} with the
+// status the pages would have.
 //
 // With Options.ReadToken set, the GET routes but /login and /static/ answer
 // 401 without a session or bearer token (the login form, or JSON for a
@@ -84,6 +113,10 @@
 // {"ok":false,"error":...} with the status: 400 bad input, 401 wrong token,
 // 403 read-only or refused, 404 no such task, 409 the task's state does not
 // allow it, 429 too many failed tokens, 503 Redis unavailable.
+// A selection action changes each task on its own and answers
+// {"ok":...,"count":n,"failed":[{"id":...,"status":...,"error":...}]}, with
+// 200 when at least one task was changed; a browser gets the failures
+// listed on a page of their own.
 package dashboard
 
 import (
@@ -224,6 +257,8 @@ func New(in *tide.Inspector, opts Options) (http.Handler, error) {
 	m.HandleFunc("GET /queue", h.readable(h.queuePage))
 	m.HandleFunc("GET /task", h.readable(h.taskPage))
 	m.HandleFunc("GET /servers", h.readable(h.serversPage))
+	m.HandleFunc("GET /cron", h.readable(h.cronPage))
+	m.HandleFunc("GET /api/live", h.readable(h.liveAPI))
 	m.HandleFunc("GET /login", h.loginPage)
 	m.HandleFunc("POST /login", h.login)
 	// Mutations are POST only. These patterns take every method so that a
@@ -231,6 +266,7 @@ func New(in *tide.Inspector, opts Options) (http.Handler, error) {
 	m.HandleFunc("/logout", postOnly(h.logout))
 	m.HandleFunc("/task/{op}", postOnly(h.taskAction))
 	m.HandleFunc("/queue/{op}", postOnly(h.queueAction))
+	m.HandleFunc("/selection/{op}", postOnly(h.selectionAction))
 	m.HandleFunc("GET /static/", h.serveStatic)
 	m.HandleFunc("/", h.readable(h.notFound))
 	h.mux = m

@@ -4,12 +4,9 @@ import (
 	"context"
 	"fmt"
 	"html/template"
-	"maps"
 	"net/http"
 	"net/url"
-	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -110,6 +107,7 @@ var funcs = template.FuncMap{
 	"previewText": previewText,
 	"label":       func(op string) string { return actionLabels[op] },
 	"confirm":     confirmText,
+	"since":       func(t, now time.Time) time.Duration { return now.Sub(t) },
 	"iso": func(t time.Time) string {
 		if t.IsZero() {
 			return ""
@@ -141,6 +139,9 @@ var funcs = template.FuncMap{
 		return "/queue?" + url.Values{"q": {q}, "state": {state}}.Encode()
 	},
 	"list": func(s ...string) []string { return s },
+	"cronURL": func(id, scheduler string) string {
+		return "/cron?" + url.Values{"id": {id}, "s": {scheduler}}.Encode()
+	},
 	"taskURL": func(q, id string) string {
 		return "/task?" + url.Values{"q": {q}, "id": {id}}.Encode()
 	},
@@ -150,7 +151,7 @@ var funcs = template.FuncMap{
 // shared partials.
 func parsePages() (map[string]*template.Template, error) {
 	pages := map[string]*template.Template{}
-	for _, p := range []string{"overview", "queue", "task", "servers", "login", "error"} {
+	for _, p := range []string{"overview", "queue", "task", "servers", "login", "error", "selection", "cron"} {
 		t, err := template.New(p).Funcs(funcs).ParseFS(templateFS,
 			"templates/layout.html", "templates/partials.html", "templates/"+p+".html")
 		if err != nil {
@@ -187,6 +188,9 @@ type overviewData struct {
 	Servers int
 	Days    int
 	Chart   *chart
+	// Unserved are the queues with overdue tasks that no live server
+	// serves.
+	Unserved []*tide.QueueInfo
 }
 
 func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
@@ -233,6 +237,11 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d.Queues, d.Servers = infos, len(servers)
+	for _, qi := range infos {
+		if qi.Overdue > 0 && !serves(servers, qi.Queue) {
+			d.Unserved = append(d.Unserved, qi)
+		}
+	}
 	t := &d.Total
 	for _, qi := range infos {
 		t.Size += qi.Size
@@ -266,255 +275,4 @@ func parallel(n, k int, fn func(int)) {
 	}
 	close(next)
 	wg.Wait()
-}
-
-// queueData is the data of the queue page.
-type queueData struct {
-	Info                 *tide.QueueInfo
-	State                tide.TaskState
-	Tabs                 []stateTab
-	Tasks                []taskRow
-	Bulk                 []string
-	Page, Size, Count    int
-	From, To, Pages      int
-	PrevURL, NextURL     string
-	WhenLabel            string
-	Days                 int
-	Chart                *chart
-	DaysURL7, DaysURL30  string
-	PageSizes            []pageSize
-	ShowErrors, ShowWhen bool
-}
-
-type stateTab struct {
-	State   tide.TaskState
-	Count   int
-	Current bool
-	URL     string
-}
-
-type pageSize struct {
-	N       int
-	URL     string
-	Current bool
-}
-
-// taskRow is a task in a table.
-type taskRow struct {
-	*tide.TaskInfo
-	Preview    string
-	ErrPreview string
-	When       time.Time
-	Actions    []string
-}
-
-// whenOf returns the time that matters for a task in a listing.
-func whenOf(t *tide.TaskInfo) time.Time {
-	switch t.State {
-	case tide.StateArchived:
-		return t.LastFailedAt
-	case tide.StateCompleted:
-		return t.CompletedAt
-	}
-	return t.NextProcessAt
-}
-
-var whenLabels = map[tide.TaskState]string{
-	tide.StatePending: "Due", tide.StateActive: "Due", tide.StateScheduled: "Runs",
-	tide.StateRetry: "Next retry", tide.StateArchived: "Failed", tide.StateCompleted: "Completed",
-}
-
-func (h *handler) queuePage(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	queue := q.Get("q")
-	if err := tide.ValidateQueueName(queue); err != nil {
-		h.fail(w, r, err, false)
-		return
-	}
-	st := tide.StatePending
-	if s := q.Get("state"); s != "" {
-		var ok bool
-		if st, ok = parseState(s); !ok {
-			h.failWith(w, r, http.StatusBadRequest, "Bad request", fmt.Sprintf("Unknown task state %q.", s))
-			return
-		}
-	}
-	d := &queueData{
-		State: st,
-		Page:  intParam(r, "page", 1, 1, maxPage),
-		Size:  intParam(r, "size", defaultPageSize, 1, maxPageSize),
-		Days:  daysParam(r),
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
-	defer cancel()
-	qi, err := h.in.QueueInfo(ctx, queue)
-	if err != nil {
-		h.fail(w, r, err, false)
-		return
-	}
-	tasks, err := h.in.ListTasks(ctx, queue, st, d.Page, d.Size)
-	if err != nil {
-		h.fail(w, r, err, false)
-		return
-	}
-	hs, err := h.in.History(ctx, queue, d.Days)
-	if err != nil {
-		h.fail(w, r, err, false)
-		return
-	}
-	d.Info = qi
-	link := func(st tide.TaskState, page, size, days int) string {
-		v := url.Values{"q": {queue}, "state": {st.String()}}
-		if page > 1 {
-			v.Set("page", strconv.Itoa(page))
-		}
-		if size != defaultPageSize {
-			v.Set("size", strconv.Itoa(size))
-		}
-		if days != 7 {
-			v.Set("days", strconv.Itoa(days))
-		}
-		return "/queue?" + v.Encode()
-	}
-	for _, s := range states {
-		d.Tabs = append(d.Tabs, stateTab{State: s, Count: countOf(qi, s), Current: s == st, URL: link(s, 1, d.Size, d.Days)})
-	}
-	for _, n := range []int{20, 50, 100} {
-		d.PageSizes = append(d.PageSizes, pageSize{N: n, URL: link(st, 1, n, d.Days), Current: n == d.Size})
-	}
-	d.Count = countOf(qi, st)
-	d.Pages = max(1, (d.Count+d.Size-1)/d.Size)
-	if len(tasks) > 0 {
-		d.From = (d.Page-1)*d.Size + 1
-		d.To = d.From + len(tasks) - 1
-	}
-	if d.Page > 1 {
-		d.PrevURL = link(st, min(d.Page-1, d.Pages), d.Size, d.Days)
-	}
-	if d.Page*d.Size < d.Count {
-		d.NextURL = link(st, d.Page+1, d.Size, d.Days)
-	}
-	d.DaysURL7, d.DaysURL30 = link(st, d.Page, d.Size, 7), link(st, d.Page, d.Size, 30)
-	d.WhenLabel = whenLabels[st]
-	d.ShowWhen = true
-	d.ShowErrors = st != tide.StatePending && st != tide.StateScheduled && st != tide.StateCompleted
-	for _, t := range tasks {
-		row := taskRow{TaskInfo: t, Preview: preview(t.Payload), ErrPreview: previewText(t.LastErr), When: whenOf(t), Actions: taskActions(t.State)}
-		if t.LastErr != "" {
-			d.ShowErrors = true
-		}
-		d.Tasks = append(d.Tasks, row)
-	}
-	d.Bulk = bulkActions(st)
-	if d.Count == 0 {
-		d.Bulk = nil
-	}
-	var hist []day
-	for _, s := range hs {
-		hist = append(hist, day{Date: s.Date, Processed: s.Processed, Failed: s.Failed})
-	}
-	d.Chart = newChart(mergeHistory([][]day{hist}, d.Days, h.now()))
-	h.render(w, http.StatusOK, "queue", h.newView(w, r, "queue", "Queue "+queue, d))
-}
-
-// taskData is the data of the task page.
-type taskData struct {
-	Task      *tide.TaskInfo
-	Payload   blob
-	Result    blob
-	Err       blob
-	Headers   []header
-	Actions   []string
-	QueueURL  string
-	Timeout   string
-	Retention string
-}
-
-type header struct{ Key, Value string }
-
-func (h *handler) taskPage(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	queue, id := q.Get("q"), q.Get("id")
-	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
-	defer cancel()
-	t, err := h.in.GetTaskInfo(ctx, queue, id)
-	if err != nil {
-		h.fail(w, r, err, false)
-		return
-	}
-	d := &taskData{
-		Task: t, Payload: viewBlob(t.Payload), Result: viewBlob(t.Result), Err: viewText(t.LastErr),
-		Actions:  taskActions(t.State),
-		QueueURL: "/queue?" + url.Values{"q": {t.Queue}, "state": {t.State.String()}}.Encode(),
-	}
-	if t.Timeout > 0 {
-		d.Timeout = t.Timeout.String()
-	}
-	if t.Retention > 0 {
-		d.Retention = t.Retention.String()
-	}
-	keys := slices.Sorted(maps.Keys(t.Headers))
-	for i, k := range keys {
-		if i == 100 {
-			d.Headers = append(d.Headers, header{Key: "…", Value: fmt.Sprintf("%d more headers not shown", len(keys)-i)})
-			break
-		}
-		d.Headers = append(d.Headers, header{Key: previewText(k), Value: previewText(t.Headers[k])})
-	}
-	h.render(w, http.StatusOK, "task", h.newView(w, r, "queue", "Task "+id, d))
-}
-
-// serversData is the data of the servers page.
-type serversData struct {
-	Servers    []serverRow
-	Schedulers []tide.SchedulerEntry
-	MoreSched  int
-}
-
-type serverRow struct {
-	tide.ServerInfo
-	QueueList  string
-	Shown      []tide.ActiveTask
-	MoreActive int
-}
-
-// maxShown bounds the active tasks listed per server and the scheduler
-// entries listed.
-const maxShown = 50
-
-func (h *handler) serversPage(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
-	defer cancel()
-	ss, err := h.in.Servers(ctx)
-	if err != nil {
-		h.fail(w, r, err, false)
-		return
-	}
-	es, err := h.in.SchedulerEntries(ctx)
-	if err != nil {
-		h.fail(w, r, err, false)
-		return
-	}
-	d := &serversData{}
-	slices.SortFunc(ss, func(a, b tide.ServerInfo) int { return strings.Compare(a.ID, b.ID) })
-	for _, s := range ss {
-		row := serverRow{ServerInfo: s}
-		var qs []string
-		for _, q := range slices.Sorted(maps.Keys(s.Queues)) {
-			qs = append(qs, fmt.Sprintf("%s (%d)", q, s.Queues[q]))
-		}
-		row.QueueList = strings.Join(qs, ", ")
-		row.Shown = s.Active
-		if len(row.Shown) > maxShown {
-			row.MoreActive = len(row.Shown) - maxShown
-			row.Shown = row.Shown[:maxShown]
-		}
-		d.Servers = append(d.Servers, row)
-	}
-	if len(es) > maxShown {
-		d.MoreSched = len(es) - maxShown
-		es = es[:maxShown]
-	}
-	d.Schedulers = es
-	h.render(w, http.StatusOK, "servers", h.newView(w, r, "servers", "Servers", d))
 }

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 
@@ -100,7 +101,7 @@ func seedDemo(t *testing.T, e *env) {
 	t.Helper()
 	srv := tide.NewServer(e.b, tide.Config{
 		Concurrency:     4,
-		Queues:          map[string]int{"emails": 2, "webhooks": 1},
+		Queues:          map[string]int{"emails": 2, "webhooks": 1, "maintenance": 1},
 		ShutdownTimeout: time.Second,
 		RetryDelayFunc:  func(int, error, *tide.Task) time.Duration { return 10 * time.Minute },
 		Logger:          testLogger(t),
@@ -121,6 +122,22 @@ func seedDemo(t *testing.T, e *env) {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
+
+	// Two periodic tasks: one that succeeds, one that fails.
+	sched := tide.NewScheduler(e.b, &tide.SchedulerOpts{Logger: testLogger(t)})
+	for _, c := range []struct{ id, typ, payload string }{
+		{"metrics:flush", "metrics:flush", `{"ok":true}`},
+		{"reports:rollup", "reports:rollup", `{"bounce":true}`},
+	} {
+		if _, err := sched.RegisterEntry(tide.CronEntry{ID: c.id, Spec: "@every 2s", Task: tide.NewTask(c.typ, []byte(c.payload)),
+			Options: []tide.Option{tide.Queue("maintenance")}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := sched.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sched.Shutdown)
 
 	var ts []*tide.Task
 	for i := range 24 {
@@ -171,7 +188,11 @@ func seedDemo(t *testing.T, e *env) {
 // runs a scheduled task with its button, deletes another one (accepting the
 // confirmation), checks the pages and the Inspector, and takes screenshots
 // (to the test's temp dir and, when TIDE_DASH_SCREENSHOT=path.png is set,
-// to that path, with -queue, -task and -servers variants next to it).
+// to that path, with -queue, -errors, -task and -servers variants next to
+// it). It then searches with the form and archives two selected rows, watches
+// the live view count new tasks without a reload, and shows a task's attempt
+// history and a running task (-search, -live, -task-history, -task-running),
+// dark mode with a contrast check (-dark) and a phone-sized screen (-narrow).
 func TestE2EBrowser(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -195,7 +216,7 @@ func TestE2EBrowser(t *testing.T) {
 	// failing to remove the profile is not the test's concern.
 	t.Cleanup(func() { _ = os.RemoveAll(profile) })
 
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx,
 		chromedp.ExecPath(exe),
@@ -335,15 +356,16 @@ func TestE2EBrowser(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(fmt.Sprintf(`tr[data-task-id=%q][data-state="pending"]`, target.ID))),
 	)
 
-	shot := func(name, url, ready string) {
+	// save takes a screenshot of the page as it is, at least minWidth
+	// pixels wide.
+	save := func(name string, minWidth int) {
 		t.Helper()
-		run("open "+name, chromedp.Navigate(url), chromedp.WaitVisible(chromedp.CSS(ready)))
 		img, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
 		if err != nil {
 			t.Fatalf("browser: screenshot %s: %v", name, err)
 		}
 		cfg, err := png.DecodeConfig(bytes.NewReader(img))
-		if err != nil || cfg.Width < 800 || cfg.Height < 300 {
+		if err != nil || cfg.Width < minWidth || cfg.Height < 300 {
 			t.Fatalf("screenshot %s: %dx%d %v", name, cfg.Width, cfg.Height, err)
 		}
 		file := "dashboard.png"
@@ -364,9 +386,168 @@ func TestE2EBrowser(t *testing.T) {
 			t.Logf("screenshot: %s", p)
 		}
 	}
+	shot := func(name, url, ready string) {
+		t.Helper()
+		run("open "+name, chromedp.Navigate(url), chromedp.WaitVisible(chromedp.CSS(ready)))
+		save(name, 800)
+	}
 	shot("", e.srv.URL+"/", "#chart")
 	shot("queue", e.srv.URL+"/queue?q=default&state=scheduled", "#tasks")
 	shot("errors", e.srv.URL+"/queue?q=emails&state=archived", "#tasks")
 	shot("task", e.srv.URL+"/task?q=default&id="+target.ID, "#payload")
-	shot("servers", e.srv.URL+"/servers", "#servers")
+	// The periodic tasks have run (and failed) at least once: the servers
+	// page shows both outcomes (reloaded until the ticks have been processed).
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		run("open the servers", chromedp.Navigate(e.srv.URL+"/servers"), chromedp.WaitVisible(chromedp.ID("servers")))
+		if eval(`document.querySelectorAll('tr[data-entry="metrics:flush"] .run-succeeded').length > 0 && `+
+			`document.querySelectorAll('tr[data-entry="reports:rollup"] .run-failed').length > 0`) == true {
+			break
+		}
+		if time.Now().After(deadline) {
+			body, _ := chromedp.Run(bctx, chromedp.Evaluate[string]("document.body.innerText"))
+			t.Fatalf("the servers page shows no successful run of metrics:flush or no failed run of reports:rollup:\n%s", body)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	save("servers", 800)
+	if v := eval(`document.getElementById('store-version').textContent.length > 0 && !!document.getElementById('store-eviction')`); v != true {
+		t.Error("the servers page lacks the Redis facts")
+	}
+	run("open a periodic task's runs",
+		chromedp.Click(chromedp.CSS(`tr[data-entry="reports:rollup"] td.id a`)),
+		chromedp.WaitVisible(chromedp.ID("cron-runs")),
+	)
+	if n := eval(`document.querySelectorAll('#cron-runs tr[data-outcome="failed"]').length`); n == float64(0) {
+		t.Error("the periodic task's page shows no failed run")
+	}
+	save("cron", 800)
+
+	// Search with the form: only the matching rows are listed.
+	run("search by type",
+		chromedp.Navigate(e.srv.URL+"/queue?q=default&state=scheduled"),
+		chromedp.WaitVisible(chromedp.ID("search-type")),
+		chromedp.SendKeys(chromedp.ID("search-type"), "order:cancel"),
+		chromedp.Click(chromedp.ID("search-btn")),
+	)
+	waitJS("search results", `(function(){var n=document.getElementById('search-note');return !!n && document.readyState==='complete'})()`)
+	if got := eval(`Array.from(document.querySelectorAll('tr[data-task-id]')).map(function(r){return r.getAttribute('data-task-id')}).sort().join(' ')`); got != "cancel:order-43 cancel:order-45" {
+		t.Errorf("search rows %q, want the two order:cancel tasks", got)
+	}
+	save("search", 800)
+
+	// Select both rows and archive them: they move to the archived tab.
+	picked := []string{"cancel:order-43", "cancel:order-45"}
+	for _, id := range picked {
+		run("select "+id, chromedp.Click(chromedp.CSS(fmt.Sprintf(`tr[data-task-id=%q] input.sel-box`, id))))
+	}
+	if got := eval(`document.getElementById('selection-count').textContent`); got != "2 tasks selected:" {
+		t.Errorf("selection count %q", got)
+	}
+	run("archive the selection", chromedp.Click(chromedp.CSS(`button[data-action="sel-archive"]`)))
+	waitFlash("archive the selection", "2 selected tasks of queue default were archived.")
+	for _, id := range picked {
+		run("row gone after archive", chromedp.WaitNotPresent(row(id)))
+		if st := e.state("default", id); st != tide.StateArchived {
+			t.Errorf("Inspector: %s is %v after archiving the selection, want archived", id, st)
+		}
+	}
+	run("open the archived tab",
+		chromedp.Click(chromedp.CSS(`a[data-state="archived"]`)),
+		chromedp.WaitVisible(row(picked[0])),
+		chromedp.WaitVisible(row(picked[1])),
+	)
+
+	// The live view updates while the page stays loaded.
+	run("open the emails queue", chromedp.Navigate(e.srv.URL+"/queue?q=emails&state=pending"))
+	waitJS("first live update", `(function(){var l=document.getElementById('live');return !!l && l.hasAttribute('data-updates')})()`)
+	before := eval(`window.__samePage = 'still here'; document.getElementById('live-processed-hour').textContent`)
+	todayBefore := eval(`document.querySelector('.stats [data-live="processed"]').textContent`)
+	for i := range 5 {
+		e.enqueue("email:welcome", fmt.Appendf(nil, `{"user_id":%d,"kind":"ok"}`, 2000+i), tide.Queue("emails"))
+	}
+	waitJS("the live view to count the new tasks", fmt.Sprintf(
+		`window.__samePage === 'still here' && document.getElementById('live-processed-hour').textContent !== %q`, before))
+	if after := eval(`document.getElementById('live-processed-hour').textContent`); after == before {
+		t.Errorf("live count stayed %v", before)
+	}
+	waitJS("the page's processed-today count to follow", fmt.Sprintf(
+		`document.querySelector('.stats [data-live="processed"]').textContent !== %q`, todayBefore))
+	if n := eval(`document.querySelectorAll('#live-throughput polyline').length`); n != float64(2) {
+		t.Errorf("live chart has %v lines, want 2", n)
+	}
+	save("live", 800)
+
+	// A retried task's page lists its failed attempts.
+	retries, err := e.in.ListTasks(e.ctx(), "webhooks", tide.StateRetry, 1, 10)
+	if err != nil || len(retries) == 0 {
+		t.Fatalf("no retry task to show: %v", err)
+	}
+	shot("task-history", e.srv.URL+"/task?q=webhooks&id="+retries[0].ID, "#attempts")
+	if got := eval(`document.querySelector('#attempts tr.attempt .errtext').textContent`); !strings.Contains(fmt.Sprint(got), "502 Bad Gateway") {
+		t.Errorf("attempt error %q", got)
+	}
+
+	// The running task's page says where and since when it runs (the
+	// server's heartbeat may lag a few seconds).
+	active, _, err := e.in.SearchTasks(e.ctx(), "emails", tide.StateActive, tide.TaskFilter{Type: "email:digest"}, 0, 10)
+	if err != nil || len(active) != 1 {
+		t.Fatalf("the running email:digest task: %v %v", active, err)
+	}
+	deadline = time.Now().Add(20 * time.Second)
+	for {
+		run("open the running task", chromedp.Navigate(e.srv.URL+"/task?q=emails&id="+active[0].ID), chromedp.WaitVisible(chromedp.ID("running-server")))
+		if eval(`!!document.querySelector('#running-server code')`) == true {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the running task's page never names its server")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	save("task-running", 800)
+
+	// Dark mode follows the browser's preference, with enough contrast.
+	if _, err := chromedp.Call(bctx, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{
+		Features: []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: "dark"}}}); err != nil {
+		t.Fatal(err)
+	}
+	run("open the archived emails in dark mode", chromedp.Navigate(e.srv.URL+"/queue?q=emails&state=archived"), chromedp.WaitVisible(chromedp.ID("tasks")))
+	waitJS("the live view in dark mode", `document.getElementById('live').hasAttribute('data-updates')`)
+	save("dark", 800)
+	if dark := eval(contrastJS + `luminance(bg(document.body)) < 0.05`); dark != true {
+		t.Error("the page is not dark under prefers-color-scheme: dark")
+	}
+	for _, sel := range []string{"body", "table.grid td.type", ".muted", "table.grid thead th", ".badge", ".btn", "table.grid .err"} {
+		ratio, _ := chromedp.Run(bctx, chromedp.Evaluate[float64](contrastJS+fmt.Sprintf(`contrast(document.querySelector(%q))`, sel)))
+		if ratio < 4.5 {
+			t.Errorf("dark mode: %s has contrast %.2f, want at least 4.5", sel, ratio)
+		}
+	}
+	if _, err := chromedp.Call(bctx, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{
+		Features: []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: ""}}}); err != nil {
+		t.Fatal(err)
+	}
+
+	// A phone-sized screen: the page does not scroll sideways (tables
+	// scroll in their own box) and the header wraps.
+	run("narrow screen", chromedp.EmulateViewport(390, 844))
+	run("open the queue on a narrow screen", chromedp.Navigate(e.srv.URL+"/queue?q=default&state=archived"), chromedp.WaitVisible(chromedp.ID("tasks")))
+	if ok := eval(`document.documentElement.scrollWidth <= window.innerWidth + 1`); ok != true {
+		t.Errorf("the narrow page scrolls sideways: %v > %v", eval(`document.documentElement.scrollWidth`), eval(`window.innerWidth`))
+	}
+	if ok := eval(`(function(){var s=document.querySelector('#tasks').closest('.scroll');return getComputedStyle(s).overflowX === 'auto'})()`); ok != true {
+		t.Error("the task table is not in a scrolling box")
+	}
+	save("narrow", 300)
+	run("reset the viewport", chromedp.EmulateReset())
 }
+
+// contrastJS defines luminance, bg and contrast: the WCAG contrast ratio of
+// an element's text against the first opaque background behind it.
+const contrastJS = `
+function rgb(s){var m=s.match(/[\d.]+/g)||[0,0,0,0];return {r:+m[0],g:+m[1],b:+m[2],a:m.length>3?+m[3]:1}}
+function luminance(c){var f=function(v){v/=255;return v<=0.03928?v/12.92:Math.pow((v+0.055)/1.055,2.4)};return 0.2126*f(c.r)+0.7152*f(c.g)+0.0722*f(c.b)}
+function bg(el){for(;el;el=el.parentElement){var c=rgb(getComputedStyle(el).backgroundColor);if(c.a>0.5)return c}return {r:255,g:255,b:255,a:1}}
+function contrast(el){if(!el)return 0;var a=luminance(rgb(getComputedStyle(el).color)),b=luminance(bg(el));return (Math.max(a,b)+0.05)/(Math.min(a,b)+0.05)}
+`

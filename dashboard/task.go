@@ -1,0 +1,136 @@
+package dashboard
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net/http"
+	"net/url"
+	"slices"
+	"time"
+
+	"github.com/tidequeue/tide"
+)
+
+// taskData is the data of the task page.
+type taskData struct {
+	Task      *tide.TaskInfo
+	Payload   blob
+	Result    blob
+	Err       blob
+	Headers   []header
+	Actions   []string
+	QueueURL  string
+	Timeout   string
+	Retention string
+	// Running is set for an active task: the due time means nothing then,
+	// and the page shows when and where it runs instead.
+	Running    bool
+	RunningFor string // "" when the start is not known yet
+	Server     string
+	// Attempts are the task's recorded attempts, newest first.
+	Attempts []attemptRow
+}
+
+type header struct{ Key, Value string }
+
+// attemptRow is one attempt of a task, ready for display.
+type attemptRow struct {
+	N              int // 1 for the oldest recorded attempt
+	Started, Ended time.Time
+	Took           string
+	Server         string
+	Outcome        string
+	Err            string
+}
+
+// oneText returns stored text for display: control and bidi characters
+// shown as \u escapes, binary data as a short preview.
+func oneText(s string) string {
+	if s == "" {
+		return ""
+	}
+	if b := viewText(s); !b.IsBinary() {
+		return b.Text
+	}
+	return preview([]byte(s))
+}
+
+func attemptRows(as []tide.Attempt) []attemptRow {
+	out := make([]attemptRow, 0, len(as))
+	for i := len(as) - 1; i >= 0; i-- {
+		a := as[i]
+		row := attemptRow{N: i + 1, Started: a.Started, Ended: a.Ended, Server: previewText(a.Server),
+			Outcome: previewText(a.Outcome), Err: oneText(a.Err)}
+		if !a.Started.IsZero() && !a.Ended.IsZero() {
+			row.Took = human(a.Ended.Sub(a.Started))
+		}
+		out = append(out, row)
+	}
+	return out
+}
+
+func (h *handler) taskPage(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	queue, id := q.Get("q"), q.Get("id")
+	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
+	defer cancel()
+	t, err := h.in.GetTaskInfo(ctx, queue, id)
+	if err != nil {
+		h.fail(w, r, err, false)
+		return
+	}
+	if t.State == tide.StateActive && (t.Server == "" || t.LeaseExpiresAt.IsZero()) {
+		h.fillRunning(ctx, t)
+	}
+	d := &taskData{
+		Task: t, Payload: viewBlob(t.Payload), Result: viewBlob(t.Result), Err: viewText(t.LastErr),
+		Actions:  taskActions(t.State),
+		QueueURL: "/queue?" + url.Values{"q": {t.Queue}, "state": {t.State.String()}}.Encode(),
+		Running:  t.State == tide.StateActive,
+		Server:   previewText(t.Server),
+		Attempts: attemptRows(t.Attempts),
+	}
+	if d.Running && !t.StartedAt.IsZero() {
+		d.RunningFor = human(h.now().Sub(t.StartedAt))
+	}
+	if t.Timeout > 0 {
+		d.Timeout = t.Timeout.String()
+	}
+	if t.Retention > 0 {
+		d.Retention = t.Retention.String()
+	}
+	keys := slices.Sorted(maps.Keys(t.Headers))
+	for i, k := range keys {
+		if i == 100 {
+			d.Headers = append(d.Headers, header{Key: "…", Value: fmt.Sprintf("%d more headers not shown", len(keys)-i)})
+			break
+		}
+		d.Headers = append(d.Headers, header{Key: previewText(k), Value: previewText(t.Headers[k])})
+	}
+	h.render(w, http.StatusOK, "task", h.newView(w, r, "queue", "Task "+id, d))
+}
+
+// fillRunning fills in where and since when an active task runs, and when
+// its lease expires, from the active listing: Inspector.GetTaskInfo leaves
+// them out, Inspector.SearchTasks of active tasks has them. Errors leave
+// them out: the page is shown without them.
+func (h *handler) fillRunning(ctx context.Context, t *tide.TaskInfo) {
+	next := 0
+	for range searchCalls {
+		ts, n, err := h.in.SearchTasks(ctx, t.Queue, tide.StateActive, tide.TaskFilter{ID: t.ID}, next, maxPageSize)
+		if err != nil {
+			return
+		}
+		for _, a := range ts {
+			if a.ID == t.ID {
+				t.StartedAt, t.Server, t.LeaseExpiresAt = a.StartedAt, a.Server, a.LeaseExpiresAt
+				return
+			}
+		}
+		if n < 0 || n <= next {
+			return
+		}
+		next = n
+	}
+}
