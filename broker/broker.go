@@ -311,7 +311,9 @@ type Broker interface {
 	// breaks; callers subscribe again.
 	Subscribe(ctx context.Context, queues []string) (<-chan Event, error)
 
-	// GetTask returns the task with its current state and result.
+	// GetTask returns the task with its current state and result, its
+	// attempt history where the broker keeps one, and for an active task
+	// the expiry of its lease (LeaseExpiresAt).
 	GetTask(ctx context.Context, queue, id string) (*tidetype.TaskInfo, error)
 
 	// Delete removes a pending, scheduled, retry, archived or completed task.

@@ -71,6 +71,7 @@ func Run(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
 		{"Delayed", testDelayed},
 		{"Retry", testRetry},
 		{"Defer", testDefer},
+		{"ActiveLease", testActiveLease},
 		{"Archive", testArchive},
 		{"Requeue", testRequeue},
 		{"Retention", testRetention},

@@ -191,3 +191,23 @@ func testDefer(t *testing.T, b broker.Broker) {
 		t.Fatalf("GetTask after done: %v, want ErrTaskNotFound", err)
 	}
 }
+
+// testActiveLease: GetTask of a leased task says when its lease expires,
+// and an extension moves it.
+func testActiveLease(t *testing.T, b broker.Broker) {
+	enqueue(t, b, newMsg("q", "a"))
+	before := time.Now()
+	d := dequeueOne(t, b, "q", time.Minute)
+	got := get(t, b, "q", "a")
+	if got.State != tidetype.StateActive || got.LeaseExpiresAt.Before(before.Add(time.Minute-time.Second)) || got.LeaseExpiresAt.After(time.Now().Add(time.Minute+time.Second)) {
+		t.Fatalf("active task: state %v, lease expires %v; want about a minute from %v", got.State, got.LeaseExpiresAt, before)
+	}
+	extendOK(t, b, d, time.Hour)
+	if got := get(t, b, "q", "a"); got.LeaseExpiresAt.Before(before.Add(time.Hour - time.Second)) {
+		t.Fatalf("after extending by an hour the lease expires %v", got.LeaseExpiresAt)
+	}
+	settleOK(t, b, outcomeOf(d, broker.SettleRetry))
+	if got := get(t, b, "q", "a"); !got.LeaseExpiresAt.IsZero() {
+		t.Fatalf("a task in retry shows a lease expiry %v", got.LeaseExpiresAt)
+	}
+}

@@ -41,6 +41,7 @@ func (b *Broker) getTask(ctx context.Context, queue, id string) (*tidetype.TaskI
 		rec := pipe.HGet(ctx, p.k("t"), id)
 		result := pipe.HGet(ctx, p.k("result"), id)
 		hist := pipe.HGet(ctx, p.k("h"), id)
+		lease := pipe.ZScore(ctx, p.k("active"), id)
 		_, _ = pipe.Exec(ctx)
 		if err := meta.Err(); err != nil && !errors.Is(err, redis.Nil) {
 			return nil, false, callErr("get task", classify(err))
@@ -66,6 +67,9 @@ func (b *Broker) getTask(ctx context.Context, queue, id string) (*tidetype.TaskI
 		}
 		if h, err := hist.Bytes(); err == nil {
 			t.Attempts = codec.DecodeAttempts(h)
+		}
+		if exp, err := lease.Result(); err == nil && t.State == tidetype.StateActive {
+			t.LeaseExpiresAt = time.UnixMilli(int64(exp))
 		}
 		return t, false, nil
 	}
