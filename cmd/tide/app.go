@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/url"
 	"strings"
 	"time"
@@ -14,7 +15,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/broker/redisbroker"
+	"github.com/tidequeue/tide/encrypt"
 )
 
 // app is one run of the program.
@@ -28,8 +31,17 @@ type app struct {
 
 	rdb *redis.Client
 	b   *redisbroker.Broker
-	in  *tide.Inspector
-	c   *tide.Client
+	// tb is the broker of task data: b, wrapped by encrypt.Wrap when keys
+	// are given. The inspector, client and webhook server use it.
+	tb   broker.Broker
+	keys []encrypt.Key
+	in   *tide.Inspector
+	c    *tide.Client
+
+	// log is this run's logger (see logger); logLevel its level, from
+	// TIDE_LOG_LEVEL.
+	log      *slog.Logger
+	logLevel slog.Level
 }
 
 // globals are the flags every command accepts.
@@ -117,12 +129,22 @@ func (a *app) connect(ctx context.Context) error {
 	}
 	// Queues in use keep the partition count recorded in Redis.
 	a.b = redisbroker.New(a.rdb, redisbroker.WithPrefix(a.globals.prefix), redisbroker.WithPartitions(a.globals.partitions))
-	a.in = tide.NewInspector(a.b)
-	a.c = tide.NewClient(a.b)
+	a.tb = a.b
+	if len(a.keys) > 0 {
+		wb, err := encrypt.Wrap(a.b, a.keys...)
+		if err != nil {
+			// ParseKeys already checked the keys; Wrap names a key by ID only.
+			return &usageError{msg: strings.TrimPrefix(err.Error(), "encrypt: ")}
+		}
+		a.tb = wb
+	}
+	a.in = tide.NewInspector(a.tb)
+	a.c = tide.NewClient(a.tb)
 	return nil
 }
 
 func (a *app) close() {
+	redisLogTarget.CompareAndSwap(a.log, nil)
 	if a.c != nil {
 		a.c.Close()
 	}

@@ -34,7 +34,6 @@ const (
 )
 
 func main() {
-	quietRedis()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	stop()
@@ -62,6 +61,10 @@ func (e *notFoundError) Error() string { return e.msg }
 // exit code. ctx ends long-running commands (watch, dash, serve); env reads
 // the environment.
 func run(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) int {
+	// go-redis logs to the process's stderr on its own, e.g. a line per
+	// failed dial, many a second while Redis is down: route it to this
+	// run's logger at debug level instead (see redisLogger).
+	redis.SetLogger(redisLogger{})
 	a := &app{env: env, stdout: stdout, stderr: stderr, jsonArg: wantsJSON(args)}
 	defer a.close()
 	err := a.dispatch(ctx, args)
@@ -150,7 +153,10 @@ type command struct {
 	check func(a *app, o *cmdOpts, args []string) error
 	// redis: the command needs a connection.
 	redis bool
-	run   func(ctx context.Context, a *app, o *cmdOpts, args []string) error
+	// taskData: the command reads or writes payloads and results, so it
+	// takes --encryption-keys (TIDE_ENCRYPTION_KEYS).
+	taskData bool
+	run      func(ctx context.Context, a *app, o *cmdOpts, args []string) error
 }
 
 // cmdOpts holds every command flag; each command registers the ones it uses.
@@ -175,6 +181,10 @@ type cmdOpts struct {
 	whConc      int
 	whTimeout   durationFlag
 	whPrivate   bool
+	encKeys     string
+	allowHosts  listFlag
+	readToken   string
+	filter      tide.TaskFilter // tasks ls --id, --type, --payload, --error
 }
 
 var commands []*command
@@ -185,6 +195,9 @@ func (c *command) flagSet(o *cmdOpts) *flag.FlagSet {
 	fs.SetOutput(io.Discard)
 	if c.flags != nil {
 		c.flags(fs, o)
+	}
+	if c.taskData {
+		fs.StringVar(&o.encKeys, "encryption-keys", "", "`keys` that encrypt payloads and results, \"ID:BASE64SECRET,...\" as encrypt.ParseKeys reads them (default $TIDE_ENCRYPTION_KEYS)")
 	}
 	return fs
 }
@@ -276,11 +289,19 @@ func (a *app) dispatch(ctx context.Context, args []string) error {
 	if err := a.globals.check(); err != nil {
 		return usagef(cmd, "%s", err)
 	}
+	if err := a.setLogLevel(cmd); err != nil {
+		return err
+	}
 	if len(pos) < cmd.minArgs || cmd.maxArgs >= 0 && len(pos) > cmd.maxArgs {
 		return usagef(cmd, "usage: tide %s %s", cmd.name, cmd.args)
 	}
 	if cmd.check != nil {
 		if err := cmd.check(a, &o, pos); err != nil {
+			return err
+		}
+	}
+	if cmd.taskData {
+		if err := a.encryptionKeys(&o); err != nil {
 			return err
 		}
 	}
@@ -293,16 +314,18 @@ func (a *app) dispatch(ctx context.Context, args []string) error {
 }
 
 var aliases = map[string]string{
-	"tasks list":   "tasks ls",
-	"tasks get":    "tasks show",
-	"tasks rm":     "tasks delete",
-	"cron list":    "cron ls",
-	"queue":        "queues ls",
-	"queues list":  "queues ls",
-	"server":       "servers",
-	"dashboard":    "dash",
-	"gateway":      "serve",
-	"tasks remove": "tasks delete",
+	"tasks list":    "tasks ls",
+	"tasks get":     "tasks show",
+	"tasks rm":      "tasks delete",
+	"cron list":     "cron ls",
+	"queue":         "queues ls",
+	"queues list":   "queues ls",
+	"server":        "servers",
+	"dashboard":     "dash",
+	"gateway":       "serve",
+	"tasks remove":  "tasks delete",
+	"queues delete": "queues rm",
+	"queues remove": "queues rm",
 }
 
 func (a *app) help(args []string) error {
@@ -342,26 +365,34 @@ Global flags (also accepted after the command):
   --partitions N      partitions of queues not yet recorded in Redis (redisbroker.WithPartitions);
                       queues in use keep the count recorded for them. Default 1.
   --json              print JSON instead of tables, for scripts; errors are then
-                      printed to stderr as {"error": "...", "code": N}.
+                      printed to stderr as {"error": "...", "code": N}, notes and
+                      warnings as {"note": "..."} and {"warning": "..."}, and logs
+                      as JSON lines.
 
 Exit codes:
   0  success
   1  the operation failed (Redis unreachable, task in the wrong state, ...)
   2  usage error (unknown command, bad flag or argument)
-  3  the task or queue was not found (pause and unpause: the queue never had a
-     task; --force acts anyway)
+  3  the task or queue was not found (pause, unpause and queues rm: the queue
+     never had a task; pause and unpause --force act anyway)
 
 Examples:
   tide queues                                   # every queue, its sizes and today's counts
   tide tasks ls orders --state retry            # tasks waiting to be retried
-  tide tasks show orders order-cancel:42        # one task, with payload and last error
+  tide tasks show orders order-cancel:42        # one task, with payload, attempts and last error
+  tide tasks ls orders --state archived --error timeout   # search by ID, type, payload or error
   tide tasks run orders --all --state archived  # retry every archived task now
   tide --redis 10.0.0.5:6379 stats --watch      # live counters, until Ctrl-C
   tide pause emails                             # stop servers taking its tasks
+  tide queues rm orders-v1                      # remove an empty queue
   tide dash                                     # the web dashboard, on 127.0.0.1:8080
   TIDE_DASH_TOKEN=... tide dash --addr :8080    # ... on every interface, with a login for changes
   TIDE_GATEWAY_TOKENS=... tide serve            # the HTTP gateway for other languages
   tide version                                  # the version of tide and Go
+
+Commands that show or write payloads (tasks ls and show, dash, serve) take
+--encryption-keys, default $TIDE_ENCRYPTION_KEYS, for payloads encrypted
+with encrypt.Wrap. dash and serve log at $TIDE_LOG_LEVEL (default info).
 
 Text read from Redis (task types, IDs, errors, payloads...) is printed with
 its control characters escaped, e.g. ESC as \x1b: see 'tide tasks show --help'.
@@ -436,15 +467,7 @@ func upperFirst(s string) string {
 
 func init() {
 	commands = []*command{
-		cmdQueues, cmdQueuesRepartition, cmdTasksLs, cmdTasksShow, cmdTasksDelete, cmdTasksRun, cmdTasksArchive, cmdTasksCancel,
+		cmdQueues, cmdQueuesRepartition, cmdQueuesRm, cmdTasksLs, cmdTasksShow, cmdTasksDelete, cmdTasksRun, cmdTasksArchive, cmdTasksCancel,
 		cmdPause, cmdUnpause, cmdServers, cmdStats, cmdCronLs, cmdDash, cmdServe, cmdVersion,
 	}
 }
-
-// quietRedis silences go-redis's own log lines ("failed to dial after 5
-// attempts"): the commands report connection errors themselves.
-func quietRedis() { redis.SetLogger(noLog{}) }
-
-type noLog struct{}
-
-func (noLog) Printf(context.Context, string, ...any) {}

@@ -40,7 +40,6 @@ type env struct {
 }
 
 func TestMain(m *testing.M) {
-	quietRedis()
 	os.Exit(m.Run())
 }
 

@@ -81,6 +81,76 @@ func runRepartition(ctx context.Context, a *app, _ *cmdOpts, args []string) erro
 	return nil
 }
 
+var cmdQueuesRm = &command{
+	name: "queues rm", args: "<queue>", minArgs: 1, maxArgs: 1, redis: true,
+	summary: "remove an empty queue",
+	help: `
+Remove a queue that holds no task: it disappears from 'tide queues', and its
+counters, pause flag and partition count (every partition) are deleted. A
+later task enqueued to it creates it again.
+
+A queue that still holds tasks, in any state, is refused (exit 1) with what
+it holds: delete them first ('tide tasks delete <queue> --all --state S';
+running tasks finish, or cancel them with 'tide tasks cancel'). A queue that
+never had a task is refused with exit 3, as 'tide pause' does.
+
+Examples:
+  tide queues rm orders-v1
+  tide tasks delete orders-v1 --all --state archived && tide queues rm orders-v1`,
+	check: func(_ *app, o *cmdOpts, args []string) error { return checkQueueArg(o.cmd, args[0]) },
+	run:   runQueuesRm,
+}
+
+func runQueuesRm(ctx context.Context, a *app, _ *cmdOpts, args []string) error {
+	queue := args[0]
+	if err := a.knownQueue(ctx, queue); err != nil {
+		return err
+	}
+	err := a.in.DeleteQueue(ctx, queue)
+	if errors.Is(err, tide.ErrQueueNotEmpty) {
+		return fmt.Errorf("tide: cannot remove queue %s: %s\n  %s", queue, strings.TrimPrefix(err.Error(), "tide: "), a.emptyQueueHint(ctx, queue))
+	}
+	if err != nil {
+		return fmt.Errorf("tide: remove queue %s: %w", queue, err)
+	}
+	if a.globals.json {
+		return a.printJSON(map[string]any{"queue": queue, "removed": true})
+	}
+	fmt.Fprintf(a.stdout, "Queue %s removed.\n", queue)
+	return nil
+}
+
+// emptyQueueHint says how to empty queue: the commands that delete the
+// tasks of each state that holds some.
+func (a *app) emptyQueueHint(ctx context.Context, queue string) string {
+	qi, err := a.in.QueueInfo(ctx, queue)
+	if err != nil || qi.Size == 0 {
+		return "Delete its tasks first ('tide tasks delete " + queue + " --all --state S'), or let a repartition finish ('tide queues repartition'), then try again."
+	}
+	var cmds, held []string
+	for _, s := range []struct {
+		st tide.TaskState
+		n  int
+	}{{tide.StatePending, qi.Pending}, {tide.StateActive, qi.Active}, {tide.StateScheduled, qi.Scheduled},
+		{tide.StateRetry, qi.Retry}, {tide.StateArchived, qi.Archived}, {tide.StateCompleted, qi.Completed}} {
+		if s.n == 0 {
+			continue
+		}
+		held = append(held, fmt.Sprintf("%d %s", s.n, s.st))
+		if s.st != tide.StateActive {
+			cmds = append(cmds, fmt.Sprintf("tide tasks delete %s --all --state %s", queue, s.st))
+		}
+	}
+	hint := "It holds " + strings.Join(held, ", ") + "."
+	if len(cmds) > 0 {
+		hint += " Delete its tasks first:\n    " + strings.Join(cmds, "\n    ")
+	}
+	if qi.Active > 0 {
+		hint += "\n  Running tasks cannot be deleted: let them finish, or cancel them ('tide tasks ls " + queue + " --state active', 'tide tasks cancel')."
+	}
+	return hint
+}
+
 // queueJSON is a queue in --json output.
 type queueJSON struct {
 	Queue          string  `json:"queue"`
@@ -213,7 +283,7 @@ func (a *app) pause(ctx context.Context, queue string, pause, force bool) error 
 		case !errors.As(err, &nf):
 			return err
 		case force:
-			fmt.Fprintf(a.stderr, "tide: note: %s; %s anyway (--force)\n", escape(err.Error()), verb)
+			a.note("%s; %s anyway (--force)", err.Error(), verb)
 		case pause:
 			return &notFoundError{msg: fmt.Sprintf("%v\n  Check the name; to pause a queue before its first task, add --force.", err)}
 		default:

@@ -12,13 +12,14 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/dashboard"
 	"github.com/tidequeue/tide/gateway"
 	"github.com/tidequeue/tide/webhook"
 )
 
 var cmdServe = &command{
-	name: "serve", args: "[--addr 127.0.0.1:8080] [--token T]... [--webhook-secret S --webhook-allow HOSTS]", maxArgs: 0, redis: true,
+	name: "serve", args: "[--addr 127.0.0.1:8080] [--token T]... [--webhook-secret S --webhook-allow HOSTS] [--encryption-keys K]", maxArgs: 0, redis: true, taskData: true,
 	summary: "run the HTTP gateway (and the webhook sender) with /metrics",
 	flags: func(fs *flag.FlagSet, o *cmdOpts) {
 		fs.StringVar(&o.addr, "addr", defaultAddr, "`address` to listen on; :8080 or 0.0.0.0:8080 for every network interface")
@@ -63,6 +64,12 @@ and never private or loopback addresses unless --webhook-allow-private.
 ` + fmt.Sprintf(metricsHelp, "tide-serve") + `
 With webhooks, it also has the attempts this process made
 (tide_tasks_processed_total{type,queue} and the like).
+
+` + encryptionHelp + `
+With the keys, the gateway encrypts the payloads it enqueues and returns
+tasks in plaintext, and the webhook sender reads its tasks.
+
+` + logLevelHelp + `
 
 Stops on SIGINT or SIGTERM, letting requests and webhooks in flight finish.
 
@@ -127,7 +134,7 @@ func (o *cmdOpts) webhookConfig() webhook.Config {
 }
 
 func runServe(ctx context.Context, a *app, o *cmdOpts, _ []string) error {
-	log := slog.New(slog.NewTextHandler(a.stderr, nil))
+	log := a.logger()
 
 	gw, err := gateway.New(a.c, a.in, gateway.Config{Tokens: o.tokens, MaxBodyBytes: o.maxBody, AllowedQueues: o.allowQueues, Logger: log})
 	if err != nil {
@@ -147,7 +154,7 @@ func runServe(ctx context.Context, a *app, o *cmdOpts, _ []string) error {
 		mux := tide.NewServeMux()
 		mux.Use(m.mw)
 		mux.Handle(webhook.TaskType, h)
-		srv := tide.NewServer(a.b, tide.Config{
+		srv := tide.NewServer(a.tb, tide.Config{
 			Concurrency:    o.whConc,
 			Queues:         map[string]int{o.whQueue: 1},
 			RetryDelayFunc: webhook.RetryDelayFunc(nil),
@@ -157,7 +164,7 @@ func runServe(ctx context.Context, a *app, o *cmdOpts, _ []string) error {
 			return fmt.Errorf("tide: start the webhook server: %w", err)
 		}
 		defer srv.Shutdown()
-		fmt.Fprintf(a.stderr, "tide: sending webhooks from queue %q to %s\n", o.whQueue, strings.Join(o.whAllow, ", "))
+		a.status(nil, "sending webhooks from queue %q to %s", o.whQueue, strings.Join(o.whAllow, ", "))
 	}
 
 	h := http.NewServeMux()
@@ -167,45 +174,99 @@ func runServe(ctx context.Context, a *app, o *cmdOpts, _ []string) error {
 }
 
 var cmdDash = &command{
-	name: "dash", args: "[--addr 127.0.0.1:8080] [--token T] [--title T]", maxArgs: 0, redis: true,
+	name: "dash", args: "[--addr 127.0.0.1:8080] [--token T] [--read-token T] [--allow-host HOST]... [--title T] [--encryption-keys K]", maxArgs: 0, redis: true, taskData: true,
 	summary: "serve the web dashboard, with /metrics",
 	flags: func(fs *flag.FlagSet, o *cmdOpts) {
 		fs.StringVar(&o.addr, "addr", defaultAddr, "`address` to listen on; :8080 or 0.0.0.0:8080 for every network interface")
 		fs.StringVar(&o.token, "token", "", "`token` operators log in with to change things, at least 16 characters (default $TIDE_DASH_TOKEN); without one the dashboard is read-only")
+		fs.StringVar(&o.readToken, "read-token", "", "`token` needed to see anything, at least 16 characters and not --token (default $TIDE_DASH_READ_TOKEN); without one reading needs no login")
+		fs.Var(&o.allowHosts, "allow-host", "host `names` the dashboard answers to besides localhost and IP addresses: name or name:port (repeat, or comma-separate; default $TIDE_DASH_ALLOW_HOSTS)")
 		fs.StringVar(&o.title, "title", "", "`title` shown in the dashboard (e.g. the environment)")
 	},
 	help: `
 Serve the web dashboard: queues, tasks, servers and periodic tasks, with
 buttons to run, archive, delete and cancel tasks and to pause queues. Those
 changes need the token (log in with it); without a token the dashboard is
-read-only. Prefer TIDE_DASH_TOKEN: flags show in 'ps'.
+read-only. Prefer the environment variables for tokens: flags show in 'ps'.
 
-Reading needs no token, and the pages show payloads and errors: so the
-dashboard listens on 127.0.0.1:8080, this machine only, unless --addr says
-otherwise (reach it with an SSH tunnel, or put it behind your SSO proxy).
---addr :8080 (or 0.0.0.0:8080) listens on every network interface; tide
-then warns, when there is no token, that anyone who reaches it can read
-everything.
+Reading needs no token unless --read-token (TIDE_DASH_READ_TOKEN) is set:
+then every page needs a login with the read token (which only shows) or the
+token, or either as "Authorization: Bearer <token>". The pages show
+payloads and errors: so the dashboard listens on 127.0.0.1:8080, this
+machine only, unless --addr says otherwise (reach it with an SSH tunnel, or
+put it behind your SSO proxy). --addr :8080 (or 0.0.0.0:8080) listens on
+every network interface; tide then warns when reading needs no login.
+
+The dashboard answers only to requests for localhost, an IP address or a
+host name given with --allow-host (TIDE_DASH_ALLOW_HOSTS): a request for
+another host gets "421 misdirected request", which protects it from DNS
+rebinding. Reached by name (tide.example.com, through a proxy or DNS), add
+that name: --allow-host tide.example.com (any port) or
+tide.example.com:8443 (that port only); no wildcards.
+
+` + encryptionHelp + `
 
 ` + fmt.Sprintf(metricsHelp, "tide-dash") + `
+
+` + logLevelHelp + `
 
 Stops on SIGINT or SIGTERM.
 
 Examples:
   tide dash                           # read-only, this machine only: http://127.0.0.1:8080
   ssh -L 8080:127.0.0.1:8080 queue-host   # then open http://127.0.0.1:8080 on your laptop
-  TIDE_DASH_TOKEN=$(openssl rand -hex 32) tide dash --addr :8080 --title production`,
-	check: func(a *app, o *cmdOpts, _ []string) error {
-		if o.token == "" {
-			o.token = a.env("TIDE_DASH_TOKEN")
-		}
-		if o.token == "" {
-			return nil
-		}
-		return checkToken(o.cmd, "the token", o.token)
-	},
-	run: runDash,
+  TIDE_DASH_TOKEN=$(openssl rand -hex 32) tide dash --addr :8080 --title production
+  TIDE_DASH_READ_TOKEN=$(openssl rand -hex 32) TIDE_DASH_TOKEN=$(openssl rand -hex 32) \
+    tide dash --addr :8080 --allow-host tide.example.com`,
+	check: checkDash,
+	run:   runDash,
 }
+
+// checkDash resolves the tokens and host names from flags and the
+// environment into o, and checks them before connecting.
+func checkDash(a *app, o *cmdOpts, _ []string) error {
+	if o.token == "" {
+		o.token = a.env("TIDE_DASH_TOKEN")
+	}
+	if o.readToken == "" {
+		o.readToken = a.env("TIDE_DASH_READ_TOKEN")
+	}
+	if len(o.allowHosts) == 0 {
+		_ = o.allowHosts.Set(a.env("TIDE_DASH_ALLOW_HOSTS"))
+	}
+	if o.token != "" {
+		if err := checkToken(o.cmd, "the token", o.token); err != nil {
+			return err
+		}
+	}
+	if o.readToken != "" {
+		if err := checkToken(o.cmd, "the read token", o.readToken); err != nil {
+			return err
+		}
+		if o.readToken == o.token {
+			return usagef(o.cmd, "the read token is the same as the token: use a different read token, or none")
+		}
+	}
+	// The dashboard checks its options when it is built; build one now, on
+	// a broker it does not call, so that a mistake is a usage error found
+	// before connecting.
+	if _, err := dashboard.New(tide.NewInspector(noBroker{}), o.dashOptions(slog.New(slog.DiscardHandler))); err != nil {
+		msg := strings.TrimPrefix(err.Error(), "tide/dashboard: ")
+		if m, ok := strings.CutPrefix(msg, "AllowedHosts: "); ok {
+			msg = "--allow-host " + m
+		}
+		return usagef(o.cmd, "%s", msg)
+	}
+	return nil
+}
+
+func (o *cmdOpts) dashOptions(log *slog.Logger) dashboard.Options {
+	return dashboard.Options{Token: o.token, ReadToken: o.readToken, AllowedHosts: o.allowHosts, Title: o.title, Logger: log}
+}
+
+// noBroker is a broker that is never called: checkDash builds a dashboard
+// on it to check the options.
+type noBroker struct{ broker.Broker }
 
 // defaultAddr is where dash and serve listen without --addr: this machine
 // only, since the dashboard's pages and both /metrics need no login.
@@ -230,15 +291,22 @@ func (a *app) serviceName(def string) string {
 }
 
 func runDash(ctx context.Context, a *app, o *cmdOpts, _ []string) error {
-	log := slog.New(slog.NewTextHandler(a.stderr, nil))
-	dash, err := dashboard.New(a.in, dashboard.Options{Token: o.token, Title: o.title, Logger: log})
+	log := a.logger()
+	dash, err := dashboard.New(a.in, o.dashOptions(log))
 	if err != nil {
 		return fmt.Errorf("tide: dashboard: %w", err)
 	}
-	open := "reading needs no login (only changes need the token): put it behind a proxy that logs people in, or listen on 127.0.0.1 (the default)"
+	open := ""
+	switch {
+	case o.readToken != "":
+		// Reading needs a login too: nothing to warn about.
+	case o.token == "":
+		open = "it has no token: anyone who reaches it can read every queue and task, payloads and errors included, and no login is asked; listen on 127.0.0.1 (the default) and use an SSH tunnel, or put it behind a proxy that logs people in, or set --read-token"
+	default:
+		open = "reading needs no login (only changes need the token): set --read-token (TIDE_DASH_READ_TOKEN), put it behind a proxy that logs people in, or listen on 127.0.0.1 (the default)"
+	}
 	if o.token == "" {
-		fmt.Fprintln(a.stderr, "tide: no --token or TIDE_DASH_TOKEN: the dashboard is read-only")
-		open = "it has no token: anyone who reaches it can read every queue and task, payloads and errors included, and no login is asked; listen on 127.0.0.1 (the default) and use an SSH tunnel, or put it behind a proxy that logs people in"
+		a.note("no --token or TIDE_DASH_TOKEN: the dashboard is read-only")
 	}
 	m, err := newMetrics(a.in, a.serviceName("tide-dash"), log)
 	if err != nil {
@@ -284,9 +352,10 @@ func (a *app) serveHTTP(ctx context.Context, addr string, h http.Handler, what, 
 	if loopback {
 		scope += "; --addr :8080 for every network interface"
 	}
-	fmt.Fprintf(a.stderr, "tide: %s listening on http://%s (%s)\n", what, ln.Addr(), scope)
+	url := "http://" + ln.Addr().String()
+	a.status(map[string]string{"url": url}, "%s listening on %s (%s)", what, url, scope)
 	if !loopback && exposed != "" {
-		fmt.Fprintf(a.stderr, "tide: warning: the %s listens on %s and %s\n", what, ln.Addr(), exposed)
+		a.warn("the %s listens on %s and %s", what, ln.Addr(), exposed)
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
@@ -303,6 +372,6 @@ func (a *app) serveHTTP(ctx context.Context, addr string, h http.Handler, what, 
 	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("tide: %s: %w", what, err)
 	}
-	fmt.Fprintf(a.stderr, "tide: %s stopped\n", what)
+	a.status(nil, "%s stopped", what)
 	return nil
 }

@@ -1,18 +1,23 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/internal/redistest"
 	"github.com/tidequeue/tide/internal/testlog"
 	"github.com/tidequeue/tide/webhook"
 )
@@ -24,6 +29,13 @@ var listening = regexp.MustCompile(`listening on (http://\S+)`)
 // start runs a long-running command until the test ends and returns the
 // base URL it listens on.
 func (e *env) start(args ...string) (base string, stop func() result) {
+	e.t.Helper()
+	base, _, stop = e.startLive(args...)
+	return base, stop
+}
+
+// startLive is start that also returns the command's stderr as it grows.
+func (e *env) startLive(args ...string) (base string, stderr func() string, stop func() result) {
 	e.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var out, errb testlog.Buffer
@@ -48,7 +60,7 @@ func (e *env) start(args ...string) (base string, stop func() result) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if m := listening.FindStringSubmatch(errb.String()); m != nil {
-			return m[1], stop
+			return m[1], errb.String, stop
 		}
 		select {
 		case code := <-done:
@@ -236,5 +248,217 @@ func TestDashWarnsWhenExposed(t *testing.T) {
 	if !strings.Contains(r.stderr, "warning: the dashboard listens on ") || !strings.Contains(r.stderr, "reading needs no login") ||
 		strings.Contains(r.stderr, "no token") {
 		t.Errorf("dash on every interface with a token:\n%s", r.stderr)
+	}
+}
+
+// getHost GETs url with the Host header host.
+func getHost(t *testing.T, url, host string, header ...string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url, nil)
+	req.Host = host
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestDashAllowHost(t *testing.T) {
+	e := setup(t)
+	e.enqueue("t", "{}", tide.Queue("visible-queue"))
+	port := func(base string) string { return base[strings.LastIndexByte(base, ':')+1:] }
+
+	// By default a host name is refused (DNS rebinding), localhost is not.
+	base, _ := e.start("dash", "--addr", "127.0.0.1:0")
+	if code, _ := getHost(t, base+"/", "tide.example.test:"+port(base)); code != http.StatusMisdirectedRequest {
+		t.Errorf("a host name without --allow-host: %d, want 421", code)
+	}
+	if code, _ := getHost(t, base+"/", "localhost:"+port(base)); code != http.StatusOK {
+		t.Errorf("localhost: %d", code)
+	}
+
+	// --allow-host, repeated and comma-separated; a name:port only on it.
+	base, _ = e.start("dash", "--addr", "127.0.0.1:0", "--allow-host", "tide.example.test", "--allow-host", "other.example.test:1,Third.Example.Test")
+	for host, want := range map[string]int{
+		"tide.example.test:" + port(base):  http.StatusOK,
+		"third.example.test:" + port(base): http.StatusOK,
+		"other.example.test:" + port(base): http.StatusMisdirectedRequest,
+		"evil.example.test:" + port(base):  http.StatusMisdirectedRequest,
+	} {
+		code, body := getHost(t, base+"/", host)
+		if code != want || want == http.StatusOK && !strings.Contains(body, "visible-queue") {
+			t.Errorf("Host %s: %d, want %d", host, code, want)
+		}
+	}
+	// TIDE_DASH_ALLOW_HOSTS too.
+	e.vars["TIDE_DASH_ALLOW_HOSTS"] = "env.example.test"
+	base, _ = e.start("dash", "--addr", "127.0.0.1:0")
+	if code, _ := getHost(t, base+"/", "env.example.test:"+port(base)); code != http.StatusOK {
+		t.Errorf("TIDE_DASH_ALLOW_HOSTS: %d", code)
+	}
+}
+
+func TestDashReadToken(t *testing.T) {
+	e := setup(t)
+	e.enqueue("t", "{}", tide.Queue("visible-queue"))
+	const readToken = "read-token-0123456789abcdef"
+	e.vars["TIDE_DASH_READ_TOKEN"] = readToken
+	e.vars["TIDE_DASH_TOKEN"] = "dash-token-0123456789abcdef"
+	// On every interface with a read token: no warning, reading needs a login.
+	base, stop := e.start("dash", "--addr", "0.0.0.0:0")
+	base = strings.Replace(base, "0.0.0.0", "127.0.0.1", 1)
+	base = strings.Replace(base, "[::]", "127.0.0.1", 1)
+	if code, body := get(t, base+"/"); code != http.StatusUnauthorized || strings.Contains(body, "visible-queue") {
+		t.Errorf("GET / without a login: %d", code)
+	}
+	if code, body := get(t, base+"/", "Authorization", "Bearer "+readToken); code != http.StatusOK || !strings.Contains(body, "visible-queue") {
+		t.Errorf("GET / with the read token: %d", code)
+	}
+	r := stop()
+	if strings.Contains(r.stderr, "warning") || strings.Contains(r.stderr, readToken) {
+		t.Errorf("dash with a read token:\n%s", r.stderr)
+	}
+	// --read-token, checked like --token before connecting.
+	dead := closedPort(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"dash", "--read-token", "short"}, "the read token is 5 characters; use at least 16"},
+		{[]string{"dash", "--read-token", "same-token-0123456789", "--token", "same-token-0123456789"}, "the read token is the same as the token"},
+		{[]string{"dash", "--allow-host", "https://tide.example.test/"}, `--allow-host "https://tide.example.test/" is not a host name or host:port`},
+	} {
+		r := noEnv(append([]string{"--redis", dead}, c.args...)...)
+		if r.code != exitUsage || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("tide %s: exit %d\n%s", strings.Join(c.args, " "), r.code, r.stderr)
+		}
+	}
+	var out, errb bytes.Buffer
+	code := run(context.Background(), []string{"--redis", dead, "dash"}, func(k string) string {
+		if k == "TIDE_DASH_READ_TOKEN" {
+			return "short"
+		}
+		return ""
+	}, &out, &errb)
+	if code != exitUsage || !strings.Contains(errb.String(), "the read token is 5 characters") {
+		t.Errorf("TIDE_DASH_READ_TOKEN short: exit %d: %s", code, errb.String())
+	}
+}
+
+// jsonLines parses every line of s as a JSON object.
+func jsonLines(t *testing.T, s string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for line := range strings.SplitSeq(strings.TrimSpace(s), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Errorf("stderr line is not a JSON object: %q", line)
+			continue
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+func TestJSONNotesAndWarnings(t *testing.T) {
+	e := setup(t)
+	e.enqueue("t", "{}", tide.Queue("q"))
+	// The --force note.
+	r := e.tide("pause", "later", "--force", "--json")
+	r.want(t, exitOK, `"paused": true`)
+	if ls := jsonLines(t, r.stderr); len(ls) != 1 || !strings.HasPrefix(fmt.Sprint(ls[0]["note"]), `no queue "later"`) || len(ls[0]) != 1 {
+		t.Errorf("pause --force --json stderr: %s", r.stderr)
+	}
+	// The dashboard's notes and warnings, and its log lines.
+	_, stop := e.start("dash", "--addr", "0.0.0.0:0", "--json")
+	r = stop()
+	var notes, warnings []string
+	var url string
+	for _, m := range jsonLines(t, r.stderr) {
+		if s, ok := m["note"].(string); ok {
+			notes = append(notes, s)
+		}
+		if s, ok := m["warning"].(string); ok {
+			warnings = append(warnings, s)
+		}
+		if s, ok := m["url"].(string); ok {
+			url = s
+		}
+	}
+	if len(warnings) != 1 || !strings.Contains(warnings[0], "it has no token: anyone who reaches it can read") ||
+		!strings.HasPrefix(url, "http://") || !slices.ContainsFunc(notes, func(s string) bool { return strings.Contains(s, "read-only") }) ||
+		!slices.ContainsFunc(notes, func(s string) bool { return strings.HasPrefix(s, "dashboard listening on "+url) }) ||
+		!slices.Contains(notes, "dashboard stopped") {
+		t.Errorf("dash --json stderr:\n%s", r.stderr)
+	}
+	// Without --json they stay text.
+	r = e.tide("pause", "later2", "--force")
+	if !strings.HasPrefix(r.stderr, `tide: note: no queue "later2"`) {
+		t.Errorf("text note: %s", r.stderr)
+	}
+}
+
+// TestRedisDownIsQuiet stops Redis under dash and serve: go-redis reports
+// every failed dial, many a second, which the CLI logs at debug level only.
+func TestRedisDownIsQuiet(t *testing.T) {
+	for _, level := range []string{"", "debug"} {
+		srv := redistest.Start(t)
+		e := &env{t: t, addr: srv.Addr, prefix: "quiet", vars: map[string]string{
+			"TIDE_GATEWAY_TOKENS": "gateway-token-0123456789",
+			"TIDE_WEBHOOK_SECRET": "webhook-secret-0123456789",
+			"TIDE_LOG_LEVEL":      level,
+		}}
+		dash, dashErr, stopDash := e.startLive("dash", "--addr", "127.0.0.1:0")
+		gw, serveErr, stopServe := e.startLive("serve", "--addr", "127.0.0.1:0", "--webhook-allow", "hooks.example.test")
+		before := map[string]int{"dash": len(dashErr()), "serve": len(serveErr())}
+		srv.Stop()
+		// A few seconds of Redis down, scraped now and then; the webhook
+		// server of serve polls Redis all along.
+		for range 4 {
+			var wg sync.WaitGroup
+			for _, base := range []string{dash, gw} {
+				wg.Go(func() {
+					if resp, err := http.Get(base + "/metrics"); err == nil {
+						_, _ = io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+					}
+				})
+			}
+			wg.Wait()
+			time.Sleep(300 * time.Millisecond)
+		}
+		for name, stop := range map[string]func() result{"dash": stopDash, "serve": stopServe} {
+			r := stop()
+			lines := strings.Split(strings.TrimSpace(r.stderr[before[name]:]), "\n")
+			lines = slices.DeleteFunc(lines, func(l string) bool { return strings.Contains(l, "stopped") })
+			t.Logf("%s, TIDE_LOG_LEVEL=%q, %d lines after Redis stopped:\n%s", name, level, len(lines), strings.Join(lines, "\n"))
+			redisLines := slices.DeleteFunc(slices.Clone(lines), func(l string) bool { return !strings.Contains(l, "go-redis: ") })
+			switch level {
+			case "":
+				if len(lines) > 2 || len(redisLines) > 0 {
+					t.Errorf("%s with Redis down printed %d lines, want at most 2:\n%s", name, len(lines), strings.Join(lines, "\n"))
+				}
+			case "debug":
+				// The messages reach the CLI's logger, as debug lines: the
+				// logger of the latest run of this process, serve's.
+				if name == "serve" && (len(redisLines) == 0 || !strings.Contains(redisLines[0], "level=DEBUG") || !strings.Contains(redisLines[0], "dial")) {
+					t.Errorf("%s with TIDE_LOG_LEVEL=debug logged no go-redis line:\n%s", name, strings.Join(lines, "\n"))
+				}
+			}
+		}
+	}
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"--redis", closedPort(t), "dash"}, func(k string) string {
+		if k == "TIDE_LOG_LEVEL" {
+			return "loud"
+		}
+		return ""
+	}, &out, &errb); code != exitUsage || !strings.Contains(errb.String(), `TIDE_LOG_LEVEL "loud": use debug, info, warn or error`) {
+		t.Errorf("TIDE_LOG_LEVEL=loud: exit %d %s", code, errb.String())
 	}
 }

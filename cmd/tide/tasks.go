@@ -16,6 +16,7 @@ import (
 
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/gateway"
+	"github.com/tidequeue/tide/tidetype"
 )
 
 var stateNames = map[string]tide.TaskState{
@@ -42,24 +43,41 @@ func parseState(cmd *command, s string, allowed ...tide.TaskState) (tide.TaskSta
 var allStates = []tide.TaskState{tide.StatePending, tide.StateActive, tide.StateScheduled, tide.StateRetry, tide.StateArchived, tide.StateCompleted}
 
 var cmdTasksLs = &command{
-	name: "tasks ls", args: "<queue> [--state S] [--page N] [--size N]", minArgs: 1, maxArgs: 1, redis: true,
-	summary: "list the tasks of a queue in one state",
+	name: "tasks ls", args: "<queue> [--state S] [--id S] [--type S] [--payload S] [--error S] [--page N] [--size N]", minArgs: 1, maxArgs: 1, redis: true, taskData: true,
+	summary: "list the tasks of a queue in one state, or search them",
 	flags: func(fs *flag.FlagSet, o *cmdOpts) {
 		fs.StringVar(&o.state, "state", "pending", "`state` to list: pending, active, scheduled, retry, archived or completed")
 		fs.IntVar(&o.page, "page", 1, "page `N` to show, from 1")
 		fs.IntVar(&o.size, "size", 20, "`N` tasks per page, 1 to 1000")
+		fs.StringVar(&o.filter.ID, "id", "", "only tasks whose ID contains `text`")
+		fs.StringVar(&o.filter.Type, "type", "", "only tasks whose type contains `text`")
+		fs.StringVar(&o.filter.Payload, "payload", "", "only tasks whose payload contains `text` (decrypted with --encryption-keys)")
+		fs.StringVar(&o.filter.Err, "error", "", "only tasks whose last error contains `text`")
 	},
 	help: `
 List the tasks of a queue in one state, a page at a time: pending oldest
 first, scheduled and retry by due time, archived and completed by time,
-active by lease expiry. Payloads are not shown; use 'tide tasks show' (or
---json, which includes them). Control characters in IDs, types and errors
-are escaped (ESC as \x1b; see 'tide tasks show --help').
+active by lease expiry. Active tasks are listed with when they started, the
+server running them (as of its last heartbeat) and when their lease runs
+out. Payloads are not shown; use 'tide tasks show' (or --json, which
+includes them with the attempts). Control characters in IDs, types and
+errors are escaped (ESC as \x1b; see 'tide tasks show --help').
+
+--id, --type, --payload and --error search instead: only tasks whose ID,
+type, payload or last error contain the text (case matters) are listed;
+several filters must all match. --page and --size then count matching
+tasks. A search reads the whole state of the queue, in steps of a bounded
+size: on a very large queue it takes a while.
+
+` + encryptionHelp + `
 
 Examples:
   tide tasks ls orders
   tide tasks ls orders --state retry
+  tide tasks ls orders --state active           # started when, on which server
   tide tasks ls orders --state archived --page 2 --size 100
+  tide tasks ls orders --state archived --error timeout --type order:
+  tide tasks ls orders --payload '"customer_id":42'
   tide tasks ls orders --state scheduled --json | jq -r '.[].id'`,
 	check: func(_ *app, o *cmdOpts, args []string) error {
 		if _, err := parseState(o.cmd, o.state, allStates...); err != nil {
@@ -90,56 +108,180 @@ func runTasksLs(ctx context.Context, a *app, o *cmdOpts, args []string) error {
 	if err := a.knownQueue(ctx, queue); err != nil {
 		return err
 	}
-	ts, err := a.in.ListTasks(ctx, queue, st, o.page, o.size)
-	if err != nil {
-		return fmt.Errorf("tide: list %s tasks of %s: %w", st, queue, err)
+	var ts []*tide.TaskInfo
+	var err error
+	more := false
+	searching := o.filter != (tide.TaskFilter{})
+	if searching {
+		ts, more, err = a.search(ctx, queue, st, o.filter, (o.page-1)*o.size, o.size)
+		if err != nil {
+			return fmt.Errorf("tide: search %s tasks of %s: %w", st, queue, err)
+		}
+	} else {
+		ts, err = a.in.ListTasks(ctx, queue, st, o.page, o.size)
+		if err != nil {
+			return fmt.Errorf("tide: list %s tasks of %s: %w", st, queue, err)
+		}
+		more = len(ts) == o.size
 	}
 	if a.globals.json {
-		out := make([]*gateway.Task, len(ts))
+		out := make([]*taskJSON, len(ts))
 		for i, t := range ts {
-			out[i] = gateway.TaskFromInfo(t)
+			out[i] = toTaskJSON(t)
 		}
 		return a.printJSON(out)
 	}
+	filters := filterArgs(o.filter)
 	if len(ts) == 0 {
+		match := ""
+		if searching {
+			match = " matching" + filters
+		}
 		if o.page > 1 {
-			fmt.Fprintf(a.stdout, "No %s tasks in queue %s on page %d.\n", st, queue, o.page)
+			fmt.Fprintf(a.stdout, "No %s tasks%s in queue %s on page %d.\n", st, match, queue, o.page)
 		} else {
-			fmt.Fprintf(a.stdout, "No %s tasks in queue %s.\n", st, queue)
+			fmt.Fprintf(a.stdout, "No %s tasks%s in queue %s.\n", st, match, queue)
 		}
 		return nil
 	}
 	now := time.Now()
-	timeCol := map[tide.TaskState]string{
-		tide.StatePending: "READY", tide.StateActive: "DUE", tide.StateScheduled: "DUE", tide.StateRetry: "RETRY AT",
-		tide.StateArchived: "FAILED", tide.StateCompleted: "COMPLETED",
-	}[st]
-	t := newTable(a.stdout, "ID", "TYPE", "RETRIED", timeCol, "LAST ERROR")
-	for _, ti := range ts {
-		at := ti.NextProcessAt
-		switch st {
-		case tide.StateArchived:
-			at = ti.LastFailedAt
-		case tide.StateCompleted:
-			at = ti.CompletedAt
+	if st == tide.StateActive {
+		t := newTable(a.stdout, "ID", "TYPE", "RETRIED", "STARTED", "SERVER", "LEASE EXPIRES", "LAST ERROR")
+		for _, ti := range ts {
+			t.row(ti.ID, ti.Type, fmt.Sprintf("%d/%d", ti.Retried, ti.MaxRetry), when(ti.StartedAt, now), orDash(ti.Server),
+				when(ti.LeaseExpiresAt, now), orDash(firstLine(ti.LastErr, 60)))
 		}
-		t.row(ti.ID, ti.Type, fmt.Sprintf("%d/%d", ti.Retried, ti.MaxRetry), when(at, now), orDash(firstLine(ti.LastErr, 60)))
+		t.flush()
+	} else {
+		timeCol := map[tide.TaskState]string{
+			tide.StatePending: "READY", tide.StateScheduled: "DUE", tide.StateRetry: "RETRY AT",
+			tide.StateArchived: "FAILED", tide.StateCompleted: "COMPLETED",
+		}[st]
+		t := newTable(a.stdout, "ID", "TYPE", "RETRIED", timeCol, "LAST ERROR")
+		for _, ti := range ts {
+			at := ti.NextProcessAt
+			switch st {
+			case tide.StateArchived:
+				at = ti.LastFailedAt
+			case tide.StateCompleted:
+				at = ti.CompletedAt
+			}
+			t.row(ti.ID, ti.Type, fmt.Sprintf("%d/%d", ti.Retried, ti.MaxRetry), when(at, now), orDash(firstLine(ti.LastErr, 60)))
+		}
+		t.flush()
 	}
-	t.flush()
-	if len(ts) == o.size {
-		fmt.Fprintf(a.stdout, "\nPage %d (%d per page). Next: tide tasks ls %s --state %s --page %d --size %d\n", o.page, o.size, queue, st, o.page+1, o.size)
+	if more {
+		fmt.Fprintf(a.stdout, "\nPage %d (%d per page). Next: %s\n", o.page, o.size,
+			escape(fmt.Sprintf("tide tasks ls %s --state %s%s --page %d --size %d", queue, st, filters, o.page+1, o.size)))
 	}
 	return nil
 }
 
+// search returns the tasks of queue in state that match f, skipping the
+// first skip matches, at most n of them, and whether more match. It calls
+// SearchTasks until it has enough or the state is read to its end: a call
+// may return fewer tasks than asked with more to read.
+func (a *app) search(ctx context.Context, queue string, st tide.TaskState, f tide.TaskFilter, skip, n int) (ts []*tide.TaskInfo, more bool, err error) {
+	seen, offset := 0, 0
+	for {
+		limit := min(skip+n+1-seen, tide.MaxPageSize)
+		page, next, err := a.in.SearchTasks(ctx, queue, st, f, offset, limit)
+		if err != nil {
+			return nil, false, err
+		}
+		for _, t := range page {
+			if seen >= skip {
+				ts = append(ts, t)
+			}
+			seen++
+		}
+		if len(ts) > n || next < 0 || next <= offset {
+			break
+		}
+		offset = next
+	}
+	if len(ts) > n {
+		return ts[:n], true, nil
+	}
+	return ts, false, nil
+}
+
+// filterArgs writes the filters back as flags (" --type 'a b'"), for
+// messages and the next-page hint.
+func filterArgs(f tide.TaskFilter) string {
+	var b strings.Builder
+	for _, x := range []struct{ flag, v string }{{"id", f.ID}, {"type", f.Type}, {"payload", f.Payload}, {"error", f.Err}} {
+		if x.v != "" {
+			b.WriteString(" --" + x.flag + " " + shellQuote(x.v))
+		}
+	}
+	return b.String()
+}
+
+// shellQuote quotes s for a POSIX shell when it needs it.
+func shellQuote(s string) string {
+	if s != "" && !strings.ContainsFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_.:/@%+=,", r))
+	}) {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// taskJSON is a task in --json output: the gateway's form of a task, with
+// the attempts, where an active task runs, and whether the payload and the
+// result are encrypted (and so shown as stored: their base64 is the
+// ciphertext).
+type taskJSON struct {
+	*gateway.Task
+	PayloadEncrypted bool          `json:"payload_encrypted,omitempty"`
+	ResultEncrypted  bool          `json:"result_encrypted,omitempty"`
+	StartedAt        *time.Time    `json:"started_at,omitempty"`
+	Server           string        `json:"server,omitempty"`
+	LeaseExpiresAt   *time.Time    `json:"lease_expires_at,omitempty"`
+	Attempts         []attemptJSON `json:"attempts"`
+}
+
+// attemptJSON is one attempt of a task.
+type attemptJSON struct {
+	Started *time.Time `json:"started,omitempty"` // absent when unknown (the lease expired)
+	Ended   *time.Time `json:"ended,omitempty"`
+	Server  string     `json:"server,omitempty"`
+	Outcome string     `json:"outcome"`
+	Error   string     `json:"error,omitempty"`
+}
+
+func toTaskJSON(ti *tide.TaskInfo) *taskJSON {
+	t := &taskJSON{Task: gateway.TaskFromInfo(ti), PayloadEncrypted: sealed(ti.Payload), ResultEncrypted: sealed(ti.Result),
+		StartedAt: utcPtr(ti.StartedAt), Server: ti.Server, LeaseExpiresAt: utcPtr(ti.LeaseExpiresAt), Attempts: []attemptJSON{}}
+	for _, at := range ti.Attempts {
+		t.Attempts = append(t.Attempts, attemptJSON{utcPtr(at.Started), utcPtr(at.Ended), at.Server, at.Outcome, at.Err})
+	}
+	return t
+}
+
+func utcPtr(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
 var cmdTasksShow = &command{
-	name: "tasks show", args: "<queue> <id>", minArgs: 2, maxArgs: 2, redis: true,
-	summary: "show one task: state, payload, last error, result",
+	name: "tasks show", args: "<queue> <id>", minArgs: 2, maxArgs: 2, redis: true, taskData: true,
+	summary: "show one task: state, payload, attempts, last error, result",
 	help: `
 Show everything about one task: its state, when it is due, retries, the last
-error (with a stack trace for panics), headers, payload and result. A
-payload is shown as JSON or text when it is, else as base64; long ones are
-cut (--json shows all).
+error (with a stack trace for panics), headers, payload and result, and its
+latest attempts (at most 10 are kept: when each started and ended, on which
+server, the outcome and the first line of its error). For a running task it
+shows when it started, for how long it has run, the server running it and
+when its lease runs out, instead of when it was due. A payload is shown as
+JSON or text when it is, else as base64; long ones are cut (--json shows
+all).
+
+` + encryptionHelp + `
 
 ` + escapeHelp + `
 
@@ -147,7 +289,9 @@ Exits with 3 when there is no such task.
 
 Examples:
   tide tasks show orders order-cancel:42
-  tide tasks show orders order-cancel:42 --json | jq .payload`,
+  tide tasks show orders order-cancel:42 --json | jq .payload
+  tide tasks show orders order-cancel:42 --json | jq '.attempts[].error'
+  TIDE_ENCRYPTION_KEYS=$(cat /run/secrets/tide-keys) tide tasks show orders order-cancel:42`,
 	check: func(_ *app, o *cmdOpts, args []string) error { return checkQueueArg(o.cmd, args[0]) },
 	run:   runTasksShow,
 }
@@ -158,17 +302,34 @@ func runTasksShow(ctx context.Context, a *app, _ *cmdOpts, args []string) error 
 	if err != nil {
 		return taskErr("show", queue, id, err)
 	}
+	if ti.State == tide.StateActive {
+		a.running(ctx, ti)
+	}
 	if a.globals.json {
-		return a.printJSON(gateway.TaskFromInfo(ti))
+		return a.printJSON(toTaskJSON(ti))
 	}
 	now := time.Now()
 	t := newTable(a.stdout)
-	kv := func(k, v string) { t.row(k+":", v) }
+	// Keys are as wide as the widest, "Next process at:", whichever are
+	// shown, so that the lines printed after the table line up.
+	kv := func(k, v string) { t.row(fmt.Sprintf("%-16s", k+":"), v) }
 	kv("ID", ti.ID)
 	kv("Queue", ti.Queue)
 	kv("Type", ti.Type)
 	kv("State", ti.State.String())
-	kv("Next process at", stamp(ti.NextProcessAt, now))
+	if ti.State == tide.StateActive {
+		if ti.StartedAt.IsZero() {
+			kv("Started at", "- (not reported yet by a server heartbeat)")
+			kv("Running for", "-")
+		} else {
+			kv("Started at", stamp(ti.StartedAt, now))
+			kv("Running for", short(now.Sub(ti.StartedAt)))
+		}
+		kv("Server", orDash(ti.Server))
+		kv("Lease expires", stamp(ti.LeaseExpiresAt, now))
+	} else {
+		kv("Next process at", stamp(ti.NextProcessAt, now))
+	}
 	kv("Retried", fmt.Sprintf("%d of %d", ti.Retried, ti.MaxRetry))
 	kv("Last failed at", stamp(ti.LastFailedAt, now))
 	kv("Completed at", stamp(ti.CompletedAt, now))
@@ -185,9 +346,9 @@ func runTasksShow(ctx context.Context, a *app, _ *cmdOpts, args []string) error 
 		}
 		t.row(label, k+": "+ti.Headers[k])
 	}
-	kv("Payload", showBytes(ti.Payload))
-	if len(ti.Result) > 0 {
-		kv("Result", showBytes(ti.Result))
+	kv("Payload", a.showValue("payload", ti.Payload, ti.LastErr))
+	if len(ti.Result) > 0 || len(a.keys) > 0 && undecrypted("result", ti.Result, ti.LastErr) {
+		kv("Result", a.showValue("result", ti.Result, ti.LastErr))
 	}
 	t.flush()
 	if ti.LastErr != "" {
@@ -198,7 +359,58 @@ func runTasksShow(ctx context.Context, a *app, _ *cmdOpts, args []string) error 
 	} else {
 		fmt.Fprintln(a.stdout, "Last error:       -")
 	}
+	printAttempts(a, ti.Attempts, now)
 	return nil
+}
+
+// attemptErrRunes bounds an attempt's error in 'tasks show': its first
+// line, cut to this many characters (--json has it whole).
+const attemptErrRunes = 100
+
+// printAttempts prints a task's attempt history, oldest first.
+func printAttempts(a *app, as []tide.Attempt, now time.Time) {
+	if len(as) == 0 {
+		fmt.Fprintln(a.stdout, "Attempts:         - (none recorded: a task's first attempt that succeeds is not kept, unless the task is kept as completed)")
+		return
+	}
+	fmt.Fprintf(a.stdout, "Attempts (%d, oldest first; the latest %d are kept):\n", len(as), tidetype.MaxAttempts)
+	var b strings.Builder
+	t := newTable(&b, "STARTED", "TOOK", "SERVER", "OUTCOME", "ERROR")
+	for _, at := range as {
+		took := "-"
+		if !at.Started.IsZero() && !at.Ended.IsZero() {
+			took = short(at.Ended.Sub(at.Started))
+		}
+		t.row(stamp(at.Started, now), took, orDash(at.Server), orDash(at.Outcome), orDash(firstLine(at.Err, attemptErrRunes)))
+	}
+	t.flush()
+	for line := range strings.SplitSeq(strings.TrimRight(b.String(), "\n"), "\n") {
+		fmt.Fprintln(a.stdout, "  "+line)
+	}
+}
+
+// running fills in where an active task runs: when it started and on which
+// server (from the servers' heartbeats) and when its lease expires, which
+// GetTaskInfo leaves out. It searches the queue's active tasks, a set as
+// small as the servers' concurrency. Left as they are when it fails.
+func (a *app) running(ctx context.Context, ti *tide.TaskInfo) {
+	f := tide.TaskFilter{ID: ti.ID}
+	for offset := 0; ; {
+		ts, next, err := a.in.SearchTasks(ctx, ti.Queue, tide.StateActive, f, offset, tide.MaxPageSize)
+		if err != nil {
+			return
+		}
+		for _, t := range ts {
+			if t.ID == ti.ID {
+				ti.StartedAt, ti.Server, ti.LeaseExpiresAt = t.StartedAt, t.Server, t.LeaseExpiresAt
+				return
+			}
+		}
+		if next < 0 || next <= offset {
+			return
+		}
+		offset = next
+	}
 }
 
 func durOrDash(d time.Duration) string {
