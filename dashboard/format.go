@@ -10,6 +10,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/tidequeue/tide/encrypt"
 )
 
 // Display limits for task data. Templates escape everything; these only
@@ -22,9 +24,13 @@ const (
 	indentMaxDepth = 32       // ... and this nesting depth
 )
 
+// sealedNote is shown for a value sealed by encrypt.Wrap when the
+// dashboard's broker cannot open it.
+const sealedNote = "Encrypted at rest. Start the dashboard with the keys (tide dash --encryption-keys, or encrypt.Wrap around the broker given to dashboard.New) to see it."
+
 // blob is a payload, result or error text prepared for display.
 type blob struct {
-	Kind      string // "empty", "text", "json" or "binary"
+	Kind      string // "empty", "encrypted", "text", "json" or "binary"
 	Size      int    // bytes in the original
 	Text      string // text or JSON (possibly re-indented), truncated
 	Hex       string // hex dump of the start of binary data
@@ -41,6 +47,10 @@ func viewBlob(data []byte) blob {
 	b := blob{Size: len(data)}
 	if len(data) == 0 {
 		b.Kind = "empty"
+		return b
+	}
+	if encrypt.IsSealed(data) {
+		b.Kind, b.Text = "encrypted", sealedNote
 		return b
 	}
 	shown := data
@@ -76,6 +86,9 @@ func viewBlob(data []byte) blob {
 func preview(data []byte) string {
 	if len(data) == 0 {
 		return "(empty)"
+	}
+	if encrypt.IsSealed(data) {
+		return fmt.Sprintf("(encrypted, %s)", byteSize(len(data)))
 	}
 	head := data
 	if len(head) > 4*previewRunes {

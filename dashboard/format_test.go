@@ -222,3 +222,18 @@ func FuzzViewBlob(f *testing.F) {
 		_ = jsonDepth(data)
 	})
 }
+
+// A value sealed by encrypt.Wrap (seen by a dashboard without the keys) is
+// named as encrypted, not dumped as binary.
+func TestViewBlobSealed(t *testing.T) {
+	sealed := append([]byte{0xFF, 'T', 'E', 2, 1, 'I'}, bytes.Repeat([]byte{0x9c}, 40)...)
+	if b := viewBlob(sealed); b.Kind != "encrypted" || b.Text != sealedNote || b.Hex != "" || b.Size != len(sealed) {
+		t.Fatalf("viewBlob(sealed) = %+v", b)
+	}
+	if p := preview(sealed); p != "(encrypted, 46 B)" {
+		t.Fatalf("preview(sealed) = %q", p)
+	}
+	if b := viewBlob([]byte{0xFF, 'T'}); b.Kind != "binary" {
+		t.Fatalf("two bytes 0xFF 'T' are %q, want binary", b.Kind)
+	}
+}

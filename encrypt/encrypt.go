@@ -209,7 +209,7 @@ func (w *wrapper) holder(ctx context.Context, sent, orig *tidetype.TaskInfo) hol
 	if bytes.Equal(got.Payload, sent.Payload) {
 		return heldByThis
 	}
-	if sealed(got.Payload) && got.Type == orig.Type && !orig.EnqueuedAt.IsZero() &&
+	if IsSealed(got.Payload) && got.Type == orig.Type && !orig.EnqueuedAt.IsZero() &&
 		got.EnqueuedAt.UnixMilli() == orig.EnqueuedAt.UnixMilli() {
 		if p, err := w.kr.open(where{fieldPayload, got.Queue, got.ID, got.UniqueKey}, got.Payload); err == nil && bytes.Equal(p, orig.Payload) {
 			return heldByThis

@@ -42,13 +42,14 @@ const Overhead = 34
 // The sizes add up, or this does not compile.
 var _ = [1]struct{}{}[Overhead-(headerSize+nonceSize+tagSize)]
 
-// sealed reports whether v carries the magic of a sealed value. A value that
-// does is never treated as plaintext, even when it fails to open.
-func sealed(v []byte) bool {
+// IsSealed reports whether v is a value sealed by a wrapped broker: it
+// starts with the magic bytes 0xFF 'T' 'E' (see Format; no UTF-8 text or
+// JSON starts with 0xFF). Tools that show stored payloads use it to say
+// "encrypted" instead of printing ciphertext. It is safe for concurrent use.
+func IsSealed(v []byte) bool {
 	return len(v) >= 3 && v[0] == magic0 && v[1] == magic1 && v[2] == magic2
 }
 
-// fieldName names a field in messages.
 func fieldName(field byte) string {
 	if field == fieldResult {
 		return "result"
@@ -103,7 +104,7 @@ func (e *openError) Error() string {
 // sealed (written before encryption was turned on), the decrypted bytes when
 // it opens, and an *openError otherwise. It never panics, whatever v holds.
 func (kr *keyring) open(w where, v []byte) ([]byte, error) {
-	if !sealed(v) {
+	if !IsSealed(v) {
 		return v, nil
 	}
 	fail := func(format string, a ...any) ([]byte, error) {

@@ -45,7 +45,7 @@ func FuzzOpen(f *testing.F) {
 		if !bytes.Equal(v, orig) {
 			t.Fatal("open changed its input")
 		}
-		if !sealed(v) {
+		if !IsSealed(v) {
 			if err != nil || !bytes.Equal(p, v) {
 				t.Fatalf("unsealed value: %q, %v; want it back unchanged", p, err)
 			}
@@ -77,7 +77,7 @@ func FuzzRoundTrip(f *testing.F) {
 			bind = bindUnique
 		}
 		v := kr.seal(w, bind, plain)
-		if len(v) != len(plain)+Overhead || !sealed(v) || v[4] != 2 || v[5] != bind {
+		if len(v) != len(plain)+Overhead || !IsSealed(v) || v[4] != 2 || v[5] != bind {
 			t.Fatalf("sealed value: %d bytes, header % x", len(v), v[:headerSize])
 		}
 		p, err := kr.open(w, v)
@@ -101,7 +101,7 @@ func FuzzRoundTrip(f *testing.F) {
 		if flip != 0 {
 			c := bytes.Clone(v)
 			c[int(pos)%len(c)] ^= flip
-			if p, err := kr.open(w, c); err == nil && sealed(c) {
+			if p, err := kr.open(w, c); err == nil && IsSealed(c) {
 				t.Fatalf("opened after changing byte %d: %q", int(pos)%len(c), p)
 			}
 		}

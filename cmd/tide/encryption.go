@@ -37,13 +37,6 @@ func (a *app) encryptionKeys(o *cmdOpts) error {
 	return nil
 }
 
-// sealed reports whether v is a value encrypted by encrypt.Wrap: it starts
-// with the magic bytes 0xFF 'T' 'E' (see the encrypt package's Format; no
-// text or JSON starts with 0xFF).
-func sealed(v []byte) bool {
-	return len(v) >= 3 && v[0] == 0xFF && v[1] == 'T' && v[2] == 'E'
-}
-
 // undecrypted reports whether the field ("payload" or "result") of a task
 // read through encrypt.Wrap did not decrypt: the wrapper then returns it
 // empty and puts the reason at the head of the last error.
@@ -55,9 +48,9 @@ func undecrypted(field string, v []byte, lastErr string) bool {
 // encrypted and cannot be shown.
 func (a *app) showValue(field string, v []byte, lastErr string) string {
 	switch {
-	case sealed(v) && len(a.keys) == 0:
+	case encrypt.IsSealed(v) && len(a.keys) == 0:
 		return fmt.Sprintf("(encrypted: %s; pass --encryption-keys or set TIDE_ENCRYPTION_KEYS to see it)", plural(len(v), "byte", "bytes"))
-	case sealed(v):
+	case encrypt.IsSealed(v):
 		return fmt.Sprintf("(encrypted: %s, not decrypted)", plural(len(v), "byte", "bytes"))
 	case len(a.keys) > 0 && undecrypted(field, v, lastErr):
 		return "(not decrypted with the keys given: see the last error)"

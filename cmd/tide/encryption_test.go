@@ -132,7 +132,7 @@ func TestEncryptionKeysServeAndDash(t *testing.T) {
 	if code != http.StatusCreated {
 		t.Fatalf("POST: %d %s", code, body)
 	}
-	if ti, err := e.in.GetTaskInfo(ctx, "pay", "g1"); err != nil || !sealed(ti.Payload) || bytes.Contains(ti.Payload, []byte("5500")) {
+	if ti, err := e.in.GetTaskInfo(ctx, "pay", "g1"); err != nil || !encrypt.IsSealed(ti.Payload) || bytes.Contains(ti.Payload, []byte("5500")) {
 		t.Fatalf("the stored payload is not encrypted: %+v %v", ti, err)
 	}
 	req, _ := http.NewRequest("GET", base+"/v1/queues/pay/tasks/c1", nil)

@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/encrypt"
 	"github.com/tidequeue/tide/gateway"
 	"github.com/tidequeue/tide/tidetype"
 )
@@ -252,7 +253,7 @@ type attemptJSON struct {
 }
 
 func toTaskJSON(ti *tide.TaskInfo) *taskJSON {
-	t := &taskJSON{Task: gateway.TaskFromInfo(ti), PayloadEncrypted: sealed(ti.Payload), ResultEncrypted: sealed(ti.Result),
+	t := &taskJSON{Task: gateway.TaskFromInfo(ti), PayloadEncrypted: encrypt.IsSealed(ti.Payload), ResultEncrypted: encrypt.IsSealed(ti.Result),
 		StartedAt: utcPtr(ti.StartedAt), Server: ti.Server, LeaseExpiresAt: utcPtr(ti.LeaseExpiresAt), Attempts: []attemptJSON{}}
 	for _, at := range ti.Attempts {
 		t.Attempts = append(t.Attempts, attemptJSON{utcPtr(at.Started), utcPtr(at.Ended), at.Server, at.Outcome, at.Err})
