@@ -166,6 +166,7 @@ type cmdOpts struct {
 	page, size  int
 	all         bool
 	force       bool
+	pauseFor    durationFlag
 	watch       bool
 	interval    durationFlag
 	count       int

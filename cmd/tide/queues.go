@@ -153,23 +153,38 @@ func (a *app) emptyQueueHint(ctx context.Context, queue string) string {
 
 // queueJSON is a queue in --json output.
 type queueJSON struct {
-	Queue          string  `json:"queue"`
-	Paused         bool    `json:"paused"`
-	Size           int     `json:"size"`
-	Pending        int     `json:"pending"`
-	Active         int     `json:"active"`
-	Scheduled      int     `json:"scheduled"`
-	Retry          int     `json:"retry"`
-	Archived       int     `json:"archived"`
-	Completed      int     `json:"completed"`
-	ProcessedToday int     `json:"processed_today"`
-	FailedToday    int     `json:"failed_today"`
-	LatencySeconds float64 `json:"latency_seconds"`
+	Queue          string     `json:"queue"`
+	Paused         bool       `json:"paused"`
+	PausedUntil    *time.Time `json:"paused_until,omitempty"`
+	Size           int        `json:"size"`
+	Pending        int        `json:"pending"`
+	Active         int        `json:"active"`
+	Scheduled      int        `json:"scheduled"`
+	Retry          int        `json:"retry"`
+	Archived       int        `json:"archived"`
+	Completed      int        `json:"completed"`
+	ProcessedToday int        `json:"processed_today"`
+	FailedToday    int        `json:"failed_today"`
+	LatencySeconds float64    `json:"latency_seconds"`
 }
 
 func toQueueJSON(q *tide.QueueInfo) queueJSON {
-	return queueJSON{q.Queue, q.Paused, q.Size, q.Pending, q.Active, q.Scheduled, q.Retry, q.Archived, q.Completed,
+	j := queueJSON{q.Queue, q.Paused, nil, q.Size, q.Pending, q.Active, q.Scheduled, q.Retry, q.Archived, q.Completed,
 		q.Processed, q.Failed, q.Latency.Seconds()}
+	if !q.PausedUntil.IsZero() {
+		u := q.PausedUntil.UTC()
+		j.PausedUntil = &u
+	}
+	return j
+}
+
+// pausedCell is the PAUSED column: no, yes, or for a timed pause how long
+// it has left.
+func pausedCell(q *tide.QueueInfo) string {
+	if q.Paused && !q.PausedUntil.IsZero() {
+		return "for " + short(max(time.Until(q.PausedUntil), 0))
+	}
+	return yesNo(q.Paused)
 }
 
 // queueInfos returns the info of every queue.
@@ -207,7 +222,7 @@ func runQueues(ctx context.Context, a *app, _ *cmdOpts, _ []string) error {
 	}
 	t := newTable(a.stdout, "QUEUE", "PAUSED", "PENDING", "ACTIVE", "SCHEDULED", "RETRY", "ARCHIVED", "COMPLETED", "PROCESSED TODAY", "FAILED TODAY", "LATENCY")
 	for _, q := range infos {
-		t.row(q.Queue, yesNo(q.Paused), strconv.Itoa(q.Pending), strconv.Itoa(q.Active), strconv.Itoa(q.Scheduled),
+		t.row(q.Queue, pausedCell(q), strconv.Itoa(q.Pending), strconv.Itoa(q.Active), strconv.Itoa(q.Scheduled),
 			strconv.Itoa(q.Retry), strconv.Itoa(q.Archived), strconv.Itoa(q.Completed),
 			strconv.Itoa(q.Processed), strconv.Itoa(q.Failed), latency(q.Latency))
 	}
@@ -223,14 +238,17 @@ func latency(d time.Duration) string {
 }
 
 var cmdPause = &command{
-	name: "pause", args: "<queue> [--force]", minArgs: 1, maxArgs: 1, redis: true,
+	name: "pause", args: "<queue> [--for <duration>] [--force]", minArgs: 1, maxArgs: 1, redis: true,
 	summary: "stop servers from taking tasks of a queue",
 	flags: func(fs *flag.FlagSet, o *cmdOpts) {
 		fs.BoolVar(&o.force, "force", false, "pause a queue that has no tasks yet (before its first use)")
+		fs.Var(&o.pauseFor, "for", "pause only for this long (e.g. 10m, 2h); the queue then resumes by itself")
 	},
 	help: `
 Pause a queue: servers stop taking its tasks (running ones finish) until
-'tide unpause'. Tasks can still be enqueued, and scheduled tasks still become
+'tide unpause', or with --for until that time has passed (servers pick the
+queue up again within a few seconds of the end; 'tide queues' shows the time
+left). Tasks can still be enqueued, and scheduled tasks still become
 pending.
 
 A queue that never had a task is refused (exit 3, with the list of queues):
@@ -242,9 +260,10 @@ queue's tasks until its servers are ready; the queue is then listed by
 Examples:
   tide pause emails
   tide unpause emails
+  tide pause payments --for 15m   # the payment provider is down for maintenance
   tide pause reports-v2 --force   # before its first task`,
 	run: func(ctx context.Context, a *app, o *cmdOpts, args []string) error {
-		return a.pause(ctx, args[0], true, o.force)
+		return a.pause(ctx, args[0], true, o.force, time.Duration(o.pauseFor))
 	},
 	check: func(_ *app, o *cmdOpts, args []string) error { return checkQueueArg(o.cmd, args[0]) },
 }
@@ -263,16 +282,16 @@ check.
 Example:
   tide unpause emails`,
 	run: func(ctx context.Context, a *app, o *cmdOpts, args []string) error {
-		return a.pause(ctx, args[0], false, o.force)
+		return a.pause(ctx, args[0], false, o.force, 0)
 	},
 	check: func(_ *app, o *cmdOpts, args []string) error { return checkQueueArg(o.cmd, args[0]) },
 }
 
-// pause pauses or unpauses queue. A queue no task was ever enqueued to is
+// pause pauses or unpauses queue; a pause with d > 0 lasts d. A queue no task was ever enqueued to is
 // refused without force: a typo would leave a pause that stops the queue
 // when it is first used. (Pausing records the queue, so a queue paused with
 // force is known to unpause.)
-func (a *app) pause(ctx context.Context, queue string, pause, force bool) error {
+func (a *app) pause(ctx context.Context, queue string, pause, force bool, d time.Duration) error {
 	verb := "paused"
 	if !pause {
 		verb = "unpaused"
@@ -291,13 +310,23 @@ func (a *app) pause(ctx context.Context, queue string, pause, force bool) error 
 		}
 	}
 	var err error
-	if pause {
+	switch {
+	case pause && d > 0:
+		err = a.in.PauseQueueFor(ctx, queue, d)
+	case pause:
 		err = a.in.PauseQueue(ctx, queue)
-	} else {
+	default:
 		err = a.in.UnpauseQueue(ctx, queue)
 	}
 	if err != nil {
 		return fmt.Errorf("tide: %s %s: %w", strings.TrimSuffix(verb, "d"), queue, err)
+	}
+	if pause && d > 0 {
+		if a.globals.json {
+			return a.printJSON(map[string]any{"queue": queue, "paused": true, "paused_for_seconds": d.Seconds()})
+		}
+		fmt.Fprintf(a.stdout, "Queue %s paused for %v; it resumes by itself.\n", queue, d)
+		return nil
 	}
 	if a.globals.json {
 		return a.printJSON(map[string]any{"queue": queue, "paused": pause})

@@ -98,3 +98,25 @@ func TestQueuesRm(t *testing.T) {
 		t.Errorf("queues after rm: %q", qs)
 	}
 }
+
+// pause --for pauses the queue with an end, which 'tide queues' shows, and
+// refuses a duration that is not positive.
+func TestPauseFor(t *testing.T) {
+	e := setup(t)
+	e.enqueue("t", "{}", tide.Queue("pay"))
+	e.tide("pause", "pay", "--for", "15m").want(t, exitOK, "Queue pay paused for 15m0s; it resumes by itself.")
+	qi, err := e.in.QueueInfo(context.Background(), "pay")
+	if err != nil || !qi.Paused || time.Until(qi.PausedUntil) < 14*time.Minute || time.Until(qi.PausedUntil) > 15*time.Minute {
+		t.Fatalf("after pause --for 15m: %+v, %v", qi, err)
+	}
+	e.tide("queues").want(t, exitOK, "for 1")
+	r := e.tide("queues", "--json")
+	r.want(t, exitOK, `"paused_until": "`)
+	if r := e.tide("pause", "pay", "--for", "-5m"); r.code != exitUsage || !strings.Contains(r.stderr, "--for") {
+		t.Errorf("pause --for -5m: exit %d\n%s", r.code, r.stderr)
+	}
+	e.tide("unpause", "pay").want(t, exitOK, "Queue pay unpaused.")
+	if qi, err := e.in.QueueInfo(context.Background(), "pay"); err != nil || qi.Paused || !qi.PausedUntil.IsZero() {
+		t.Fatalf("after unpause: %+v, %v", qi, err)
+	}
+}
