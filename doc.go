@@ -52,4 +52,32 @@
 // a per-partition timer fires at the next due time and is re-armed early when
 // an earlier task arrives; idle workers wait for a wake-up that enqueueing
 // publishes.
+//
+// # Queue limits
+//
+// A queue can be limited across all servers together: at most Concurrency
+// of its tasks running at once, and at most Rate.Limit of them starting in
+// any period of Rate.Per:
+//
+//	srv := tide.NewServer(b, tide.Config{
+//		Queues: map[string]int{"payments": 1},
+//		QueueLimits: map[string]tide.QueueLimits{
+//			"payments": {Concurrency: 8, Rate: tide.Rate{Limit: 100, Per: time.Second}},
+//		},
+//	})
+//
+// Limits are kept in the broker: Start writes Config.QueueLimits, and
+// Inspector.SetQueueLimits changes them on running servers, which obey the
+// new limits from their next fetch. They are checked when a task is handed
+// out, in the same atomic step, so they hold on any number of servers and on
+// Redis Cluster; a task counts against Concurrency until it is settled or,
+// when its server died, until its lease expires and it is recovered. A task
+// held back by a limit stays pending and uses no retry. A queue at its
+// limit does not make servers poll: they are woken when a running task of
+// the queue finishes or, under a rate limit, when the next start is allowed.
+//
+// The Redis broker splits each limit among the queue's partitions, so a
+// limit must be at least the queue's partition count (a partition without a
+// share would never start its tasks), and a limited queue cannot be
+// repartitioned to more partitions than its limits.
 package tide

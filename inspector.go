@@ -57,6 +57,14 @@ type TaskFilter = tidetype.TaskFilter
 // StoreInfo describes the store behind the broker (Inspector.StoreInfo).
 type StoreInfo = tidetype.StoreInfo
 
+// QueueLimits bounds how a queue's tasks run across all servers together
+// (Inspector.SetQueueLimits, Config.QueueLimits); see tidetype.QueueLimits.
+type QueueLimits = tidetype.QueueLimits
+
+// Rate is a number of task starts per period (QueueLimits.Rate); see
+// tidetype.Rate.
+type Rate = tidetype.Rate
+
 func (in *Inspector) needAdmin() error {
 	if in.admin == nil {
 		return ErrNotSupported
@@ -347,6 +355,45 @@ func (in *Inspector) PauseQueueFor(ctx context.Context, queue string, d time.Dur
 		return fmt.Errorf("%w: PauseQueueFor(%q, %v): the pause must be 1ms to %v", ErrInvalidTask, queue, d, MaxPauseFor)
 	}
 	return in.admin.PauseFor(ctx, queue, d)
+}
+
+// SetQueueLimits records queue's limits in the broker, replacing the ones it
+// had; the zero QueueLimits removes them. Every server obeys them from its
+// next fetch on (well within a second), without a restart: a lower
+// Concurrency starts nothing until enough running tasks have finished, a
+// higher one wakes idle servers, and a new Rate counts the starts made in
+// its period before the change. Invalid limits are refused with an error
+// wrapping ErrInvalidTask that names the field: a negative Concurrency or
+// one over broker.MaxQueueConcurrency; a Rate.Limit that is negative or over
+// broker.MaxQueueRate; a Rate.Per under a millisecond, over
+// broker.MaxRatePer or not whole milliseconds when Rate.Limit is set, or set
+// without Rate.Limit; and a Concurrency or Rate.Limit below the queue's
+// partition count, which would leave a partition without a share. A server started with
+// Config.QueueLimits for the queue writes its own limits again at Start.
+// It needs a broker that implements broker.Admin.
+func (in *Inspector) SetQueueLimits(ctx context.Context, queue string, l QueueLimits) error {
+	if err := in.needAdmin(); err != nil {
+		return err
+	}
+	if err := ValidateQueueName(queue); err != nil {
+		return err
+	}
+	if err := broker.CheckQueueLimits(l); err != nil {
+		return err
+	}
+	return in.admin.SetQueueLimits(ctx, queue, l)
+}
+
+// QueueLimits returns the limits recorded for queue: the zero QueueLimits
+// when it has none. It needs a broker that implements broker.Admin.
+func (in *Inspector) QueueLimits(ctx context.Context, queue string) (QueueLimits, error) {
+	if err := in.needAdmin(); err != nil {
+		return QueueLimits{}, err
+	}
+	if err := ValidateQueueName(queue); err != nil {
+		return QueueLimits{}, err
+	}
+	return in.admin.QueueLimits(ctx, queue)
 }
 
 // UnpauseQueue resumes a paused queue.

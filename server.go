@@ -63,6 +63,16 @@ type Config struct {
 	// unique among live servers. Default: host name, process ID and a random
 	// suffix.
 	ServerID string
+
+	// QueueLimits maps queue names to limits that hold across all servers
+	// together (see QueueLimits). Start writes each entry to the broker
+	// (as Inspector.SetQueueLimits does), replacing what was recorded, and
+	// fails if it cannot; the broker must implement broker.Admin. Queues
+	// without an entry keep the limits recorded in the broker. Servers that
+	// declare different limits for a queue overwrite each other at Start:
+	// the last one started wins. Default: none. Names must be valid and
+	// limits valid (see Inspector.SetQueueLimits).
+	QueueLimits map[string]QueueLimits
 }
 
 // maxErrLen bounds the error text stored with a failed task.
@@ -137,6 +147,19 @@ func (c Config) withDefaults() (Config, error) {
 	case c.ShutdownTimeout < 0:
 		bad("ShutdownTimeout %v is negative", c.ShutdownTimeout)
 	}
+	if len(c.QueueLimits) > 0 {
+		ls := make(map[string]QueueLimits, len(c.QueueLimits))
+		for q, l := range c.QueueLimits {
+			if err := ValidateQueueName(q); err != nil {
+				bad("QueueLimits: %v", err)
+			}
+			if err := broker.CheckQueueLimits(l); err != nil {
+				bad("QueueLimits[%q]: %w", q, err)
+			}
+			ls[q] = l
+		}
+		c.QueueLimits = ls
+	}
 	if c.RetryDelayFunc == nil {
 		c.RetryDelayFunc = DefaultRetryDelay
 	}
@@ -153,9 +176,12 @@ func (c Config) withDefaults() (Config, error) {
 // error wrapping ErrInvalidConfig for a bad Config, an error wrapping
 // ErrLayout when a served queue's partition count recorded in the broker
 // differs from this process's configuration (nothing of it would settle),
+// the error of writing Config.QueueLimits (an unreachable broker, or a
+// limit below the queue's partition count, wrapping ErrInvalidTask),
 // ErrServerClosed after Shutdown, and an error when the server is already
-// running. A broker that cannot be reached does not stop Start: the server
-// keeps trying. Start panics if h is nil.
+// running. A broker that cannot be reached does not stop Start (the server
+// keeps trying) unless Config.QueueLimits has limits to write. Start panics
+// if h is nil.
 func (s *Server) Start(h Handler) error {
 	if h == nil {
 		panic("tide: Server.Start: nil handler")
@@ -172,6 +198,9 @@ func (s *Server) Start(h Handler) error {
 		return ErrServerClosed
 	}
 	if err := s.checkLayouts(); err != nil {
+		return err
+	}
+	if err := s.writeLimits(); err != nil {
 		return err
 	}
 	s.handler = h
@@ -240,6 +269,27 @@ func (s *Server) checkLayouts() error {
 			}
 			s.log.Warn("tide: broker unreachable at start; the server keeps trying", "queue", q, "err", err)
 			return nil
+		}
+	}
+	return nil
+}
+
+// writeLimits records Config.QueueLimits in the broker. Unlike a layout
+// check it must succeed: a server that ran without the limits written could
+// exceed them.
+func (s *Server) writeLimits() error {
+	if len(s.cfg.QueueLimits) == 0 {
+		return nil
+	}
+	a, ok := s.b.(broker.Admin)
+	if !ok {
+		return fmt.Errorf("%w: Config.QueueLimits needs a broker that implements broker.Admin", ErrNotSupported)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), layoutCheckTimeout)
+	defer cancel()
+	for q, l := range s.cfg.QueueLimits {
+		if err := a.SetQueueLimits(ctx, q, l); err != nil {
+			return fmt.Errorf("tide: server start: queue limits of %q: %w", q, err)
 		}
 	}
 	return nil

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/tidequeue/tide/tidetype"
@@ -81,7 +82,7 @@ type Admin interface {
 	PauseFor(ctx context.Context, queue string, d time.Duration) error
 
 	// DeleteQueue forgets an empty queue: it disappears from Queues and its
-	// bookkeeping (counters, pause flag, partition count) is deleted. It
+	// bookkeeping (counters, pause flag, partition count, limits) is deleted. It
 	// returns an error wrapping ErrQueueNotEmpty while the queue holds a task
 	// in any state; a later Enqueue creates the queue again.
 	DeleteQueue(ctx context.Context, queue string) error
@@ -92,10 +93,87 @@ type Admin interface {
 	// when it is not active.
 	CancelProcessing(ctx context.Context, queue, id string) error
 
+	// SetQueueLimits records the limits of queue (see tidetype.QueueLimits),
+	// replacing the ones it had; the zero value removes them. Dequeue obeys
+	// the new limits from its next call on, on every server: a lower
+	// Concurrency hands out nothing until enough running tasks have
+	// finished, a higher one wakes idle servers; a rate counts the starts
+	// made before the change. Limits that CheckQueueLimits refuses, or that
+	// CheckLimitsFit refuses for the queue's partition count, are refused
+	// with an error wrapping ErrInvalidTask.
+	SetQueueLimits(ctx context.Context, queue string, l tidetype.QueueLimits) error
+
+	// QueueLimits returns the limits recorded for queue; the zero value
+	// when it has none.
+	QueueLimits(ctx context.Context, queue string) (tidetype.QueueLimits, error)
+
 	// Servers returns the live servers.
 	Servers(ctx context.Context) ([]tidetype.ServerInfo, error)
 	// SchedulerEntries returns the entries of all live schedulers.
 	SchedulerEntries(ctx context.Context) ([]tidetype.SchedulerEntry, error)
+}
+
+// Bounds of QueueLimits that brokers accept.
+const (
+	// MaxQueueConcurrency is the largest QueueLimits.Concurrency.
+	MaxQueueConcurrency = 1 << 20
+	// MaxQueueRate is the largest QueueLimits.Rate.Limit: a broker keeps
+	// the start time of each task started within the last Rate.Per.
+	MaxQueueRate = 100000
+	// MaxRatePer is the longest QueueLimits.Rate.Per.
+	MaxRatePer = 7 * 24 * time.Hour
+)
+
+// CheckQueueLimits reports limits that make no sense (a negative or huge
+// Concurrency; a Rate with a negative or huge Limit, or whose Per is under a
+// millisecond, not whole milliseconds, over MaxRatePer, or set without a
+// Limit) with an error wrapping ErrInvalidTask that names the field.
+func CheckQueueLimits(l tidetype.QueueLimits) error {
+	if l.Concurrency < 0 || l.Concurrency > MaxQueueConcurrency {
+		return fmt.Errorf("%w: QueueLimits.Concurrency %d must be 0 (no limit) to %d", ErrInvalidTask, l.Concurrency, MaxQueueConcurrency)
+	}
+	r := l.Rate
+	switch {
+	case r.Limit < 0 || r.Limit > MaxQueueRate:
+		return fmt.Errorf("%w: QueueLimits.Rate.Limit %d must be 0 (no limit) to %d", ErrInvalidTask, r.Limit, MaxQueueRate)
+	case r.Limit == 0 && r.Per != 0:
+		return fmt.Errorf("%w: QueueLimits.Rate.Per %v is set but Rate.Limit is 0; leave both zero for no rate limit", ErrInvalidTask, r.Per)
+	case r.Limit > 0 && (r.Per < time.Millisecond || r.Per > MaxRatePer):
+		return fmt.Errorf("%w: QueueLimits.Rate.Per %v must be 1ms to %v when Rate.Limit is set", ErrInvalidTask, r.Per, MaxRatePer)
+	case r.Per%time.Millisecond != 0:
+		return fmt.Errorf("%w: QueueLimits.Rate.Per %v must be a whole number of milliseconds", ErrInvalidTask, r.Per)
+	}
+	return nil
+}
+
+// CheckLimitsFit reports a Concurrency or Rate.Limit below the number of
+// partitions a queue has (n): a limit is split among the partitions, and a
+// partition without a share would never start its tasks.
+func CheckLimitsFit(queue string, l tidetype.QueueLimits, n int) error {
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"Concurrency", l.Concurrency}, {"Rate.Limit", l.Rate.Limit}} {
+		if f.v > 0 && f.v < n {
+			return fmt.Errorf("%w: QueueLimits.%s %d of queue %q is below its %d partitions: each partition needs a share of at least 1 "+
+				"(repartition the queue to at most %d partitions, or raise the limit)", ErrInvalidTask, f.name, f.v, queue, n, f.v)
+		}
+	}
+	return nil
+}
+
+// Share is partition p's part of a limit split among n partitions: the
+// shares differ by at most one, the first ones get the remainder, and they
+// add up to limit (10 on 4 partitions: 3, 3, 2, 2).
+func Share(limit, n, p int) int {
+	if n < 1 {
+		return limit
+	}
+	s := limit / n
+	if p < limit%n {
+		s++
+	}
+	return s
 }
 
 // Repartitioner is implemented by brokers whose queues have partitions that
@@ -105,6 +183,8 @@ type Repartitioner interface {
 	// a task while servers and clients keep working, and returns when it is
 	// done; calling it again resumes one that stopped. progress, when not
 	// nil, is called with the tasks moved so far and those still to move.
+	// The queue's limits hold throughout; n above its Concurrency or
+	// Rate.Limit is refused (CheckLimitsFit).
 	Repartition(ctx context.Context, queue string, n int, progress func(moved, left int)) error
 }
 

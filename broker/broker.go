@@ -220,7 +220,10 @@ type EventKind uint8
 
 // Event kinds.
 const (
-	// EventPending: tasks became pending in an empty partition.
+	// EventPending: tasks became pending in an empty partition, or room
+	// opened under the queue's limits for tasks that wait. When At is
+	// set, the tasks wait for the queue's rate limit: they may start from
+	// At on (the broker's clock).
 	EventPending EventKind = iota + 1
 	// EventScheduled: a task was scheduled for At, earlier than every other
 	// scheduled or retry task of the partition.

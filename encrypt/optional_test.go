@@ -224,3 +224,20 @@ func TestShippedBrokersKeepTheirParts(t *testing.T) {
 		t.Errorf("wrapped membroker: Admin %v Registry %v Clock %v Repartitioner %v; want true true true false", a, r, c, p)
 	}
 }
+
+// TestQueueLimitsPassThrough: queue limits set through the wrapper reach the
+// wrapped broker and read back through both.
+func TestQueueLimitsPassThrough(t *testing.T) {
+	ctx := context.Background()
+	inner := membroker.New()
+	w := wrap(t, inner, newKey(t, 1))
+	want := tide.QueueLimits{Concurrency: 3, Rate: tide.Rate{Limit: 10, Per: time.Second}}
+	if err := tide.NewInspector(w).SetQueueLimits(ctx, "q", want); err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range map[string]broker.Broker{"wrapper": w, "wrapped broker": inner} {
+		if got, err := tide.NewInspector(b).QueueLimits(ctx, "q"); err != nil || got != want {
+			t.Errorf("QueueLimits through the %s = %+v, %v; want %+v", name, got, err, want)
+		}
+	}
+}

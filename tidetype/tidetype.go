@@ -272,3 +272,31 @@ type SchedulerEntry struct {
 	// CRON_TZ= prefix ("UTC" by default).
 	Location string
 }
+
+// QueueLimits bounds how a queue's tasks run, across all servers together.
+// The zero value sets no limit. Limits are kept in the store, so they hold
+// for every server and change without restarting any.
+type QueueLimits struct {
+	// Concurrency is the most tasks of the queue that run at once, counted
+	// over all servers; 0 means no limit. A task counts from the moment it
+	// is handed to a worker until it is settled or its lease expires and is
+	// recovered. The limit is split among the queue's partitions, each of
+	// which gets a share (the shares add up to the limit), so it must be at
+	// least the queue's partition count.
+	Concurrency int
+
+	// Rate is the most tasks of the queue that start in any period of
+	// Rate.Per, counted over all servers; the zero Rate means no limit.
+	// Like Concurrency it is split among the partitions (Rate.Limit must
+	// be at least the partition count). A task waiting for its turn stays
+	// pending: waiting uses no retry.
+	Rate Rate
+}
+
+// Rate is a number of task starts per period: Limit starts in any window of
+// length Per (a sliding window, exact to the millisecond). The zero Rate
+// means no limit.
+type Rate struct {
+	Limit int
+	Per   time.Duration
+}

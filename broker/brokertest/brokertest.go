@@ -97,7 +97,7 @@ func Run(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
 			tc.fn(t, newBroker(t))
 		})
 	}
-	for _, tc := range adminTests {
+	for _, tc := range append(adminTests, limitTests...) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			b := newBroker(t)

@@ -511,7 +511,11 @@ func (b *Broker) DeleteQueue(ctx context.Context, name string) error {
 		return nil
 	}
 	if n := len(q.tasks); n > 0 {
-		return fmt.Errorf("%w: queue %q holds %d tasks", broker.ErrQueueNotEmpty, name, n)
+		what := "tasks"
+		if n == 1 {
+			what = "task"
+		}
+		return fmt.Errorf("%w: queue %q holds %d %s", broker.ErrQueueNotEmpty, name, n, what)
 	}
 	delete(b.queues, name) // subscribers are attached again if it comes back (see queue)
 	return nil

@@ -38,8 +38,9 @@ func (b *Broker) Dequeue(ctx context.Context, queues []string, n int, lease time
 		if q == nil || q.isPaused(now) {
 			continue
 		}
-		for q.head != nil && len(out) < n {
+		for room := q.room(n-len(out), qn, now, b); q.head != nil && room > 0; room-- {
 			t := q.head
+			q.started(now)
 			q.unlinkPending(t)
 			b.tokens++
 			t.token, t.canceled = b.tokens, false
@@ -109,7 +110,12 @@ func (b *Broker) settle(s *broker.Settlement, now time.Time) error {
 		at = now
 	}
 	at = msTime(at)
+	full := q.limits.Concurrency > 0 && q.active.Len() >= q.limits.Concurrency
 	heap.Remove(&q.active, t.idx)
+	if full && q.pending > 0 && !q.isPaused(now) {
+		// Room under the queue's concurrency limit: wake idle servers.
+		b.emit(q, broker.Event{Kind: broker.EventPending, Queue: s.Lease.Queue})
+	}
 	kind, errMsg := s.Kind, s.Err
 	if t.canceled && (kind == broker.SettleRetry || kind == broker.SettleRequeue || kind == broker.SettleDefer) {
 		kind, errMsg = broker.SettleArchive, canceledErr

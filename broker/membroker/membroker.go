@@ -166,7 +166,10 @@ type queue struct {
 	completed taskHeap // by removal time
 
 	paused      bool
-	pausedUntil time.Time // end of a PauseFor; zero: until Unpause
+	pausedUntil time.Time            // end of a PauseFor; zero: until Unpause
+	limits      tidetype.QueueLimits // see SetQueueLimits
+	starts      []time.Time          // starts within the last limits.Rate.Per, oldest first
+	rateWake    time.Time            // the last room-opens time announced
 	owner       string
 	ownerUntil  time.Time
 

@@ -107,7 +107,8 @@ func (b *Broker) setPaused(ctx context.Context, queue string, paused bool, d tim
 	was := q.isPaused(now)
 	q.paused, q.pausedUntil = paused, time.Time{}
 	if paused && d > 0 {
-		q.pausedUntil = msTime(now.Add(d))
+		// Rounded up to the millisecond: the pause lasts at least d.
+		q.pausedUntil = msTime(now.Add(d + time.Millisecond - 1))
 	}
 	if was && !paused && q.pending > 0 {
 		b.emit(q, broker.Event{Kind: broker.EventPending, Queue: queue})

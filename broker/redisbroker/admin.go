@@ -566,7 +566,11 @@ func (b *Broker) DeleteQueue(ctx context.Context, queue string) error {
 		return err
 	}
 	if qi.Size > 0 {
-		return fmt.Errorf("%w: queue %q holds %d tasks (delete them first, e.g. tide tasks delete %s --all --state <state>)", broker.ErrQueueNotEmpty, queue, qi.Size, queue)
+		what := "tasks"
+		if qi.Size == 1 {
+			what = "task"
+		}
+		return fmt.Errorf("%w: queue %q holds %d %s", broker.ErrQueueNotEmpty, queue, qi.Size, what)
 	}
 	restore := func() {
 		pipe := b.rdb.Pipeline()
@@ -593,5 +597,5 @@ func (b *Broker) DeleteQueue(ctx context.Context, queue string) error {
 			return fmt.Errorf("%w: a task arrived in queue %q while it was deleted; it is kept", broker.ErrQueueNotEmpty, queue)
 		}
 	}
-	return nil
+	return b.forgetLimits(ctx, queue, l)
 }

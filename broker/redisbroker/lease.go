@@ -37,8 +37,8 @@ func (b *Broker) Dequeue(ctx context.Context, queues []string, n int, lease time
 			rid, cache, exp := b.request(p)
 			c := &call{
 				script: b.s.dequeue,
-				keys:   append(p.keys("t", "pending", "active", "paused", "archived", "result", "scheduled", "retry", "seq", "meta"), cache),
-				args:   []any{p.layout, rid, exp, n - len(out), lease.Milliseconds()},
+				keys:   append(p.keys("t", "pending", "active", "paused", "archived", "result", "scheduled", "retry", "seq", "meta"), cache, p.k("lim"), p.k("starts")),
+				args:   []any{p.layout, rid, exp, n - len(out), lease.Milliseconds(), p.channel, p.idx},
 				queue:  q,
 			}
 			b.run(ctx, []*call{c})
@@ -235,7 +235,7 @@ func (b *Broker) settleCall(p part, ss []broker.Settlement, idx []int) *call {
 	}
 	return &call{
 		script: b.s.settle,
-		keys:   append(p.keys("t", "active", "pending", "retry", "archived", "completed", "result", "scheduled", "u", "stat", "meta"), cache, p.k("h"), p.k("m")),
+		keys:   append(p.keys("t", "active", "pending", "retry", "archived", "completed", "result", "scheduled", "u", "stat", "meta"), cache, p.k("h"), p.k("m"), p.k("lim")),
 		args:   args,
 		queue:  p.queue,
 	}

@@ -20,12 +20,15 @@
 //	<prefix>:{<queue>:<p>}:h          hash: task ID -> attempt history (see hist_add in lib.lua)
 //	<prefix>:{<queue>:<p>}:seq        the last fencing token handed out
 //	<prefix>:{<queue>:<p>}:meta       the queue's layout (partition count)
-//	<prefix>:{<queue>:<p>}:rq:<n>     reply cache of window n (see below)
+//	<prefix>:{<queue>:<p>}:rq:<n>     reply cache of slice n (an eighth of the replay window; see below)
 //	<prefix>:{<queue>:<p>}:ik:<n>     idempotency keys used in window n → task ID
 //	<prefix>:{<queue>:<p>}:paused     flag
 //	<prefix>:{<queue>:<p>}:owner      the server maintaining the partition
+//	<prefix>:{<queue>:<p>}:lim        hash: the partition's shares of the queue's limits (see share.lua)
+//	<prefix>:{<queue>:<p>}:starts     zset: token -> start time (ms) of the tasks started in the last rate period
 //	<prefix>:queues                   set of known queue names
 //	<prefix>:partitions               hash: queue -> partition count
+//	<prefix>:limits                   hash: queue -> "<version>:<concurrency>:<rate>:<per ms>" (Admin.SetQueueLimits)
 //
 // All times are the Redis server's clock (TIME): a process whose own clock
 // runs fast or slow neither starts a task before it is due nor misjudges a
@@ -56,6 +59,35 @@
 // half gone; then the call fails with an error wrapping
 // broker.ErrOutcomeUnknown. A task ID the broker chose is never drawn again
 // unless the script proves that the task holding it is another one.
+//
+// # Limits
+//
+// A queue's limits (Admin.SetQueueLimits) are split into shares, one per
+// partition, that add up to each limit (broker.Share); each partition's
+// shares sit in its own hash slot, so that the dequeue script checks them in
+// the same atomic step that leases. It hands out a task only while the
+// partition's active tasks (its leased tasks; lease recovery removes those
+// of a dead server) are fewer than its concurrency share, and while the
+// tasks it started in the last Rate.Per (a sliding window of start times on
+// the Redis clock) are fewer than its rate share. The sums over the
+// partitions are therefore never above the limits, on any number of servers
+// and on Redis Cluster, and a change is seen by the next Dequeue. A limit
+// must be at least the partition count, so that every partition gets a
+// share.
+//
+// While a repartition runs, the old partitions start nothing (their pending
+// tasks move to the new ones); the new ones share what the old ones' running
+// tasks leave of the concurrency limit, growing as those finish, and count
+// the old ones' recent starts against their rate shares. A repartition
+// stopped halfway therefore leaves the old partitions' tasks waiting until
+// it is resumed.
+//
+// When a settlement gives room back to a partition that was full and has
+// tasks waiting, the script publishes a pending event, so idle servers look
+// again at once; room freed by lease recovery is found by the server
+// maintaining the partition. A dequeue refused by the rate limit while tasks
+// wait publishes, once per instant, a pending event that says when room
+// opens; servers look again then.
 //
 // Work events are published on <prefix>:ev:<queue> from inside the scripts.
 package redisbroker

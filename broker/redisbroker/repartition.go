@@ -35,7 +35,10 @@ var _ broker.Repartitioner = (*Broker)(nil)
 // share its lock's partition may land apart from its lock in the new span;
 // its lock is then held until its TTL even after the task finishes.
 // Processes configured with WithQueuePartitions for the queue refuse it
-// afterwards until their configuration says n.
+// afterwards until their configuration says n. A queue with limits cannot
+// get more partitions than its Concurrency or Rate.Limit (an error wrapping
+// broker.ErrInvalidTask); while the repartition runs the limits hold over
+// both sets of partitions together (see the package documentation).
 func (b *Broker) Repartition(ctx context.Context, queue string, n int, progress func(moved, left int)) error {
 	if err := b.check(); err != nil {
 		return err
@@ -43,9 +46,19 @@ func (b *Broker) Repartition(ctx context.Context, queue string, n int, progress 
 	if n < 1 || n > maxPartitions {
 		return fmt.Errorf("%w: %d partitions out of range 1..%d", broker.ErrInvalidTask, n, maxPartitions)
 	}
-	l, err := b.startRepartition(ctx, queue, n)
-	if err != nil || l.old == nil {
+	lim, err := b.QueueLimits(ctx, queue)
+	if err != nil {
 		return err
+	}
+	if err := broker.CheckLimitsFit(queue, lim, n); err != nil {
+		return err
+	}
+	l, err := b.startRepartition(ctx, queue, n)
+	if err != nil {
+		return err
+	}
+	if l.old == nil {
+		return b.refreshLimits(ctx, queue, l)
 	}
 	moved := 0
 	for o := range l.old.n {
@@ -54,6 +67,11 @@ func (b *Broker) Repartition(ctx context.Context, queue string, n int, progress 
 			continue // done by an earlier run
 		}
 		for {
+			// The new partitions' shares grow as the old ones' running
+			// tasks finish.
+			if err := b.refreshLimits(ctx, queue, l); err != nil {
+				return err
+			}
 			m, left, err := b.drain(ctx, l, old)
 			moved += m
 			if progress != nil {
@@ -98,7 +116,21 @@ func (b *Broker) Repartition(ctx context.Context, queue string, n int, progress 
 	}
 	b.forgetLayout(queue)
 	b.rdb.Publish(ctx, b.channel(queue), "l")
-	return nil
+	// The old partitions run nothing any more: their shares go, and the
+	// new ones share the whole limit.
+	pipe = b.rdb.Pipeline()
+	for i := range l.old.n {
+		p := b.partAt(queue, l, l.cur.n+i)
+		pipe.Del(ctx, p.k("lim"), p.k("starts"))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("tide: redisbroker: repartition %s: %w", queue, classify(err))
+	}
+	nl, err := b.freshLayout(ctx, queue)
+	if err != nil {
+		return err
+	}
+	return b.refreshLimits(ctx, queue, nl)
 }
 
 // startRepartition records the repartition of queue to n (or finds the one
@@ -131,10 +163,20 @@ func (b *Broker) startRepartition(ctx context.Context, queue string, n int) (lay
 	if err != nil {
 		return layout{}, fmt.Errorf("tide: redisbroker: repartition %s: %w", queue, classify(err))
 	}
+	// A queue with limits: the new partitions start with a concurrency
+	// share of 0, and get their shares once the old ones start nothing more
+	// (applyLimits).
+	limV, lim, limited, err := b.readLimits(ctx, queue)
+	if err != nil {
+		return layout{}, err
+	}
 	pipe := b.rdb.Pipeline()
 	for i := range ml.cur.n {
 		p := b.partAt(queue, ml, i)
 		pipe.SetNX(ctx, p.k("meta"), p.layout, 0)
+		if limited && (lim.Concurrency > 0 || lim.Rate.Limit > 0) {
+			pipe.HSet(ctx, p.k("lim"), "v", limV, "c", 0)
+		}
 		switch {
 		case ttl == -1:
 			pipe.Set(ctx, p.k("paused"), "1", 0)
@@ -158,7 +200,11 @@ func (b *Broker) startRepartition(ctx context.Context, queue string, n int) (lay
 	}
 	b.forgetLayout(queue)
 	b.rdb.Publish(ctx, b.channel(queue), "l") // servers: new partitions to maintain
-	return b.layoutOf(ctx, queue)
+	nl, err := b.layoutOf(ctx, queue)
+	if err != nil {
+		return layout{}, err
+	}
+	return nl, b.refreshLimits(ctx, queue, nl)
 }
 
 // casLayout changes queue's recorded layout from old to new.

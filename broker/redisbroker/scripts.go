@@ -12,7 +12,7 @@ var scriptFS embed.FS
 
 // scripts holds every state-changing script, each prefixed with lib.lua.
 type scripts struct {
-	enqueue, dequeue, extend, settle, setResult, remove, maintain, admin, move, registry, drop *redis.Script
+	enqueue, dequeue, extend, settle, setResult, remove, maintain, admin, move, registry, drop, limits, share *redis.Script
 }
 
 func loadScripts() *scripts {
@@ -33,6 +33,8 @@ func loadScripts() *scripts {
 		move:      s("move.lua"),
 		registry:  s("registry.lua"),
 		drop:      s("drop.lua"),
+		limits:    s("limits.lua"),
+		share:     s("share.lua"),
 	}
 }
 

@@ -97,8 +97,9 @@ func (b *Broker) Subscribe(ctx context.Context, queues []string) (<-chan broker.
 // pinged to find out whether its connection still works.
 const subscriptionIdle = 15 * time.Second
 
-// parseEvent reads "p<partition>", "s<partition>:<ms>", "r<partition>",
-// "c<task ID>" or "l".
+// parseEvent reads "p<partition>", "p<partition>:<ms>" (room under the rate
+// limit from ms on), "s<partition>:<ms>", "r<partition>", "c<task ID>" or
+// "l".
 func parseEvent(queue, s string) (broker.Event, bool) {
 	if queue == "" || len(s) < 1 || (len(s) < 2 && s != "l") {
 		return broker.Event{}, false
@@ -110,15 +111,24 @@ func parseEvent(queue, s string) (broker.Event, bool) {
 	case 'c':
 		return broker.Event{Kind: broker.EventCancel, Queue: queue, ID: s[1:]}, true
 	case 'p', 'r':
-		p, err := strconv.Atoi(s[1:])
-		if err != nil || p < 0 {
+		ps, ms, timed := strings.Cut(s[1:], ":")
+		p, err := strconv.Atoi(ps)
+		if err != nil || p < 0 || (timed && s[0] != 'p') {
 			return broker.Event{}, false
 		}
 		kind := broker.EventPending
 		if s[0] == 'r' {
 			kind = broker.EventReleased
 		}
-		return broker.Event{Kind: kind, Queue: queue, Partition: p}, true
+		ev := broker.Event{Kind: kind, Queue: queue, Partition: p}
+		if timed {
+			at, err := strconv.ParseInt(ms, 10, 64)
+			if err != nil {
+				return broker.Event{}, false
+			}
+			ev.At = time.UnixMilli(at)
+		}
+		return ev, true
 	case 's':
 		ps, ms, ok := strings.Cut(s[1:], ":")
 		if !ok {

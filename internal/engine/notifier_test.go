@@ -101,3 +101,39 @@ func TestNotifier(t *testing.T) {
 		t.Fatal("no new subscription")
 	}
 }
+
+// A pending event that says when room opens under a rate limit wakes the
+// processor then, not at once; each announced instant gets its wake-up, and
+// stop disarms those still waiting.
+func TestNotifierTimedWake(t *testing.T) {
+	t.Parallel()
+	bd := setup(t, nil)
+	sb := &scriptedEvents{Broker: bd.b}
+	bd.cfg.Broker = sb
+	var mu sync.Mutex
+	var wakes []time.Time
+	n := newNotifier(bd.cfg, []string{"q"},
+		func() { mu.Lock(); wakes = append(wakes, time.Now()); mu.Unlock() },
+		func(string, string) {}, func(broker.Event) {}, func(string) {}, func() {})
+	n.start()
+	waitFor(t, "a subscription", func() bool { return sb.last() != nil })
+	sent := time.Now()
+	const after = 150 * time.Millisecond
+	sb.last() <- broker.Event{Kind: broker.EventPending, Queue: "q", At: bd.cfg.Now().Add(after)}
+	sb.last() <- broker.Event{Kind: broker.EventPending, Queue: "q", At: bd.cfg.Now().Add(2 * after)}
+	sb.last() <- broker.Event{Kind: broker.EventPending, Queue: "q", At: bd.cfg.Now().Add(time.Hour)}
+	waitFor(t, "two timed wake-ups", func() bool { mu.Lock(); defer mu.Unlock(); return len(wakes) >= 2 })
+	mu.Lock()
+	first := wakes[0]
+	mu.Unlock()
+	if first.Sub(sent) < after {
+		t.Fatalf("woken %v after an event announcing room in %v", first.Sub(sent), after)
+	}
+	n.stop()
+	n.mu.Lock()
+	left := len(n.timers)
+	n.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d wake-ups still armed after stop", left)
+	}
+}

@@ -102,9 +102,12 @@ func TestProcessor(t *testing.T) {
 		t.Parallel()
 		cause := make(chan error, 1)
 		started := make(chan struct{})
+		var once sync.Once
 		var wrote atomic.Bool
 		bd := setup(t, func(ctx context.Context, d *broker.Delivery) (broker.Settlement, bool) {
-			close(started)
+			// The recovered task is pending again and may be delivered
+			// once more before the processor stops.
+			once.Do(func() { close(started) })
 			<-ctx.Done()
 			cause <- context.Cause(ctx)
 			return broker.Settlement{}, false

@@ -2,9 +2,10 @@
 -- KEYS[1] records hash  KEYS[2] pending list  KEYS[3] active zset (lease expiry)
 -- KEYS[4] paused flag   KEYS[5] archived zset KEYS[6] results hash
 -- KEYS[7] scheduled zset KEYS[8] retry zset  KEYS[9] token sequence
--- KEYS[10] layout meta  KEYS[11] reply cache
+-- KEYS[10] layout meta  KEYS[11] reply cache  KEYS[12] limits hash (see share.lua)
+-- KEYS[13] starts zset (token -> start ms)
 -- ARGV[1] layout  ARGV[2] request ID  ARGV[3] reply cache expiry (ms)
--- ARGV[4] n  ARGV[5] lease ms
+-- ARGV[4] n  ARGV[5] lease ms  ARGV[6] event channel  ARGV[7] partition
 -- Returns a flat array id1, record1, id2, record2, ... of the leased tasks with
 -- state set to active and a fresh token each. Pending tasks come first
 -- (oldest first); when fewer than n are pending, scheduled and retry tasks
@@ -14,7 +15,13 @@
 -- record is dropped; a record with an unreadable header is archived with a
 -- reason (its bytes kept as the result) and not returned. A request run again
 -- returns the tasks its first run leased that are still leased to it, and
--- leases nothing more.
+-- leases nothing more. When the partition has a concurrency share (field c of
+-- its limits hash, see share.lua), it leases at most the room left under it:
+-- the share minus the tasks active in the partition (leased, not settled nor
+-- recovered). When it has a rate share (r tasks per per ms), it leases at most
+-- r minus the tasks it started in the last per ms (the starts zset, a sliding
+-- window), and records each start; when that leaves no room while tasks wait,
+-- it announces once when room opens again ("p<partition>:<ms>" event).
 local bad = layout_error(KEYS[10], ARGV[1])
 if bad then return bad end
 local cached = req_get(KEYS[11], ARGV[2], tonumber(ARGV[3]))
@@ -32,8 +39,30 @@ if cached then
 end
 if redis.call('EXISTS', KEYS[4]) == 1 then return {} end
 local n = tonumber(ARGV[4])
-local ids = redis.call('RPOP', KEYS[2], n) or {}
+local lim = redis.call('HMGET', KEYS[12], 'c', 'r', 'per')
+if lim[1] then
+  local room = tonumber(lim[1]) - redis.call('ZCARD', KEYS[3])
+  if room <= 0 then return {} end
+  if room < n then n = room end
+end
 local now = redis_now()
+local per = nil
+if lim[2] then
+  per = tonumber(lim[3])
+  redis.call('ZREMRANGEBYSCORE', KEYS[13], '-inf', now - per)
+  local room = tonumber(lim[2]) - redis.call('ZCARD', KEYS[13])
+  if room <= 0 then
+    local first = redis.call('ZRANGE', KEYS[13], 0, 0, 'WITHSCORES')
+    local at = string.format('%d', (tonumber(first[2]) or now) + per)
+    if redis.call('LLEN', KEYS[2]) > 0 and redis.call('HGET', KEYS[12], 'w') ~= at then
+      redis.call('HSET', KEYS[12], 'w', at)
+      redis.call('PUBLISH', ARGV[6], 'p' .. ARGV[7] .. ':' .. at)
+    end
+    return {}
+  end
+  if room < n then n = room end
+end
+local ids = redis.call('RPOP', KEYS[2], n) or {}
 if #ids < n then
   for _, z in ipairs({KEYS[7], KEYS[8]}) do
     local want = n - #ids
@@ -65,6 +94,15 @@ for _, id in ipairs(ids) do
     redis.call('HSET', KEYS[1], id, rec_corrupt(now, 'tide: undecodable task record (' .. #rec .. ' bytes, bad header); original bytes kept as the result'))
     redis.call('ZADD', KEYS[5], now, id)
   end
+end
+if per and #leased > 0 then
+  local starts = {}
+  for i = 2, #leased, 2 do
+    starts[#starts + 1] = now
+    starts[#starts + 1] = string.format('%d', leased[i])
+  end
+  redis.call('ZADD', KEYS[13], unpack(starts))
+  redis.call('PEXPIRE', KEYS[13], per)
 end
 req_put(KEYS[11], ARGV[2], cmsgpack.pack(leased), tonumber(ARGV[3]))
 return out

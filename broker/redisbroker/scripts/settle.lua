@@ -4,6 +4,7 @@
 -- KEYS[7] results hash  KEYS[8] scheduled zset KEYS[9] unique locks hash
 -- KEYS[10] stats hash   KEYS[11] layout meta  KEYS[12] reply cache
 -- KEYS[13] attempt histories hash  KEYS[14] minute counters hash
+-- KEYS[15] limits hash (c: concurrency share)
 -- ARGV[1] layout  ARGV[2] request ID  ARGV[3] reply cache expiry (ms)
 -- ARGV[4] event channel  ARGV[5] partition
 -- ARGV[6] today (UTC, YYYY-MM-DD) for the processed/failed day counters
@@ -25,8 +26,9 @@
 -- and completed add the attempt to the task's history (done deletes it).
 -- Each completed or archived task trims up to two tasks past their
 -- retention or the archive's bounds, so trimming keeps pace with any
--- completion rate. A request run again answers from the
--- reply cache.
+-- completion rate. When the partition was at its concurrency share and now has
+-- room while tasks wait, idle servers are woken ("p" event). A request run
+-- again answers from the reply cache.
 local bad = layout_error(KEYS[11], ARGV[1])
 if bad then return bad end
 local cached = req_get(KEYS[12], ARGV[2], tonumber(ARGV[3]))
@@ -35,6 +37,8 @@ local out = {}
 local requeued, first_retry = 0, nil
 local processed, failed, finished = 0, 0, 0
 local before = earliest(KEYS[8], KEYS[4])
+local share = tonumber(redis.call('HGET', KEYS[15], 'c') or '-1')
+local was_full = share >= 0 and redis.call('ZCARD', KEYS[2]) >= share
 for i = 10, #ARGV, 8 do
   local op, id, tok, a, b, c = ARGV[i], ARGV[i+1], tonumber(ARGV[i+2]), ARGV[i+3], ARGV[i+4], ARGV[i+5]
   local started, server = tonumber(ARGV[i+6]), ARGV[i+7]
@@ -90,6 +94,9 @@ if finished > 0 then
   trim(KEYS[6], KEYS[5], KEYS[1], KEYS[7], KEYS[13], redis_now(), tonumber(ARGV[7]), tonumber(ARGV[8]), 2 * finished)
 end
 if requeued > 0 and redis.call('LLEN', KEYS[3]) == requeued then
+  redis.call('PUBLISH', ARGV[4], 'p' .. ARGV[5])
+end
+if was_full and redis.call('ZCARD', KEYS[2]) < share and redis.call('LLEN', KEYS[3]) > 0 then
   redis.call('PUBLISH', ARGV[4], 'p' .. ARGV[5])
 end
 if first_retry and (not before or first_retry < before) then

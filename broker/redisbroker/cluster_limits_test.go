@@ -1,0 +1,69 @@
+package redisbroker_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/broker/redisbroker"
+	"github.com/tidequeue/tide/internal/redistest"
+)
+
+// TestClusterQueueLimits: three servers run a queue whose six partitions
+// spread over the three masters, under a concurrency limit of 6 (a share of
+// 1 in each partition, so every master holds part of the limit). Handlers
+// running at once never exceed it and every task completes.
+func TestClusterQueueLimits(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 1)
+	rdb := c.Client(t)
+	ctx := context.Background()
+	prefix := redistest.Prefix(t)
+	newBroker := func() *redisbroker.Broker {
+		b := redisbroker.New(rdb, redisbroker.WithPrefix(prefix), redisbroker.WithPartitions(clusterParts))
+		t.Cleanup(func() { _ = b.Close() })
+		return b
+	}
+	const limit, n = clusterParts, 300
+	var cur, peak, done atomic.Int64
+	h := tide.HandlerFunc(func(context.Context, *tide.Task) error {
+		c := cur.Add(1)
+		for p := peak.Load(); c > p && !peak.CompareAndSwap(p, c); p = peak.Load() {
+		}
+		time.Sleep(2 * time.Millisecond)
+		cur.Add(-1)
+		done.Add(1)
+		return nil
+	})
+	for range 3 {
+		srv := tide.NewServer(newBroker(), tide.Config{
+			Concurrency: 10, Queues: map[string]int{spreadQueue: 1}, Logger: quietLogger(),
+			QueueLimits: map[string]tide.QueueLimits{spreadQueue: {Concurrency: limit}},
+		})
+		if err := srv.Start(h); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(srv.Shutdown)
+	}
+	cl := tide.NewClient(newBroker())
+	batch := make([]*tide.Task, n)
+	for i := range batch {
+		batch[i] = tide.NewTask("limited", fmt.Appendf(nil, "%d", i))
+	}
+	if _, err := cl.EnqueueMany(ctx, batch, tide.Queue(spreadQueue)); err != nil {
+		t.Fatalf("EnqueueMany: %v", err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for done.Load() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of %d tasks processed after 60s", done.Load(), n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if p := peak.Load(); p > limit {
+		t.Fatalf("%d handlers ran at once under Concurrency %d", p, limit)
+	}
+	t.Logf("peak %d handlers at once under Concurrency %d over 3 masters", peak.Load(), limit)
+}

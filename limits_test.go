@@ -1,0 +1,437 @@
+package tide_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/broker/membroker"
+	"github.com/tidequeue/tide/broker/redisbroker"
+)
+
+// gauge counts handlers running at once and remembers the most.
+type gauge struct{ cur, peak atomic.Int64 }
+
+func (g *gauge) enter() {
+	n := g.cur.Add(1)
+	for {
+		p := g.peak.Load()
+		if n <= p || g.peak.CompareAndSwap(p, n) {
+			return
+		}
+	}
+}
+
+func (g *gauge) leave() { g.cur.Add(-1) }
+
+// Three servers of concurrency 10 share a queue limited to 4: handlers
+// running at once never exceed 4, on one partition and on four (shares of
+// 1), and every task completes. Without the limit the servers run up to 30
+// at once.
+func TestQueueLimitsConcurrencyAcrossServers(t *testing.T) {
+	t.Parallel()
+	for _, parts := range []int{1, 4} {
+		t.Run(fmt.Sprintf("%dpartitions", parts), func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, redisbroker.WithPartitions(parts))
+			ctx := context.Background()
+			const q, limit, tasks = "lim", 4, 120
+			var g gauge
+			var done atomic.Int64
+			h := tide.HandlerFunc(func(ctx context.Context, _ *tide.Task) error {
+				g.enter()
+				defer g.leave()
+				time.Sleep(3 * time.Millisecond)
+				done.Add(1)
+				return nil
+			})
+			for range 3 {
+				e.server(tide.Config{
+					Concurrency: 10, Queues: map[string]int{q: 1},
+					QueueLimits: map[string]tide.QueueLimits{q: {Concurrency: limit}},
+				}, h)
+			}
+			for i := range tasks {
+				if _, err := e.c.Enqueue(ctx, tide.NewTask("job", nil), tide.Queue(q), tide.TaskID(fmt.Sprint("t", i))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			eventually(t, 30*time.Second, "every task to complete", func() bool { return done.Load() == tasks })
+			if p := g.peak.Load(); p > limit {
+				t.Fatalf("%d handlers ran at once under Concurrency %d", p, limit)
+			}
+			got, err := tide.NewInspector(e.b).QueueLimits(ctx, q)
+			if err != nil || got.Concurrency != limit {
+				t.Fatalf("QueueLimits = %+v, %v", got, err)
+			}
+		})
+	}
+}
+
+// A server whose handlers hang holds its slots while it lives; once it is
+// gone (shut down hard, its handlers abandoned) its leases expire, lease
+// recovery gives the slots back and another server runs the rest, the
+// abandoned tasks too.
+func TestQueueLimitsDeadServerGivesSlotsBack(t *testing.T) {
+	t.Parallel()
+	e := setup(t, redisbroker.WithPartitions(2))
+	ctx := context.Background()
+	const q, limit = "limdead", 2
+	cfg := tide.Config{
+		Concurrency: 10, Queues: map[string]int{q: 1}, LeaseDuration: 500 * time.Millisecond,
+		ShutdownTimeout: 10 * time.Millisecond,
+		QueueLimits:     map[string]tide.QueueLimits{q: {Concurrency: limit}},
+	}
+	release := make(chan struct{})
+	var hung atomic.Int64
+	t.Cleanup(func() { close(release) })
+	dead := e.server(cfg, tide.HandlerFunc(func(ctx context.Context, _ *tide.Task) error {
+		hung.Add(1)
+		<-release // ignores its context: a stuck worker
+		return nil
+	}))
+	// Ten tasks in each partition (shares 1 and 1): the stuck server takes
+	// one of each.
+	for _, id := range idsPerPartition("d", 2, 10) {
+		if _, err := e.c.Enqueue(ctx, tide.NewTask("job", nil), tide.Queue(q), tide.TaskID(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 10*time.Second, "the stuck server to take every slot", func() bool { return hung.Load() == limit })
+	var g gauge
+	var done atomic.Int64
+	e.server(cfg, tide.HandlerFunc(func(ctx context.Context, _ *tide.Task) error {
+		g.enter()
+		defer g.leave()
+		done.Add(1)
+		return nil
+	}))
+	time.Sleep(300 * time.Millisecond)
+	if n := done.Load(); n != 0 {
+		t.Fatalf("the live server ran %d tasks while the stuck one held every slot", n)
+	}
+	if h := hung.Load(); h != limit {
+		t.Fatalf("the stuck server runs %d tasks, want %d", h, limit)
+	}
+	dead.Shutdown() // gives up after ShutdownTimeout and a second; leases stop being renewed
+	in := tide.NewInspector(e.b)
+	eventually(t, 30*time.Second, "every task to be done by the live server", func() bool {
+		qi, err := in.QueueInfo(ctx, q)
+		return err == nil && qi.Size == 0
+	})
+	if p := g.peak.Load(); p > limit {
+		t.Fatalf("%d handlers ran at once under Concurrency %d", p, limit)
+	}
+	if done.Load() < 2 {
+		t.Fatalf("the live server ran %d tasks", done.Load())
+	}
+}
+
+// Limits changed through the Inspector take effect on running servers: a
+// lower limit holds the queue at it, a higher one starts more at once.
+func TestQueueLimitsRuntimeChange(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	const q = "limlive"
+	in := tide.NewInspector(e.b)
+	if err := in.SetQueueLimits(ctx, q, tide.QueueLimits{Concurrency: 2}); err != nil {
+		t.Fatal(err)
+	}
+	gate := make(chan struct{})
+	var g gauge
+	h := tide.HandlerFunc(func(ctx context.Context, _ *tide.Task) error {
+		g.enter()
+		defer g.leave()
+		select {
+		case <-gate:
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	for range 2 {
+		e.server(tide.Config{Concurrency: 10, Queues: map[string]int{q: 1}}, h)
+	}
+	for range 20 {
+		if _, err := e.c.Enqueue(ctx, tide.NewTask("job", nil), tide.Queue(q)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 10*time.Second, "2 tasks to run", func() bool { return g.cur.Load() == 2 })
+	time.Sleep(200 * time.Millisecond)
+	if p := g.peak.Load(); p != 2 {
+		t.Fatalf("%d tasks ran at once under Concurrency 2", p)
+	}
+	if err := in.SetQueueLimits(ctx, q, tide.QueueLimits{Concurrency: 7}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "7 tasks to run after raising the limit", func() bool { return g.cur.Load() == 7 })
+	time.Sleep(200 * time.Millisecond)
+	if p := g.peak.Load(); p != 7 {
+		t.Fatalf("%d tasks ran at once under Concurrency 7", p)
+	}
+	if err := in.SetQueueLimits(ctx, q, tide.QueueLimits{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "every task to run without a limit", func() bool { return g.cur.Load() == 20 })
+	close(gate)
+	eventually(t, 10*time.Second, "the queue to empty", func() bool {
+		qi, err := in.QueueInfo(ctx, q)
+		return err == nil && qi.Size == 0
+	})
+}
+
+// A queue with a limit is repartitioned (1 -> 4 -> 2) while servers work
+// through it: the limit holds over the old and the new partitions together,
+// every task completes, the limits are kept, and a repartition to more
+// partitions than the limit is refused.
+func TestQueueLimitsRepartition(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	const q, limit, tasks = "limre", 4, 300
+	var g, held gauge
+	var done atomic.Int64
+	var holding atomic.Bool
+	hold := make(chan struct{})
+	h := tide.HandlerFunc(func(ctx context.Context, _ *tide.Task) error {
+		if holding.Load() {
+			held.enter()
+			defer held.leave()
+			select {
+			case <-hold:
+			case <-ctx.Done():
+			}
+			return nil
+		}
+		g.enter()
+		defer g.leave()
+		time.Sleep(2 * time.Millisecond)
+		done.Add(1)
+		return nil
+	})
+	cfg := tide.Config{
+		Concurrency: 10, Queues: map[string]int{q: 1},
+		QueueLimits: map[string]tide.QueueLimits{q: {Concurrency: limit}},
+	}
+	for range 2 {
+		e.server(cfg, h)
+	}
+	for i := range tasks {
+		if _, err := e.c.Enqueue(ctx, tide.NewTask("job", nil), tide.Queue(q), tide.TaskID(fmt.Sprint("r", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.b.Repartition(ctx, q, limit+1, nil); !errors.Is(err, tide.ErrInvalidTask) {
+		t.Fatalf("Repartition to %d partitions under Concurrency %d = %v, want ErrInvalidTask", limit+1, limit, err)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for _, n := range []int{4, 2} {
+			if err := e.b.Repartition(ctx, q, n, nil); err != nil {
+				t.Errorf("Repartition to %d: %v", n, err)
+				return
+			}
+		}
+	})
+	eventually(t, 60*time.Second, "every task to complete", func() bool { return done.Load() == tasks })
+	wg.Wait()
+	if p := g.peak.Load(); p > limit {
+		t.Fatalf("%d handlers ran at once under Concurrency %d", p, limit)
+	}
+	if got, err := tide.NewInspector(e.b).QueueLimits(ctx, q); err != nil || got.Concurrency != limit {
+		t.Fatalf("QueueLimits after repartitioning = %+v, %v", got, err)
+	}
+	// The final layout's shares add up to the whole limit.
+	holding.Store(true)
+	for _, id := range idsPerPartition("h", 2, 6) {
+		if _, err := e.c.Enqueue(ctx, tide.NewTask("job", nil), tide.Queue(q), tide.TaskID(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 10*time.Second, "the limit to be reached on the new layout", func() bool { return held.cur.Load() == limit })
+	time.Sleep(200 * time.Millisecond)
+	if p := held.peak.Load(); p != limit {
+		t.Fatalf("%d tasks held at once under Concurrency %d", p, limit)
+	}
+	close(hold)
+}
+
+// idsPerPartition returns per task IDs for each of n partitions.
+func idsPerPartition(prefix string, n, per int) []string {
+	count := make([]int, n)
+	var ids []string
+	for i := 0; len(ids) < n*per; i++ {
+		id := fmt.Sprint(prefix, i)
+		if p := broker.Partition(id, n); count[p] < per {
+			count[p]++
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// starts records when handlers start.
+type starts struct {
+	mu sync.Mutex
+	at []time.Time
+}
+
+func (s *starts) add() {
+	s.mu.Lock()
+	s.at = append(s.at, time.Now())
+	s.mu.Unlock()
+}
+
+func (s *starts) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.at)
+}
+
+// checkRate fails when more than limit starts fall in a window shorter than
+// per. The broker's windows are exact on the Redis clock; a handler starts a
+// little after its task was handed out, by a delay that varies (scheduling,
+// the race detector), so the window checked here is per less that jitter:
+// limit+1 consecutive starts must span at least per-jitter.
+func checkRate(t *testing.T, s *starts, limit int, per time.Duration) {
+	t.Helper()
+	const jitter = 200 * time.Millisecond
+	s.mu.Lock()
+	at := slices.Clone(s.at)
+	s.mu.Unlock()
+	slices.SortFunc(at, func(a, b time.Time) int { return a.Compare(b) })
+	for i := 0; i+limit < len(at); i++ {
+		if span := at[i+limit].Sub(at[i]); span < per-jitter {
+			t.Fatalf("starts %d to %d (%d starts) came within %v, under Rate %d/%v", i, i+limit, limit+1, span, limit, per)
+		}
+	}
+}
+
+// Three servers of concurrency 10 share a queue limited to 20 starts a
+// second, on one partition and on four: no window of a second (less the
+// handlers' start-up jitter) holds more than 20 starts, and every task runs,
+// woken by the announcements of when room opens.
+func TestQueueLimitsRate(t *testing.T) {
+	t.Parallel()
+	for _, parts := range []int{1, 4} {
+		t.Run(fmt.Sprintf("%dpartitions", parts), func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, redisbroker.WithPartitions(parts))
+			ctx := context.Background()
+			const q, limit, per, tasks = "limrate", 20, time.Second, 70
+			var st starts
+			h := tide.HandlerFunc(func(ctx context.Context, _ *tide.Task) error {
+				st.add()
+				return nil
+			})
+			for range 3 {
+				e.server(tide.Config{
+					Concurrency: 10, Queues: map[string]int{q: 1},
+					QueueLimits: map[string]tide.QueueLimits{q: {Rate: tide.Rate{Limit: limit, Per: per}}},
+				}, h)
+			}
+			for i := range tasks {
+				if _, err := e.c.Enqueue(ctx, tide.NewTask("job", nil), tide.Queue(q), tide.TaskID(fmt.Sprint("t", i))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			eventually(t, 30*time.Second, "every task to run", func() bool { return st.len() == tasks })
+			checkRate(t, &st, limit, per)
+		})
+	}
+}
+
+// A queue under a rate limit is repartitioned (1 -> 4) while servers work
+// through it: the starts made in the old partition count in the new ones,
+// so no window holds more than the limit across the change.
+func TestQueueLimitsRateRepartition(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	const q, limit, per, tasks = "limraterep", 20, time.Second, 70
+	var st starts
+	cfg := tide.Config{
+		Concurrency: 10, Queues: map[string]int{q: 1},
+		QueueLimits: map[string]tide.QueueLimits{q: {Concurrency: 8, Rate: tide.Rate{Limit: limit, Per: per}}},
+	}
+	for range 2 {
+		e.server(cfg, tide.HandlerFunc(func(ctx context.Context, _ *tide.Task) error {
+			st.add()
+			time.Sleep(5 * time.Millisecond)
+			return nil
+		}))
+	}
+	for i := range tasks {
+		if _, err := e.c.Enqueue(ctx, tide.NewTask("job", nil), tide.Queue(q), tide.TaskID(fmt.Sprint("t", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 10*time.Second, "the first second's starts", func() bool { return st.len() >= limit })
+	if err := e.b.Repartition(ctx, q, 4, nil); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "every task to run", func() bool { return st.len() == tasks })
+	checkRate(t, &st, limit, per)
+	if got, err := tide.NewInspector(e.b).QueueLimits(ctx, q); err != nil || got != cfg.QueueLimits[q] {
+		t.Fatalf("QueueLimits after repartitioning = %+v, %v; want %+v", got, err, cfg.QueueLimits[q])
+	}
+}
+
+// Invalid limits are refused: by Start for Config.QueueLimits (wrapping
+// ErrInvalidConfig and ErrInvalidTask), by SetQueueLimits, and a
+// Concurrency below the queue's partition count by both, saying why.
+func TestQueueLimitsInvalid(t *testing.T) {
+	t.Parallel()
+	h := tide.HandlerFunc(func(context.Context, *tide.Task) error { return nil })
+	for _, c := range []struct {
+		l     tide.QueueLimits
+		field string
+	}{
+		{tide.QueueLimits{Concurrency: -1}, "Concurrency"},
+		{tide.QueueLimits{Concurrency: 1 << 30}, "Concurrency"},
+		{tide.QueueLimits{Rate: tide.Rate{Limit: -5, Per: time.Second}}, "Rate.Limit"},
+		{tide.QueueLimits{Rate: tide.Rate{Limit: 5}}, "Rate.Per"},
+		{tide.QueueLimits{Rate: tide.Rate{Limit: 5, Per: time.Microsecond}}, "Rate.Per"},
+		{tide.QueueLimits{Rate: tide.Rate{Per: time.Second}}, "Rate.Per"},
+		{tide.QueueLimits{Rate: tide.Rate{Limit: 1 << 30, Per: time.Second}}, "Rate.Limit"},
+	} {
+		l := c.l
+		s := tide.NewServer(membroker.New(), tide.Config{QueueLimits: map[string]tide.QueueLimits{"q": l}})
+		err := s.Start(h)
+		if !errors.Is(err, tide.ErrInvalidConfig) || !errors.Is(err, tide.ErrInvalidTask) || !strings.Contains(err.Error(), c.field) {
+			t.Errorf("Start with QueueLimits %+v = %v; want ErrInvalidConfig and ErrInvalidTask naming %s", l, err, c.field)
+		}
+		if err := tide.NewInspector(membroker.New()).SetQueueLimits(context.Background(), "q", l); !errors.Is(err, tide.ErrInvalidTask) {
+			t.Errorf("SetQueueLimits(%+v) = %v, want ErrInvalidTask", l, err)
+		}
+	}
+	s := tide.NewServer(membroker.New(), tide.Config{QueueLimits: map[string]tide.QueueLimits{"bad name": {Concurrency: 1}}})
+	if err := s.Start(h); !errors.Is(err, tide.ErrInvalidConfig) {
+		t.Errorf("Start with a bad queue name in QueueLimits = %v", err)
+	}
+
+	e := setup(t, redisbroker.WithPartitions(4))
+	err := tide.NewInspector(e.b).SetQueueLimits(context.Background(), "four", tide.QueueLimits{Concurrency: 3})
+	if !errors.Is(err, tide.ErrInvalidTask) || !strings.Contains(err.Error(), "partitions") {
+		t.Errorf("SetQueueLimits(Concurrency 3) on 4 partitions = %v; want ErrInvalidTask about partitions", err)
+	}
+	s = tide.NewServer(e.broker(), tide.Config{
+		Queues: map[string]int{"four": 1}, QueueLimits: map[string]tide.QueueLimits{"four": {Concurrency: 3}}, Logger: testLogger(t),
+	})
+	if err := s.Start(h); !errors.Is(err, tide.ErrInvalidTask) {
+		s.Shutdown()
+		t.Errorf("Start with Concurrency 3 on a 4-partition queue = %v; want ErrInvalidTask", err)
+	}
+	if got, err := tide.NewInspector(e.b).QueueLimits(context.Background(), "four"); err != nil || got != (tide.QueueLimits{}) {
+		t.Errorf("refused limits were recorded: %+v, %v", got, err)
+	}
+}
