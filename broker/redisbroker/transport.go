@@ -31,14 +31,19 @@ type call struct {
 // request returns the identity of a new state-changing request on partition
 // p: a random ID, the reply cache it answers from when it runs again, and
 // when that cache expires (ms, Redis clock). The cache is one hash per
-// partition and replay window, so its name is fixed when the request is
-// made and a re-send finds the reply the first run stored.
+// partition and slice of an eighth of the replay window, so its name is
+// fixed when the request is made and a re-send finds the reply the first run
+// stored. A slice's hash expires one window after the slice ends: every
+// reply is kept at least the window and at most an eighth longer, so the
+// caches' memory stays level at about (requests per second) × window
+// instead of swinging up to twice that as whole windows expire.
 func (b *Broker) request(p part) (rid, cache string, expireAt int64) {
 	w := b.window.Milliseconds()
-	n := b.Now().UnixMilli() / w
+	g := max(w/8, 1000)
+	n := b.Now().UnixMilli() / g
 	var raw [9]byte
 	_, _ = rand.Read(raw[:])
-	return base64.RawURLEncoding.EncodeToString(raw[:]), p.k("rq:" + strconv.FormatInt(n, 10)), (n + 2) * w
+	return base64.RawURLEncoding.EncodeToString(raw[:]), p.k("rq:" + strconv.FormatInt(n, 10)), (n+1)*g + w
 }
 
 // run sends the calls in one pipeline (go-redis splits it per node on a
