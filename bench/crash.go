@@ -28,6 +28,9 @@ const (
 // childMain runs the worker process: a server whose handler records that it
 // started, then blocks until the process is killed.
 func childMain(kind string) int {
+	if os.Getenv(envRole) == "rolling" {
+		return rollingChild(kind)
+	}
 	go func() { // never outlive a lost parent for long
 		time.Sleep(childMaxRun)
 		os.Exit(3)

@@ -4,6 +4,8 @@
 //	cd bench && go run .            # full run (several minutes)
 //	cd bench && go run . -quick     # smoke run with small counts
 //	cd bench && go run . -only process,pickup -json out.json
+//	cd bench && go run . -only floor,enqueue    # enqueue figures, the floor and the goals
+//	cd bench && go run . -only soak -soak 5m     # Redis memory while processing
 //
 // See README.md for what each figure means.
 package main
@@ -44,6 +46,7 @@ func run() int {
 	jsonOut := flag.String("json", "", "also write the results as JSON to this file")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the bench process (clients and servers of both systems) to this file")
 	crashCap := flag.Duration("crash-cap", 0, "give up waiting for a crashed task after this long (default 120s, 15s with -quick)")
+	soak := flag.Duration("soak", 0, "how long the soak workload runs (default 30s, 15s with -quick)")
 	flag.Parse()
 
 	sz := fullSizes()
@@ -52,6 +55,10 @@ func run() int {
 	}
 	if *crashCap > 0 {
 		sz.crashCap = *crashCap
+	}
+	if *soak > 0 {
+		sz.soakDur = *soak
+		sz.soakEvery = min(max(*soak/60, time.Second), 5*time.Second)
 	}
 
 	sel, err := selectWorkloads(workloads(sz), *only)
@@ -112,11 +119,15 @@ func run() int {
 	}
 
 	e := &env{addr: addr, admin: admin, sz: sz}
-	out := map[string]map[string]val{sysTide: {}, sysAsynq: {}}
-	failed := map[string]map[string]string{sysTide: {}, sysAsynq: {}}
+	out := map[string]map[string]val{sysTide: {}, sysAsynq: {}, sysFloor: {}}
+	failed := map[string]map[string]string{sysTide: {}, sysAsynq: {}, sysFloor: {}}
 	started := time.Now()
 	for _, w := range sel {
-		for _, k := range kinds {
+		runKinds := kinds
+		if w.once {
+			runKinds = []string{sysFloor}
+		}
+		for _, k := range runKinds {
 			fmt.Fprintf(os.Stderr, "[%6.1fs] %-8s %-6s ...", time.Since(started).Seconds(), w.name, k)
 			t0 := time.Now()
 			res, err := runOne(ctx, e, w, k)
@@ -159,6 +170,11 @@ func run() int {
 			tv, tok := out[sysTide][f.key]
 			av, aok := out[sysAsynq][f.key]
 			ts, as := cell(f, tv, tok, failed[sysTide][f.key], has(kinds, sysTide)), cell(f, av, aok, failed[sysAsynq][f.key], has(kinds, sysAsynq))
+			if w.once {
+				fv, fok := out[sysFloor][f.key]
+				ts = cell(f, fv, fok, failed[sysFloor][f.key], true)
+				as = ts
+			}
 			if ts == "FAILED" || as == "FAILED" {
 				anyFail = true
 			}
@@ -170,6 +186,7 @@ func run() int {
 		}
 	}
 	tw.Flush()
+	printGoals(out)
 	if len(e.notes) > 0 {
 		fmt.Println()
 		fmt.Println("notes:")
@@ -180,7 +197,7 @@ func run() int {
 	if anyFail {
 		fmt.Println()
 		fmt.Println("FAILURES:")
-		for _, k := range kinds {
+		for _, k := range append([]string{sysFloor}, kinds...) {
 			seen := map[string]bool{}
 			for _, w := range sel {
 				for _, f := range w.figs {
@@ -281,6 +298,10 @@ func format(unit string, v float64) string {
 		return fmt.Sprintf("%.1f/s", v)
 	case "count":
 		return fmt.Sprintf("%.0f", v)
+	case "mb":
+		return fmt.Sprintf("%.2f MB", v)
+	case "kbmin":
+		return fmt.Sprintf("%+.1f KB/min", v)
 	}
 	return fmt.Sprint(v)
 }
@@ -325,6 +346,52 @@ func ratio(f figure, t, a val) string {
 		return "< " + s
 	}
 	return s
+}
+
+// goal is a ratio the project sets itself a target for.
+type goal struct {
+	what       string
+	num, den   [2]string // system, figure key
+	target     float64
+	targetText string
+}
+
+var goals = []goal{
+	{"tide Enqueue, 1 goroutine ÷ floor, 1 client", [2]string{sysTide, "enq1"}, [2]string{sysFloor, floorKey(1)}, 0.9, "≥ 0.9 (within 10% of one round trip)"},
+	{"tide Enqueue, 8 goroutines ÷ asynq Enqueue, 8 goroutines", [2]string{sysTide, "enq8"}, [2]string{sysAsynq, "enq8"}, 2, "≥ 2"},
+	{"tide Enqueue, 8 goroutines ÷ floor, 8 clients", [2]string{sysTide, "enq8"}, [2]string{sysFloor, floorKey(8)}, 0, ""},
+	{"asynq Enqueue, 1 goroutine ÷ floor, 1 client", [2]string{sysAsynq, "enq1"}, [2]string{sysFloor, floorKey(1)}, 0, ""},
+	{"asynq Enqueue, 8 goroutines ÷ floor, 8 clients", [2]string{sysAsynq, "enq8"}, [2]string{sysFloor, floorKey(8)}, 0, ""},
+}
+
+// printGoals prints the ratios against the physical floor and the goals set
+// for them, for those whose figures this run measured.
+func printGoals(out map[string]map[string]val) {
+	var lines []string
+	for _, g := range goals {
+		n, nok := out[g.num[0]][g.num[1]]
+		d, dok := out[g.den[0]][g.den[1]]
+		if !nok || !dok || d.v <= 0 {
+			continue
+		}
+		r := n.v / d.v
+		line := fmt.Sprintf("  %-58s %5.2f", g.what, r)
+		if g.target > 0 {
+			verdict := "MET"
+			if r < g.target {
+				verdict = "MISSED"
+			}
+			line += fmt.Sprintf("   goal %s: %s", g.targetText, verdict)
+		}
+		lines = append(lines, line)
+	}
+	if len(lines) > 0 {
+		fmt.Println()
+		fmt.Println("ratios (same run):")
+		for _, l := range lines {
+			fmt.Println(l)
+		}
+	}
 }
 
 func workloadNames() []string {
@@ -425,7 +492,7 @@ func writeJSON(path string, sel []workload, out map[string]map[string]val, faile
 	}{
 		Date: time.Now().Format(time.RFC3339), GoVersion: runtime.Version(), GOMAXPROCS: runtime.GOMAXPROCS(0),
 		RedisVersion: redisVersion, PrivateRedis: own, Command: commandLine(),
-		Note: "units: tasks/s; dur in milliseconds; bytes per task; rate in commands per second; count",
+		Note: "units: tasks/s; dur in milliseconds; bytes per task; rate in commands per second; count; mb (10^6 bytes); kbmin (10^3 bytes per minute); floor rows are one redis-benchmark figure, given in both columns",
 	}
 	for _, w := range sel {
 		for _, f := range w.figs {
@@ -433,6 +500,9 @@ func writeJSON(path string, sel []workload, out map[string]map[string]val, faile
 				TideError: failed[sysTide][f.key], AsynqError: failed[sysAsynq][f.key]}
 			if v, ok := out[sysTide][f.key]; ok {
 				r.Tide, r.TideCapped = &v.v, v.atLeast
+			}
+			if v, ok := out[sysFloor][f.key]; ok {
+				r.Tide, r.Asynq = &v.v, &v.v
 			}
 			if v, ok := out[sysAsynq][f.key]; ok {
 				r.Asynq, r.AsynqCap = &v.v, v.atLeast

@@ -19,6 +19,7 @@ import (
 const (
 	sysTide  = "tide"
 	sysAsynq = "asynq"
+	sysFloor = "floor" // the redis-benchmark rows: not a system, run once
 
 	taskType     = "bench"
 	defaultQueue = "default"

@@ -32,6 +32,7 @@ type results map[string]val
 // workload is a named group of figures, run once per system.
 type workload struct {
 	name  string
+	once  bool // runs once, not per system (the floor): its figures fill both columns
 	about string
 	figs  []figure
 	limit time.Duration // time box of one system's run
@@ -40,21 +41,27 @@ type workload struct {
 
 // sizes are the task counts and durations of a run (full or -quick).
 type sizes struct {
-	enqN, batchN, batch     int
-	procN                   int
-	pickupN                 int
-	pickupMin, pickupMax    time.Duration
-	schedN                  int
-	schedSpread, schedLead  time.Duration
-	burstN                  int
-	burstLead, burstLimit   time.Duration
-	memN                    int
-	memDelay                time.Duration
-	crashLease, crashCap    time.Duration
-	idleQueues              int
-	idleWarm, idleWindow    time.Duration
-	concurrency, enqWorkers int
-	warmups                 int
+	enqN, batchN, batch      int
+	procN                    int
+	pickupN                  int
+	pickupMin, pickupMax     time.Duration
+	schedN                   int
+	schedSpread, schedLead   time.Duration
+	burstN                   int
+	burstLead, burstLimit    time.Duration
+	memN                     int
+	memDelay                 time.Duration
+	crashLease, crashCap     time.Duration
+	idleQueues               int
+	idleWarm, idleWindow     time.Duration
+	concurrency, enqWorkers  int
+	warmups                  int
+	floorN                   int
+	soakDur, soakEvery       time.Duration
+	rollLead, rollEvery      time.Duration
+	rollBaseline, rollBudget time.Duration
+	rollTail, rollGap        time.Duration
+	rollWait                 time.Duration
 }
 
 func fullSizes() sizes {
@@ -68,6 +75,11 @@ func fullSizes() sizes {
 		crashLease: 2 * time.Second, crashCap: 120 * time.Second,
 		idleQueues: 10, idleWarm: 2 * time.Second, idleWindow: 10 * time.Second,
 		concurrency: 50, enqWorkers: 8, warmups: 5,
+		floorN:  20000,
+		soakDur: 30 * time.Second, soakEvery: 5 * time.Second,
+		rollLead: 3 * time.Second, rollEvery: 10 * time.Millisecond,
+		rollBaseline: 10 * time.Second, rollBudget: 15 * time.Second, rollTail: 5 * time.Second,
+		rollGap: time.Second, rollWait: time.Minute,
 	}
 }
 
@@ -81,6 +93,9 @@ func quickSizes() sizes {
 	s.memN = 10000
 	s.crashCap = 15 * time.Second
 	s.idleWarm, s.idleWindow = time.Second, 4*time.Second
+	s.floorN = 5000
+	s.soakDur, s.soakEvery = 15*time.Second, time.Second
+	s.rollBaseline, s.rollBudget, s.rollTail = 4*time.Second, 8*time.Second, 2*time.Second
 	return s
 }
 
@@ -105,6 +120,17 @@ func kcount(n int) string {
 
 func workloads(sz sizes) []workload {
 	return []workload{
+		{
+			name:  "floor",
+			once:  true,
+			about: "physical floor: redis-benchmark running a two-command EVAL on the same Redis",
+			figs: []figure{
+				{key: floorKey(1), label: "floor: redis-benchmark EVAL HSETNX+LPUSH, 1 client (-c 1 -P 1; one figure for both)", unit: "tasks/s"},
+				{key: floorKey(8), label: "floor: redis-benchmark EVAL HSETNX+LPUSH, 8 clients (-c 8 -P 1; one figure for both)", unit: "tasks/s"},
+			},
+			limit: 2 * time.Minute,
+			run:   runFloor,
+		},
 		{
 			name:  "enqueue",
 			about: "client throughput: single Enqueue calls from 1 and 8 goroutines; batch enqueue",
@@ -188,6 +214,36 @@ func workloads(sz sizes) []workload {
 			},
 			limit: 2 * time.Minute,
 			run:   runIdleCost,
+		},
+		{
+			name:  "soak",
+			about: "Redis used_memory while processing at full speed with Retention(1ms)",
+			figs: []figure{
+				{key: "soakRate", label: fmt.Sprintf("soak %v: tasks/s processed (Retention 1ms; 1 in %d archived, 1 in %d retried once)", sz.soakDur, soakFailEvery, soakFailEvery), unit: "tasks/s", ratio: true},
+				{key: "soakStart", label: "soak: used_memory at start (after warm-up)", unit: "mb", lower: true},
+				{key: "soakPeak", label: "soak: used_memory peak", unit: "mb", lower: true, ratio: true},
+				{key: "soakEnd", label: "soak: used_memory at end", unit: "mb", lower: true, ratio: true},
+				{key: "soakSlope", label: "soak: used_memory slope (least squares, after warm-up)", unit: "kbmin", lower: true},
+				{key: "soakSlope2", label: "soak: used_memory slope over the second half", unit: "kbmin", lower: true},
+			},
+			limit: sz.soakDur + 2*time.Minute,
+			run:   runSoak,
+		},
+		{
+			name:  "rolling",
+			about: "scheduled lateness while 3 server processes are restarted one by one (SIGTERM, wait, start)",
+			figs: []figure{
+				{key: "roll50", label: fmt.Sprintf("rolling: %d server processes, task due every %v; steady baseline start − due, p50", rollProcs, sz.rollEvery), unit: "dur", lower: true, ratio: true},
+				{key: "roll99", label: "rolling: baseline start − due, p99", unit: "dur", lower: true, ratio: true},
+				{key: "rollMax", label: "rolling: baseline start − due, max", unit: "dur", lower: true, ratio: true},
+				{key: "rollR50", label: "rolling: during restarts (SIGTERM → exit → start, one by one) start − due, p50", unit: "dur", lower: true, ratio: true},
+				{key: "rollR99", label: "rolling: during restarts start − due, p99", unit: "dur", lower: true, ratio: true},
+				{key: "rollRMax", label: "rolling: during restarts start − due, max", unit: "dur", lower: true, ratio: true},
+				{key: "rollRCount", label: "rolling: tasks due during the restarts", unit: "count"},
+				{key: "rollEarly", label: "rolling: early starts (before due)", unit: "count", lower: true},
+			},
+			limit: sz.rollLead + sz.rollBaseline + sz.rollBudget + sz.rollTail + sz.rollWait + 3*time.Minute,
+			run:   runRolling,
 		},
 	}
 }
