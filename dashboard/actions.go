@@ -8,20 +8,29 @@ import (
 	"github.com/tidequeue/tide"
 )
 
+// taskOp returns the Inspector call of a per-task action: run, archive,
+// delete, and cancel when withCancel; nil for any other op.
+func (h *handler) taskOp(op string, withCancel bool) func(context.Context, string, string) error {
+	switch op {
+	case "run":
+		return h.in.RunTask
+	case "archive":
+		return h.in.ArchiveTask
+	case "delete":
+		return h.in.DeleteTask
+	case "cancel":
+		if withCancel {
+			return h.in.CancelProcessing
+		}
+	}
+	return nil
+}
+
 // taskAction handles POST /task/{run,archive,delete,cancel}.
 func (h *handler) taskAction(w http.ResponseWriter, r *http.Request) {
 	op := r.PathValue("op")
-	var do func(context.Context, string, string) error
-	switch op {
-	case "run":
-		do = h.in.RunTask
-	case "archive":
-		do = h.in.ArchiveTask
-	case "delete":
-		do = h.in.DeleteTask
-	case "cancel":
-		do = h.in.CancelProcessing
-	default:
+	do := h.taskOp(op, true)
+	if do == nil {
 		h.notFound(w, r)
 		return
 	}

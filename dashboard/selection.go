@@ -53,15 +53,8 @@ func checkID(id string) string {
 // failed.
 func (h *handler) selectionAction(w http.ResponseWriter, r *http.Request) {
 	op := r.PathValue("op")
-	var do func(context.Context, string, string) error
-	switch op {
-	case "run":
-		do = h.in.RunTask
-	case "archive":
-		do = h.in.ArchiveTask
-	case "delete":
-		do = h.in.DeleteTask
-	default:
+	do := h.taskOp(op, false)
+	if do == nil {
 		h.notFound(w, r)
 		return
 	}
