@@ -171,6 +171,16 @@ type Options struct {
 	// Logger receives one line per change made through the dashboard (an
 	// audit trail), failed logins and broker errors. Default slog.Default().
 	Logger *slog.Logger
+	// History, when set, returns the recorded attempts of a task, oldest
+	// first, from a store that outlives Redis: e.g. hist.TaskAttempts from
+	// the outbox module (outbox.History). The task page then shows them in
+	// a "History (recorded)" panel, and a task no longer stored in Redis
+	// (finished and deleted) gets a page with its recorded history instead
+	// of a 404 when History returns at least one attempt. An error from
+	// History is shown as a note on the page. It is called with the page's
+	// request context (bounded to 15 seconds) and must be safe for
+	// concurrent use. Default nil: no recorded history.
+	History func(ctx context.Context, queue, id string) ([]tide.Attempt, error)
 }
 
 // Limits on what one request may cost.
@@ -205,6 +215,7 @@ type handler struct {
 	cop     *http.CrossOriginProtection
 	static  http.Handler
 	nowFunc func() time.Time
+	history func(ctx context.Context, queue, id string) ([]tide.Attempt, error) // nil when unset
 }
 
 // New returns the dashboard of in. The handler is safe for concurrent use.
@@ -220,6 +231,7 @@ func New(in *tide.Inspector, opts Options) (http.Handler, error) {
 		log:     opts.Logger,
 		cop:     http.NewCrossOriginProtection(),
 		nowFunc: time.Now,
+		history: opts.History,
 	}
 	if h.title == "" {
 		h.title = "tide"

@@ -2,12 +2,14 @@ package dashboard
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
 	"net/url"
 	"slices"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tidequeue/tide"
 )
@@ -30,6 +32,15 @@ type taskData struct {
 	Server     string
 	// Attempts are the task's recorded attempts, newest first.
 	Attempts []attemptRow
+	// HistoryOn is set when Options.History is; History are the attempts
+	// it returned, newest first, and HistoryErr its error, if any.
+	HistoryOn  bool
+	History    []attemptRow
+	HistoryErr string
+	// Gone is set for a task no longer stored (not found) that History
+	// still knows: Task is nil then, and Queue and ID name the task.
+	Gone      bool
+	Queue, ID string
 }
 
 type header struct{ Key, Value string }
@@ -77,6 +88,15 @@ func (h *handler) taskPage(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	t, err := h.in.GetTaskInfo(ctx, queue, id)
 	if err != nil {
+		if h.history != nil && errors.Is(err, tide.ErrTaskNotFound) {
+			d := &taskData{Gone: true, Queue: queue, ID: id,
+				QueueURL: "/queue?" + url.Values{"q": {queue}}.Encode()}
+			h.fillHistory(ctx, d, queue, id)
+			if len(d.History) > 0 {
+				h.render(w, http.StatusOK, "task", h.newView(w, r, "queue", "Task "+id, d))
+				return
+			}
+		}
 		h.fail(w, r, err, false)
 		return
 	}
@@ -90,6 +110,9 @@ func (h *handler) taskPage(w http.ResponseWriter, r *http.Request) {
 		Running:  t.State == tide.StateActive,
 		Server:   previewText(t.Server),
 		Attempts: attemptRows(t.Attempts),
+	}
+	if h.history != nil {
+		h.fillHistory(ctx, d, t.Queue, t.ID)
 	}
 	if d.Running && !t.StartedAt.IsZero() {
 		d.RunningFor = human(h.now().Sub(t.StartedAt))
@@ -109,6 +132,39 @@ func (h *handler) taskPage(w http.ResponseWriter, r *http.Request) {
 		d.Headers = append(d.Headers, header{Key: previewText(k), Value: previewText(t.Headers[k])})
 	}
 	h.render(w, http.StatusOK, "task", h.newView(w, r, "queue", "Task "+id, d))
+}
+
+// fillHistory fills in the task's recorded history from Options.History.
+// An error (or a panic of the hook) becomes a note on the page.
+func (h *handler) fillHistory(ctx context.Context, d *taskData, queue, id string) {
+	d.HistoryOn = true
+	as, err := func() (as []tide.Attempt, err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("panic: %v", r)
+			}
+		}()
+		return h.history(ctx, queue, id)
+	}()
+	if err != nil {
+		h.log.Warn("tide dashboard: task history", "queue", queue, "id", id, "err", err)
+		d.HistoryErr = oneText(truncateErr(err.Error()))
+		return
+	}
+	d.History = attemptRows(as)
+}
+
+// truncateErr bounds an error message shown on a page to 1 KiB.
+func truncateErr(s string) string {
+	const limit = 1 << 10
+	if len(s) <= limit {
+		return s
+	}
+	cut := limit
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }
 
 // fillRunning fills in where and since when an active task runs, and when

@@ -469,3 +469,43 @@ func (h *History) Attempts(ctx context.Context, queue, id string) ([]Attempt, er
 	}
 	return out, nil
 }
+
+// TaskAttempts returns the recorded attempts of the task with the given
+// queue and ID, oldest first (at most the latest 1000), in the shape tide
+// itself keeps them (tide.Attempt), so that a dashboard or the CLI can show
+// them; see dashboard.Options.History. Ended is the attempt's Finished
+// time, Err its Error. The State becomes tide's Outcome word:
+//
+//	StateDone     "done"
+//	StateRetry    "retry"
+//	StateDeferred "deferred"
+//	StateArchived "archive"
+//	StateLost     "lease expired"
+//	StateCanceled "canceled" (tide archives the task)
+//	StateRequeued "requeued" (tide runs it again)
+//
+// Any other stored state is passed on unchanged. Errors are those of
+// Attempts.
+func (h *History) TaskAttempts(ctx context.Context, queue, id string) ([]tide.Attempt, error) {
+	as, err := h.Attempts(ctx, queue, id)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]tide.Attempt, 0, len(as))
+	for _, a := range as {
+		out = append(out, tide.Attempt{Started: a.Started, Ended: a.Finished, Server: a.Server,
+			Outcome: outcomeOf(a.State), Err: a.Error})
+	}
+	return out, nil
+}
+
+// outcomeOf maps a State constant to tide's Outcome word.
+func outcomeOf(state string) string {
+	switch state {
+	case StateArchived:
+		return "archive"
+	case StateLost:
+		return "lease expired"
+	}
+	return state
+}

@@ -218,3 +218,49 @@ func TestHistoryMiddlewareRecordsPanics(t *testing.T) {
 		t.Fatal("the panicking attempt was not recorded")
 	}
 }
+
+func TestHistoryTaskAttempts(t *testing.T) {
+	both(t, func(t *testing.T, d Dialect) {
+		db, _ := servers[d].NewDB(t)
+		ctx := context.Background()
+		hist, err := NewHistory(db, d, WithHistoryLogger(testLogger(t)), WithFlushInterval(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer hist.Close()
+		if err := hist.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		base := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+		states := []string{StateRetry, StateDeferred, StateLost, StateRequeued, StateCanceled, StateArchived, StateDone, "odd"}
+		want := []string{"retry", "deferred", "lease expired", "requeued", "canceled", "archive", "done", "odd"}
+		for i, s := range states {
+			hist.Record(Attempt{Queue: "q", ID: "t1", Type: "t", State: s, Attempt: i + 1, Error: fmt.Sprintf("err %d <b>", i),
+				Started: base.Add(time.Duration(i) * time.Minute), Finished: base.Add(time.Duration(i)*time.Minute + time.Second), Server: "srv"})
+		}
+		hist.Record(Attempt{Queue: "q", ID: "other", Type: "t", State: StateDone, Attempt: 1, Started: base, Finished: base, Server: "srv"})
+		if err := hist.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		as, err := hist.TaskAttempts(ctx, "q", "t1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(as) != len(states) {
+			t.Fatalf("%d attempts, want %d: %+v", len(as), len(states), as)
+		}
+		for i, a := range as {
+			start := base.Add(time.Duration(i) * time.Minute)
+			if a.Outcome != want[i] || !a.Started.Equal(start) || !a.Ended.Equal(start.Add(time.Second)) ||
+				a.Server != "srv" || a.Err != fmt.Sprintf("err %d <b>", i) {
+				t.Errorf("attempt %d: %+v, want outcome %q", i, a, want[i])
+			}
+		}
+		if as, err := hist.TaskAttempts(ctx, "q", "missing"); err != nil || len(as) != 0 {
+			t.Errorf("missing task: %v, %v", as, err)
+		}
+		if _, err := hist.TaskAttempts(ctx, "a b", "x"); !errors.Is(err, tide.ErrInvalidTask) {
+			t.Errorf("bad queue: %v", err)
+		}
+	})
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -18,6 +19,7 @@ import (
 	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/encrypt"
+	"github.com/tidequeue/tide/outbox"
 )
 
 // app is one run of the program.
@@ -42,6 +44,13 @@ type app struct {
 	// TIDE_LOG_LEVEL.
 	log      *slog.Logger
 	logLevel slog.Level
+
+	// hist reads the recorded task history (--history-dsn), on histDB;
+	// nil without one. histSecret is the DSN's password, kept out of
+	// messages.
+	hist       *outbox.History
+	histDB     *sql.DB
+	histSecret string
 }
 
 // globals are the flags every command accepts.
@@ -153,6 +162,12 @@ func (a *app) close() {
 	}
 	if a.rdb != nil {
 		a.rdb.Close()
+	}
+	if a.hist != nil {
+		_ = a.hist.Close()
+	}
+	if a.histDB != nil {
+		_ = a.histDB.Close()
 	}
 }
 

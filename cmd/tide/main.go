@@ -186,6 +186,8 @@ type cmdOpts struct {
 	allowHosts  listFlag
 	readToken   string
 	filter      tide.TaskFilter // tasks ls --id, --type, --payload, --error
+	histDSN     string          // --history-dsn
+	histTable   string          // --history-table
 }
 
 var commands []*command

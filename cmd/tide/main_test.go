@@ -40,7 +40,9 @@ type env struct {
 }
 
 func TestMain(m *testing.M) {
-	os.Exit(m.Run())
+	code := m.Run()
+	stopPostgres()
+	os.Exit(code)
 }
 
 func setup(t *testing.T) *env {

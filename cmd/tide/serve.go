@@ -174,7 +174,7 @@ func runServe(ctx context.Context, a *app, o *cmdOpts, _ []string) error {
 }
 
 var cmdDash = &command{
-	name: "dash", args: "[--addr 127.0.0.1:8080] [--token T] [--read-token T] [--allow-host HOST]... [--title T] [--encryption-keys K]", maxArgs: 0, redis: true, taskData: true,
+	name: "dash", args: "[--addr 127.0.0.1:8080] [--token T] [--read-token T] [--allow-host HOST]... [--title T] [--encryption-keys K] [--history-dsn DSN]", maxArgs: 0, redis: true, taskData: true,
 	summary: "serve the web dashboard, with /metrics",
 	flags: func(fs *flag.FlagSet, o *cmdOpts) {
 		fs.StringVar(&o.addr, "addr", defaultAddr, "`address` to listen on; :8080 or 0.0.0.0:8080 for every network interface")
@@ -182,6 +182,7 @@ var cmdDash = &command{
 		fs.StringVar(&o.readToken, "read-token", "", "`token` needed to see anything, at least 16 characters and not --token (default $TIDE_DASH_READ_TOKEN); without one reading needs no login")
 		fs.Var(&o.allowHosts, "allow-host", "host `names` the dashboard answers to besides localhost and IP addresses: name or name:port (repeat, or comma-separate; default $TIDE_DASH_ALLOW_HOSTS)")
 		fs.StringVar(&o.title, "title", "", "`title` shown in the dashboard (e.g. the environment)")
+		historyFlags(fs, o)
 	},
 	help: `
 Serve the web dashboard: queues, tasks, servers and periodic tasks, with
@@ -203,6 +204,12 @@ another host gets "421 misdirected request", which protects it from DNS
 rebinding. Reached by name (tide.example.com, through a proxy or DNS), add
 that name: --allow-host tide.example.com (any port) or
 tide.example.com:8443 (that port only); no wildcards.
+
+` + historyHelp + `
+
+The task page then shows that history, and a task Redis no longer holds
+gets a page with its history instead of "not found". An error reading it
+is shown on the page.
 
 ` + encryptionHelp + `
 
@@ -246,6 +253,9 @@ func checkDash(a *app, o *cmdOpts, _ []string) error {
 		if o.readToken == o.token {
 			return usagef(o.cmd, "the read token is the same as the token: use a different read token, or none")
 		}
+	}
+	if err := a.openHistory(o); err != nil {
+		return err
 	}
 	// The dashboard checks its options when it is built; build one now, on
 	// a broker it does not call, so that a mistake is a usage error found
@@ -292,7 +302,11 @@ func (a *app) serviceName(def string) string {
 
 func runDash(ctx context.Context, a *app, o *cmdOpts, _ []string) error {
 	log := a.logger()
-	dash, err := dashboard.New(a.in, o.dashOptions(log))
+	opts := o.dashOptions(log)
+	if a.hist != nil {
+		opts.History = a.dashHistory
+	}
+	dash, err := dashboard.New(a.in, opts)
 	if err != nil {
 		return fmt.Errorf("tide: dashboard: %w", err)
 	}

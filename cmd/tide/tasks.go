@@ -241,6 +241,10 @@ type taskJSON struct {
 	Server           string        `json:"server,omitempty"`
 	LeaseExpiresAt   *time.Time    `json:"lease_expires_at,omitempty"`
 	Attempts         []attemptJSON `json:"attempts"`
+	// History is the recorded history (--history-dsn), absent without
+	// one; HistoryError says why it could not be read.
+	History      *[]attemptJSON `json:"history,omitempty"`
+	HistoryError string         `json:"history_error,omitempty"`
 }
 
 // attemptJSON is one attempt of a task.
@@ -270,8 +274,9 @@ func utcPtr(t time.Time) *time.Time {
 }
 
 var cmdTasksShow = &command{
-	name: "tasks show", args: "<queue> <id>", minArgs: 2, maxArgs: 2, redis: true, taskData: true,
-	summary: "show one task: state, payload, attempts, last error, result",
+	name: "tasks show", args: "<queue> <id> [--history-dsn DSN] [--history-table T]", minArgs: 2, maxArgs: 2, redis: true, taskData: true,
+	summary: "show one task: state, payload, attempts, last error, result, recorded history",
+	flags:   historyFlags,
 	help: `
 Show everything about one task: its state, when it is due, retries, the last
 error (with a stack trace for panics), headers, payload and result, and its
@@ -282,32 +287,74 @@ when its lease runs out, instead of when it was due. A payload is shown as
 JSON or text when it is, else as base64; long ones are cut (--json shows
 all).
 
+` + historyHelp + `
+
+A task Redis no longer holds but whose recorded history has attempts is
+shown by its history alone (exit 0; with --json, {"id", "queue",
+"stored": false, "history"}); --json has the history as "history". When
+the history cannot be read, the task is shown with a note and tide exits
+with 1.
+
 ` + encryptionHelp + `
 
 ` + escapeHelp + `
 
-Exits with 3 when there is no such task.
+Exits with 3 when there is no such task (in Redis nor in the history).
 
 Examples:
   tide tasks show orders order-cancel:42
   tide tasks show orders order-cancel:42 --json | jq .payload
   tide tasks show orders order-cancel:42 --json | jq '.attempts[].error'
+  TIDE_HISTORY_DSN='postgres://tide:secret@db:5432/app' tide tasks show orders order-cancel:42
   TIDE_ENCRYPTION_KEYS=$(cat /run/secrets/tide-keys) tide tasks show orders order-cancel:42`,
-	check: func(_ *app, o *cmdOpts, args []string) error { return checkQueueArg(o.cmd, args[0]) },
-	run:   runTasksShow,
+	check: func(a *app, o *cmdOpts, args []string) error {
+		if err := checkQueueArg(o.cmd, args[0]); err != nil {
+			return err
+		}
+		return a.openHistory(o)
+	},
+	run: runTasksShow,
 }
 
 func runTasksShow(ctx context.Context, a *app, _ *cmdOpts, args []string) error {
 	queue, id := args[0], args[1]
 	ti, err := a.in.GetTaskInfo(ctx, queue, id)
+	var (
+		hist    []tide.Attempt
+		histErr error
+	)
+	if a.hist != nil && (err == nil || errors.Is(err, tide.ErrTaskNotFound)) {
+		hist, histErr = a.taskHistory(ctx, queue, id)
+	}
 	if err != nil {
-		return taskErr("show", queue, id, err)
+		if len(hist) > 0 {
+			return showGone(a, queue, id, hist)
+		}
+		err = taskErr("show", queue, id, err)
+		if histErr != nil {
+			var nf *notFoundError
+			if errors.As(err, &nf) {
+				nf.msg += "; its recorded history could not be read: " + firstLine(histErr.Error(), historyErrRunes)
+			}
+		}
+		return err
 	}
 	if ti.State == tide.StateActive {
 		a.running(ctx, ti)
 	}
 	if a.globals.json {
-		return a.printJSON(toTaskJSON(ti))
+		tj := toTaskJSON(ti)
+		if a.hist != nil {
+			h := historyJSON(hist)
+			tj.History = &h
+			if histErr != nil {
+				tj.HistoryError = histErr.Error()
+			}
+		}
+		if err := a.printJSON(tj); err != nil {
+			return err
+		}
+		return historyFailed(histErr)
 	}
 	now := time.Now()
 	t := newTable(a.stdout)
@@ -361,6 +408,34 @@ func runTasksShow(ctx context.Context, a *app, _ *cmdOpts, args []string) error 
 		fmt.Fprintln(a.stdout, "Last error:       -")
 	}
 	printAttempts(a, ti.Attempts, now)
+	if a.hist != nil {
+		printHistory(a, hist, histErr, now)
+	}
+	return historyFailed(histErr)
+}
+
+// historyFailed is the error of 'tasks show' when the task was shown but
+// its recorded history could not be read.
+func historyFailed(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("tide: cannot read the recorded history: %s", firstLine(err.Error(), historyErrRunes))
+}
+
+// showGone shows a task that Redis no longer holds by its recorded
+// history.
+func showGone(a *app, queue, id string, hist []tide.Attempt) error {
+	if a.globals.json {
+		return a.printJSON(goneJSON{ID: id, Queue: queue, History: historyJSON(hist)})
+	}
+	t := newTable(a.stdout)
+	kv := func(k, v string) { t.row(fmt.Sprintf("%-16s", k+":"), v) }
+	kv("ID", id)
+	kv("Queue", queue)
+	kv("State", "- (no longer stored in Redis: finished and deleted, or expired)")
+	t.flush()
+	printHistory(a, hist, nil, time.Now())
 	return nil
 }
 
@@ -375,6 +450,12 @@ func printAttempts(a *app, as []tide.Attempt, now time.Time) {
 		return
 	}
 	fmt.Fprintf(a.stdout, "Attempts (%d, oldest first; the latest %d are kept):\n", len(as), tidetype.MaxAttempts)
+	printAttemptTable(a, as, now)
+}
+
+// printAttemptTable prints attempts as an indented table, one a line;
+// errors are cut to their first line.
+func printAttemptTable(a *app, as []tide.Attempt, now time.Time) {
 	var b strings.Builder
 	t := newTable(&b, "STARTED", "TOOK", "SERVER", "OUTCOME", "ERROR")
 	for _, at := range as {
