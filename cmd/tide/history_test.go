@@ -16,12 +16,12 @@ import (
 	"github.com/tidequeue/tide/outbox/sqltest"
 )
 
-// The PostgreSQL server of the history tests, started by the first one
-// and stopped by TestMain.
+// The PostgreSQL and MariaDB servers of the history tests, started by the
+// first test that needs one and stopped by TestMain.
 var (
-	pgOnce   sync.Once
-	pgServer *sqltest.Server
-	pgErr    error
+	pgOnce, mariaOnce     sync.Once
+	pgServer, mariaServer *sqltest.Server
+	pgErr, mariaErr       error
 )
 
 func postgres(t *testing.T) *sqltest.Server {
@@ -33,9 +33,22 @@ func postgres(t *testing.T) *sqltest.Server {
 	return pgServer
 }
 
-func stopPostgres() {
+func mariadb(t *testing.T) *sqltest.Server {
+	t.Helper()
+	mariaOnce.Do(func() { mariaServer, mariaErr = sqltest.Start(sqltest.MariaDB) })
+	if mariaErr != nil {
+		t.Fatal(mariaErr)
+	}
+	return mariaServer
+}
+
+// stopSQLServers stops the database servers the tests started.
+func stopSQLServers() {
 	if pgServer != nil {
 		pgServer.Stop()
+	}
+	if mariaServer != nil {
+		mariaServer.Stop()
 	}
 }
 
@@ -213,4 +226,29 @@ func TestDashHistory(t *testing.T) {
 	if r := stop(); r.code != exitOK {
 		t.Errorf("dash exited with %d:\n%s", r.code, r.stderr)
 	}
+}
+
+func TestTasksShowHistoryMySQL(t *testing.T) {
+	e := setup(t)
+	db, dsn := mariadb(t).NewDB(t)
+	hist, err := outbox.NewHistory(db, outbox.MySQL, outbox.WithHistoryTable("jobs_history"), outbox.WithHistoryLogger(quietLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hist.Close()
+	ctx := context.Background()
+	if err := hist.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now().Add(-time.Minute)
+	for i, st := range []string{outbox.StateDeferred, outbox.StateDone} {
+		hist.Record(outbox.Attempt{Queue: "mq", ID: "gone-3", Type: "t", State: st, Attempt: 1,
+			Started: at.Add(time.Duration(i) * time.Second), Finished: at.Add(time.Duration(i)*time.Second + time.Millisecond), Server: "w2"})
+	}
+	if err := hist.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The CLI takes the driver's DSN behind mysql://.
+	r := e.tide("tasks", "show", "mq", "gone-3", "--history-dsn", "mysql://"+dsn, "--history-table", "jobs_history")
+	r.want(t, exitOK, "History (recorded) (2, oldest first):", "deferred", "done", "w2")
 }

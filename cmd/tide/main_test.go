@@ -41,7 +41,7 @@ type env struct {
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	stopPostgres()
+	stopSQLServers()
 	os.Exit(code)
 }
 
