@@ -107,6 +107,11 @@ type Admin interface {
 	// when it has none.
 	QueueLimits(ctx context.Context, queue string) (tidetype.QueueLimits, error)
 
+	// Groups returns up to n groups of queue that have tasks waiting,
+	// running or held back by a throttle, the largest backlogs first
+	// (ties by name); n is at most MaxGroupsListed.
+	Groups(ctx context.Context, queue string, n int) ([]tidetype.GroupInfo, error)
+
 	// Servers returns the live servers.
 	Servers(ctx context.Context) ([]tidetype.ServerInfo, error)
 	// SchedulerEntries returns the entries of all live schedulers.
@@ -122,7 +127,42 @@ const (
 	MaxQueueRate = 100000
 	// MaxRatePer is the longest QueueLimits.Rate.Per.
 	MaxRatePer = 7 * 24 * time.Hour
+	// MaxGroupRate is the largest QueueLimits.GroupRate.Limit: a broker
+	// keeps the start time of each task a group started within the last
+	// GroupRate.Per.
+	MaxGroupRate = 1000
+	// MaxGroupLen is the longest group key, in bytes.
+	MaxGroupLen = 128
+	// MaxGroupsListed is the most groups Admin.Groups returns.
+	MaxGroupsListed = 1000
 )
+
+// CheckGroup reports a group key that brokers cannot keep: empty, over
+// MaxGroupLen bytes, or holding a control character, '{' or '}' (the
+// braces make the hash tag that keeps a group's tasks together, see
+// Partition). The error wraps ErrInvalidTask.
+func CheckGroup(g string) error {
+	if g == "" || len(g) > MaxGroupLen {
+		return fmt.Errorf("%w: group key is %d bytes, want 1 to %d", ErrInvalidTask, len(g), MaxGroupLen)
+	}
+	for i := 0; i < len(g); i++ {
+		if c := g[i]; c < 0x20 || c == 0x7f || c == '{' || c == '}' {
+			return fmt.Errorf("%w: group key %q has invalid character %q at byte %d (no control characters, braces)", ErrInvalidTask, g, c, i)
+		}
+	}
+	return nil
+}
+
+// CheckGroupID reports a task ID that cannot go with group g: the ID of a
+// grouped task must carry the group as its hash tag ("{g}", see Partition),
+// so that the task is found by ID in its group's partition. The error wraps
+// ErrInvalidTask.
+func CheckGroupID(id, g string) error {
+	if HashTag(id) != g {
+		return fmt.Errorf("%w: task ID %q of group %q must hold the group as its tag, e.g. %q, so the task is kept and found with its group", ErrInvalidTask, id, g, id+"{"+g+"}")
+	}
+	return nil
+}
 
 // CheckQueueLimits reports limits that make no sense (a negative or huge
 // Concurrency; a Rate with a negative or huge Limit, or whose Per is under a
@@ -142,6 +182,20 @@ func CheckQueueLimits(l tidetype.QueueLimits) error {
 		return fmt.Errorf("%w: QueueLimits.Rate.Per %v must be 1ms to %v when Rate.Limit is set", ErrInvalidTask, r.Per, MaxRatePer)
 	case r.Per%time.Millisecond != 0:
 		return fmt.Errorf("%w: QueueLimits.Rate.Per %v must be a whole number of milliseconds", ErrInvalidTask, r.Per)
+	}
+	if l.GroupConcurrency < 0 || l.GroupConcurrency > MaxQueueConcurrency {
+		return fmt.Errorf("%w: QueueLimits.GroupConcurrency %d must be 0 (no limit) to %d", ErrInvalidTask, l.GroupConcurrency, MaxQueueConcurrency)
+	}
+	g := l.GroupRate
+	switch {
+	case g.Limit < 0 || g.Limit > MaxGroupRate:
+		return fmt.Errorf("%w: QueueLimits.GroupRate.Limit %d must be 0 (no limit) to %d", ErrInvalidTask, g.Limit, MaxGroupRate)
+	case g.Limit == 0 && g.Per != 0:
+		return fmt.Errorf("%w: QueueLimits.GroupRate.Per %v is set but GroupRate.Limit is 0; leave both zero for no group rate limit", ErrInvalidTask, g.Per)
+	case g.Limit > 0 && (g.Per < time.Millisecond || g.Per > MaxRatePer):
+		return fmt.Errorf("%w: QueueLimits.GroupRate.Per %v must be 1ms to %v when GroupRate.Limit is set", ErrInvalidTask, g.Per, MaxRatePer)
+	case g.Per%time.Millisecond != 0:
+		return fmt.Errorf("%w: QueueLimits.GroupRate.Per %v must be a whole number of milliseconds", ErrInvalidTask, g.Per)
 	}
 	return nil
 }

@@ -164,6 +164,10 @@ type Settlement struct {
 	// it, for the task's attempt history; both may be zero.
 	Started time.Time
 	Server  string
+	// Throttle, with SettleDefer, also holds back the task's group: no
+	// task of the group starts before RetryAt (tide.ThrottleGroup). It is
+	// ignored for a task without a group.
+	Throttle bool
 }
 
 // EnqueueOptions apply to one Enqueue call.
@@ -174,6 +178,16 @@ type EnqueueOptions struct {
 	// without replicas ignore it.
 	WaitReplicas int
 	WaitTimeout  time.Duration
+	// Replace makes a task with an ID (tide.Replace) replace a waiting
+	// task (pending, scheduled or retry) with that ID: it takes the new
+	// task's payload, headers, options and due time, keeping its place in
+	// its group's order. A finished task (completed, archived) with the ID
+	// is replaced by the new one; an active one gets ErrTaskIDConflict.
+	Replace bool
+	// Watch registers a waiter for each task as it is stored (see Waiter),
+	// so that a Wait that starts after Enqueue returns still learns how
+	// the task ended, however fast it ran.
+	Watch bool
 }
 
 // MaintainRequest asks a broker to maintain one partition of a queue.
@@ -350,11 +364,16 @@ type Clock interface {
 }
 
 // Partition maps key to one of n partitions (FNV-1a, modulo n). Brokers place a
-// task in Partition(ID, n). n < 2 gives 0.
+// task in Partition(ID, n). n < 2 gives 0. Like a Redis Cluster hash tag, a
+// key that holds a non-empty "{tag}" is mapped by the tag alone (the text
+// between its first '{' and the next '}'): the tasks of group G are kept in
+// Partition(G, n), and a grouped task's ID carries "{G}" so that it is found
+// there by ID on every partition count.
 func Partition(key string, n int) int {
 	if n < 2 {
 		return 0
 	}
+	key = HashTag(key)
 	const offset, prime = 2166136261, 16777619
 	h := uint32(offset)
 	for i := 0; i < len(key); i++ {
@@ -362,4 +381,24 @@ func Partition(key string, n int) int {
 		h *= prime
 	}
 	return int(h % uint32(n))
+}
+
+// HashTag returns the part of key that Partition hashes: the text between
+// its first '{' and the next '}' when that is not empty, else key.
+func HashTag(key string) string {
+	for i := 0; i < len(key); i++ {
+		if key[i] != '{' {
+			continue
+		}
+		for j := i + 1; j < len(key); j++ {
+			if key[j] == '}' {
+				if j > i+1 {
+					return key[i+1 : j]
+				}
+				return key
+			}
+		}
+		return key
+	}
+	return key
 }

@@ -156,6 +156,10 @@ func (w *wrapper) Enqueue(ctx context.Context, tasks []*tidetype.TaskInfo, opts 
 // its task.
 func (w *wrapper) drawID(ctx context.Context, t *tidetype.TaskInfo) (string, error) {
 	id := broker.NewID()
+	if t.Group != "" {
+		// The group's tag keeps the task with its group (see broker.Partition).
+		return id + "{" + t.Group + "}", nil
+	}
 	if t.IdempotencyKey == "" {
 		return id, nil
 	}
@@ -333,6 +337,32 @@ func (w *wrapper) GetTask(ctx context.Context, queue, id string) (*tidetype.Task
 	}
 	w.kr.openTask(t)
 	return t, nil
+}
+
+// Wait implements broker.Waiter: the task comes back decrypted, as GetTask
+// returns it. A wrapped broker that cannot wait gives an error.
+func (w *wrapper) Wait(ctx context.Context, queue, id string) (*tidetype.TaskInfo, error) {
+	wt, ok := w.b.(broker.Waiter)
+	if !ok {
+		return nil, errors.New("encrypt: the wrapped broker does not implement broker.Waiter")
+	}
+	t, err := wt.Wait(ctx, queue, id)
+	if err != nil || t == nil {
+		return t, err
+	}
+	w.kr.openTask(t)
+	return t, nil
+}
+
+// SetProgress implements broker.ProgressReporter. The progress note is
+// stored as it is, not encrypted: keep secrets out of it. A wrapped broker
+// that keeps no progress gives an error.
+func (w *wrapper) SetProgress(ctx context.Context, lease broker.LeaseRef, p tidetype.Progress) error {
+	pr, ok := w.b.(broker.ProgressReporter)
+	if !ok {
+		return errors.New("encrypt: the wrapped broker does not implement broker.ProgressReporter")
+	}
+	return pr.SetProgress(ctx, lease, p)
 }
 
 // Delete implements broker.Broker.

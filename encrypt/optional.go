@@ -13,7 +13,9 @@ import (
 // the wrapper succeeds exactly when it would on the wrapped broker, Wrap
 // returns one of sixteen types: the wrapper plus the parts the wrapped broker
 // has. Admin is wrapped (ListTasks returns tasks, which are decrypted); the
-// other parts carry no task data and are the wrapped broker's own.
+// other parts carry no task data and are the wrapped broker's own. Every
+// returned type is a broker.Waiter (tasks come back decrypted) and a
+// broker.ProgressReporter, which fail when the wrapped broker is not.
 
 // adminWrapper is the broker.Admin part. It embeds the wrapped Admin, so
 // every operator command passes through unchanged, and overrides the two

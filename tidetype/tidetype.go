@@ -93,6 +93,11 @@ type TaskInfo struct {
 	Deadline  time.Time     // absolute; zero means none
 	Retention time.Duration // kept as completed this long; 0 means deleted when done
 
+	// Group is the group the task belongs to in its queue (a tenant, a
+	// customer; see tide.Group), or empty. Groups are served round-robin
+	// and obey the queue's group limits (QueueLimits).
+	Group string
+
 	// UniqueKey, when not empty, names the uniqueness lock the task holds
 	// from Enqueue until it finishes or UniqueTTL passes.
 	UniqueKey string
@@ -100,6 +105,10 @@ type TaskInfo struct {
 
 	// Result is what the handler stored with WriteResult.
 	Result []byte
+
+	// Progress is what the task last reported with tide.ReportProgress;
+	// zero when it reported nothing.
+	Progress Progress
 
 	// IdempotencyKey is the key an Enqueue was made idempotent under (see
 	// tide.IdempotencyKey). It is part of the request, not stored with the
@@ -291,6 +300,40 @@ type QueueLimits struct {
 	// be at least the partition count). A task waiting for its turn stays
 	// pending: waiting uses no retry.
 	Rate Rate
+
+	// GroupConcurrency is the most tasks of one group (tide.Group) that run
+	// at once, counted over all servers; 0 means no limit. A group's tasks
+	// live in one partition, so the limit is not split.
+	GroupConcurrency int
+
+	// GroupRate is the most tasks of one group that start in any period of
+	// GroupRate.Per (a sliding window); the zero Rate means no limit.
+	GroupRate Rate
+
+	// Ordered makes every group a sequence: its tasks start one at a time,
+	// in enqueue order, the next only after the previous finished
+	// (succeeded, archived or deleted). A task waiting to be retried, or
+	// deferred with RetryAfter, holds its group's place.
+	Ordered bool
+}
+
+// Grouped reports whether l sets a limit on groups (GroupConcurrency,
+// GroupRate or Ordered).
+func (l QueueLimits) Grouped() bool {
+	return l.GroupConcurrency > 0 || l.GroupRate.Limit > 0 || l.Ordered
+}
+
+// GroupInfo describes one group of a queue (tide.Group): its backlog and
+// whether it is held back.
+type GroupInfo struct {
+	Queue string
+	Group string
+	// Waiting counts the group's tasks that are ready to start (pending);
+	// Running those that are active.
+	Waiting, Running int
+	// ThrottledUntil is when a throttle (tide.ThrottleGroup) or the group's
+	// rate limit stops holding the group back; zero when neither does.
+	ThrottledUntil time.Time
 }
 
 // Rate is a number of task starts per period: Limit starts in any window of

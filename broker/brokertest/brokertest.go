@@ -21,7 +21,17 @@
 // are compared with millisecond tolerance. Brokers with several partitions per
 // queue are maintained partition by partition, FIFO order is only checked
 // when a queue has one partition, and unique tasks get IDs in their lock's
-// partition (broker.Partition), as the tide client arranges.
+// partition (broker.Partition), as the tide client arranges. Grouped tasks
+// get IDs tagged with their group ("id{group}"), so that a group's tasks
+// share a partition; round-robin among groups is checked only for groups
+// (and ungrouped tasks) placed in one partition.
+//
+// Groups: ready tasks are served group by group, round-robin, the ungrouped
+// tasks as one more group, a group's tasks in enqueue order; the queue's
+// group limits (GroupConcurrency, GroupRate, Ordered), throttling
+// settlements (Settlement.Throttle), EnqueueOptions.Replace and
+// Admin.Groups are checked from their contract, not from one broker's
+// choices: a task due in retry may be forwarded by Maintain or by Dequeue.
 package brokertest
 
 import (
@@ -91,13 +101,13 @@ func Run(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
 		{"Closed", testClosed},
 		{"CloseEndsSubscriptions", testCloseEndsSubscriptions},
 	}
-	for _, tc := range tests {
+	for _, tc := range slices.Concat(tests, groupBrokerTests, waitTests) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			tc.fn(t, newBroker(t))
 		})
 	}
-	for _, tc := range append(adminTests, limitTests...) {
+	for _, tc := range slices.Concat(adminTests, limitTests, groupTests) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			b := newBroker(t)

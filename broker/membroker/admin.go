@@ -98,6 +98,9 @@ func (b *Broker) QueueInfo(ctx context.Context, name string) (*tidetype.QueueInf
 	}
 	for _, t := range q.tasks {
 		st.SetCount(t.msg.State, st.Count(t.msg.State)+1)
+		if t.msg.State == tidetype.StatePending && (st.OldestPending.IsZero() || t.msg.NextProcessAt.Before(st.OldestPending)) {
+			st.OldestPending = t.msg.NextProcessAt
+		}
 	}
 	if now := b.clock.Now(); q.isPaused(now) {
 		st.Paused, st.PausedUntil = true, q.pausedUntil
@@ -105,8 +108,7 @@ func (b *Broker) QueueInfo(ctx context.Context, name string) (*tidetype.QueueInf
 	if d := q.days[b.clock.Now().UTC().Format(time.DateOnly)]; d != nil {
 		st.Processed, st.Failed = d.processed, d.failed
 	}
-	if q.head != nil {
-		st.OldestPending = q.head.msg.NextProcessAt
+	if !st.OldestPending.IsZero() {
 		st.Latency = max(b.clock.Now().Sub(st.OldestPending), 0)
 	}
 	overdue := b.clock.Now().Add(-time.Second)
@@ -181,9 +183,7 @@ func (b *Broker) inState(name string, state tidetype.TaskState, n int) ([]*task,
 	var ts []*task
 	switch state {
 	case tidetype.StatePending:
-		for t := q.head; t != nil && len(ts) < n; t = t.next {
-			ts = append(ts, t)
-		}
+		ts = q.pendingTasks(n)
 	case tidetype.StateActive, tidetype.StateArchived, tidetype.StateCompleted, tidetype.StateScheduled, tidetype.StateRetry:
 		h := map[tidetype.TaskState]taskHeap{tidetype.StateActive: q.active, tidetype.StateArchived: q.archived,
 			tidetype.StateCompleted: q.completed, tidetype.StateScheduled: q.sched, tidetype.StateRetry: q.sched}[state]
@@ -319,6 +319,7 @@ func (b *Broker) archiveOne(q *queue, t *task) error {
 	q.detach(t)
 	now := msTime(b.clock.Now())
 	b.archive(q, t, t.msg.LastErr, now, now)
+	b.release(q, t, false, true)
 	return nil
 }
 
@@ -385,9 +386,7 @@ func (b *Broker) ArchiveTasks(ctx context.Context, name string, state tidetype.T
 // DeleteTasks implements broker.Admin.
 func (b *Broker) DeleteTasks(ctx context.Context, name string, state tidetype.TaskState, limit int) (int, error) {
 	return b.bulk(ctx, name, state, limit, func(q *queue, t *task) error {
-		q.detach(t)
-		q.releaseLock(t)
-		delete(q.tasks, t.msg.ID)
+		b.drop(q, t)
 		return nil
 	})
 }

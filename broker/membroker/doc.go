@@ -36,6 +36,32 @@
 //     wait). EventScheduled is sent when a scheduled or retry task becomes the
 //     queue's earliest. Events go to a buffered channel and are dropped when
 //     it is full.
+//   - Groups (TaskInfo.Group): a queue's ready tasks are served by a
+//     rotation of lanes, one per group with ready tasks and one for the
+//     ungrouped tasks; Dequeue takes the lane served least recently (a lane
+//     that joins goes to the back) and starts its next task: a group's in
+//     enqueue order, the ungrouped ones in pending-list order. A group that
+//     may not start a task leaves the rotation: at GroupConcurrency or while
+//     an earlier task of an Ordered group holds its place, until one of its
+//     tasks leaves active or finishes (then EventPending); while throttled
+//     (Settlement.Throttle) or over GroupRate, until that time (announced
+//     by an EventPending with At, and judged by the first Dequeue from then
+//     on). An Ordered group's place is held by its started task until it
+//     finishes (done, archived, deleted); a holder that is ready again
+//     (retry forwarded, requeued) starts before the group's other tasks.
+//     SettleRequeue puts a grouped task back among its group's ready tasks
+//     by its enqueue sequence, which is the head unless an earlier-enqueued
+//     task became due meanwhile.
+//   - Enqueue validates Group (broker.CheckGroup) and, for a grouped task
+//     with an ID, its tag (broker.CheckGroupID), answering per task. A
+//     waiting ungrouped task replaced (EnqueueOptions.Replace) goes to the
+//     back of the pending list; a grouped one keeps its enqueue sequence, a
+//     waiting one keeps its attempt history. Replace with a UniqueKey that
+//     another task holds is ErrDuplicateTask and changes nothing.
+//   - Admin.Groups reports as ThrottledUntil the later of a throttle and,
+//     for a group with tasks waiting, the end of its GroupRate hold.
+//     Admin.ListTasks lists the pending ungrouped tasks merged with the
+//     grouped ones by due time.
 //   - After Close every method, Close included, returns broker.ErrClosed, and
 //     all Subscribe channels are closed.
 package membroker

@@ -9,8 +9,13 @@ import (
 	"github.com/tidequeue/tide/tidetype"
 )
 
-// Enqueue implements broker.Broker.
-func (b *Broker) Enqueue(ctx context.Context, msgs []*tidetype.TaskInfo, _ broker.EnqueueOptions) ([]error, error) {
+// Enqueue implements broker.Broker. A grouped task without an ID gets one
+// that carries its group as hash tag ("<random>{<group>}"). With
+// opts.Replace a task whose ID exists takes the place of a waiting task
+// (pending, scheduled, retry), keeping its enqueue sequence, its attempt
+// history and, in an ordered group, the place it holds; a finished one
+// (completed, archived) is deleted first; an active one is an ID conflict.
+func (b *Broker) Enqueue(ctx context.Context, msgs []*tidetype.TaskInfo, opts broker.EnqueueOptions) ([]error, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err := b.check(ctx); err != nil {
@@ -19,12 +24,17 @@ func (b *Broker) Enqueue(ctx context.Context, msgs []*tidetype.TaskInfo, _ broke
 	now := b.clock.Now()
 	errs := make([]error, len(msgs))
 	for i, m := range msgs {
-		errs[i] = b.enqueue(m, now)
+		errs[i] = b.enqueue(m, now, opts.Replace)
+		if errs[i] == nil && opts.Watch {
+			if t := b.queue(m.Queue).tasks[m.ID]; t != nil {
+				t.watched = true
+			}
+		}
 	}
 	return errs, nil
 }
 
-func (b *Broker) enqueue(m *tidetype.TaskInfo, now time.Time) error {
+func (b *Broker) enqueue(m *tidetype.TaskInfo, now time.Time, replace bool) error {
 	if err := validate(m); err != nil {
 		return err
 	}
@@ -38,20 +48,38 @@ func (b *Broker) enqueue(m *tidetype.TaskInfo, now time.Time) error {
 	}
 	q := b.queue(m.Queue)
 	if m.ID == "" {
-		m.ID = broker.NewID()
+		m.ID = drawID(m.Group)
 		for q.tasks[m.ID] != nil {
-			m.ID = broker.NewID()
+			m.ID = drawID(m.Group)
 		}
 	}
-	if _, ok := q.tasks[m.ID]; ok {
+	t := q.tasks[m.ID]
+	if t != nil && (!replace || t.msg.State == tidetype.StateActive) {
 		return broker.ErrTaskIDConflict
 	}
 	if m.UniqueKey != "" {
-		if l, ok := q.locks[m.UniqueKey]; ok && now.Before(l.expires) {
+		if l, ok := q.locks[m.UniqueKey]; ok && now.Before(l.expires) && (t == nil || l.id != m.ID) {
 			return broker.ErrDuplicateTask
 		}
 	}
-	t := &task{msg: normalize(m), idx: -1}
+	if t != nil {
+		// Replace: a waiting task of the same group keeps its place; any
+		// other is gone, and the new task is a new one.
+		st := t.msg.State
+		waiting := st == tidetype.StatePending || st == tidetype.StateScheduled || st == tidetype.StateRetry
+		q.detach(t)
+		q.releaseLock(t)
+		if !waiting || t.msg.Group != m.Group {
+			delete(q.tasks, t.msg.ID)
+			b.release(q, t, false, true)
+			t = nil
+		}
+	}
+	if t == nil {
+		q.eseq++
+		t = &task{eseq: q.eseq}
+	}
+	t.msg, t.idx, t.canceled = normalize(m), -1, false
 	t.msg.Result = nil
 	if t.msg.NextProcessAt.IsZero() {
 		t.msg.NextProcessAt = msTime(now)
@@ -72,6 +100,15 @@ func (b *Broker) enqueue(m *tidetype.TaskInfo, now time.Time) error {
 		b.remember(ref, m.ID, now)
 	}
 	return nil
+}
+
+// drawID returns a new task ID; a grouped task's carries its group as hash
+// tag (see broker.Partition).
+func drawID(group string) string {
+	if group == "" {
+		return broker.NewID()
+	}
+	return broker.NewID() + "{" + group + "}"
 }
 
 // remember records an idempotency key, and forgets expired ones whenever
@@ -110,6 +147,14 @@ func validate(m *tidetype.TaskInfo) error {
 		return fmt.Errorf("%w: membroker: idempotency key of %d bytes, over 255", broker.ErrInvalidTask, len(m.IdempotencyKey))
 	case m.UniqueKey != "" && m.UniqueTTL < time.Millisecond:
 		return fmt.Errorf("%w: membroker: task %q: UniqueKey set without a UniqueTTL of at least 1ms", broker.ErrInvalidTask, m.ID)
+	}
+	if m.Group != "" {
+		if err := broker.CheckGroup(m.Group); err != nil {
+			return err
+		}
+		if m.ID != "" {
+			return broker.CheckGroupID(m.ID, m.Group)
+		}
 	}
 	return nil
 }

@@ -38,10 +38,13 @@ func (b *Broker) Dequeue(ctx context.Context, queues []string, n int, lease time
 		if q == nil || q.isPaused(now) {
 			continue
 		}
-		for room := q.room(n-len(out), qn, now, b); q.head != nil && room > 0; room-- {
-			t := q.head
+		q.wake(now)
+		for room := q.room(n-len(out), qn, now, b); room > 0; room-- {
+			t := b.next(q, now)
+			if t == nil {
+				break
+			}
 			q.started(now)
-			q.unlinkPending(t)
 			b.tokens++
 			t.token, t.canceled = b.tokens, false
 			t.msg.State = tidetype.StateActive
@@ -123,6 +126,14 @@ func (b *Broker) settle(s *broker.Settlement, now time.Time) error {
 			errMsg += "; last error: " + s.Err
 		}
 	}
+	if kind == broker.SettleDefer && s.Throttle {
+		until := s.RetryAt
+		if until.IsZero() {
+			until = now
+		}
+		b.throttle(q, t, msTime(until))
+	}
+	b.release(q, t, true, kind == broker.SettleDone || kind == broker.SettleArchive)
 	switch kind {
 	case broker.SettleDone:
 		q.count(now, 1, 0)
@@ -142,11 +153,13 @@ func (b *Broker) settle(s *broker.Settlement, now time.Time) error {
 		q.releaseLock(t)
 		if t.msg.Retention <= 0 {
 			delete(q.tasks, t.msg.ID)
+			b.ended(q, t, true, &tidetype.TaskInfo{ID: t.msg.ID, Queue: t.msg.Queue, State: tidetype.StateCompleted, CompletedAt: at}, now)
 			return nil
 		}
 		t.msg.State = tidetype.StateCompleted
 		t.msg.CompletedAt = at
 		b.push(&q.completed, t, at.Add(t.msg.Retention))
+		b.ended(q, t, false, nil, now)
 		b.trim(q, now)
 	case broker.SettleRetry, broker.SettleDefer:
 		retryAt := s.RetryAt

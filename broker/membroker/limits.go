@@ -14,7 +14,9 @@ import (
 // than Rate.Limit started within the last Rate.Per (on the broker's clock);
 // when a settlement gives room back to a full queue with tasks waiting,
 // subscribers get EventPending, and when the rate holds tasks back, an
-// EventPending whose At says when room opens.
+// EventPending whose At says when room opens. The group limits
+// (GroupConcurrency, GroupRate, Ordered; see groups.go) hold per group, not
+// split; groups they held back are judged again by the next Dequeue.
 func (b *Broker) SetQueueLimits(ctx context.Context, queue string, l tidetype.QueueLimits) error {
 	if err := broker.CheckQueueLimits(l); err != nil {
 		return err
@@ -32,6 +34,7 @@ func (b *Broker) SetQueueLimits(ctx context.Context, queue string, l tidetype.Qu
 	if l.Rate.Limit == 0 {
 		q.starts = nil
 	}
+	q.limitsChanged(b.clock.Now())
 	if q.pending > 0 && (l.Concurrency == 0 || q.active.Len() < l.Concurrency) && !q.isPaused(b.clock.Now()) {
 		b.emit(q, broker.Event{Kind: broker.EventPending, Queue: queue})
 	}

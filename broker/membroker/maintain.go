@@ -68,6 +68,7 @@ func (b *Broker) Maintain(ctx context.Context, req broker.MaintainRequest) (brok
 		res.Recovered++
 		q.count(now, 1, 1)
 		t.addAttempt(time.Time{}, msTime(now), "", "lease expired", leaseExpiredErr)
+		b.release(q, t, true, t.canceled || t.msg.Retried >= t.msg.MaxRetry)
 		switch {
 		case t.canceled:
 			b.archive(q, t, canceledErr+"; "+leaseExpiredErr, msTime(now), now)
@@ -90,6 +91,7 @@ func (b *Broker) Maintain(ctx context.Context, req broker.MaintainRequest) (brok
 	}
 	// Trim completed past retention and archived past count or age.
 	res.Trimmed = b.trim(q, now)
+	q.sweepGroups(now)
 	q.minute(now).pending = q.pending
 
 	if len(q.sched) > 0 {

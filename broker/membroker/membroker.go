@@ -143,9 +143,15 @@ type task struct {
 	// expiry (active), archive time (archived), removal time (completed).
 	key time.Time
 	seq uint64
-	idx int // index in that heap
+	idx int // index in that heap (for a ready grouped task: in its group's)
 
-	prev, next *task // pending list
+	prev, next *task // pending list (ungrouped tasks)
+
+	// eseq is the task's enqueue sequence in its queue: a group's ready
+	// tasks start in this order. Replace keeps it.
+	eseq uint64
+
+	watched bool // EnqueueOptions.Watch: its outcome is kept when it ends
 }
 
 type uniqueLock struct {
@@ -154,11 +160,21 @@ type uniqueLock struct {
 }
 
 type queue struct {
+	name  string
 	tasks map[string]*task
 	locks map[string]uniqueLock
 
-	head, tail *task // pending FIFO
-	pending    int
+	head, tail *task // pending FIFO of the ungrouped tasks
+	pending    int   // ready tasks, grouped ones included
+
+	// Groups, see groups.go: the rotation serves its lanes (the groups with
+	// ready tasks and plain, the ungrouped tasks) round-robin.
+	groups           map[string]*group
+	plain            group
+	rotHead, rotTail *group
+	held             map[*group]struct{} // out of the rotation until group.until
+	eseq             uint64              // the last enqueue sequence handed out
+	groupWake        time.Time           // the last held-until time announced
 
 	sched     taskHeap // scheduled and retry, by ProcessAt
 	active    taskHeap // by lease expiry
@@ -177,6 +193,9 @@ type queue struct {
 	minutes map[int64]*minuteCount // Unix minute -> counters, see minute
 
 	subs map[*subscription]struct{}
+
+	waiters  map[string][]chan struct{} // task ID -> Wait calls (wait.go)
+	outcomes map[string]outcome         // how waited-for tasks whose record is gone ended
 }
 
 type subscription struct {
@@ -196,8 +215,11 @@ func (b *Broker) queue(name string) *queue {
 	q := b.queues[name]
 	if q == nil {
 		q = &queue{
-			tasks: make(map[string]*task),
-			locks: make(map[string]uniqueLock),
+			name:   name,
+			tasks:  make(map[string]*task),
+			locks:  make(map[string]uniqueLock),
+			groups: make(map[string]*group),
+			held:   make(map[*group]struct{}),
 		}
 		b.queues[name] = q
 		for s := range b.subs { // subscribed before the queue was deleted
@@ -231,24 +253,36 @@ func (b *Broker) emit(q *queue, ev broker.Event) {
 	}
 }
 
-// pushPending appends t (or prepends it when front) to the pending list.
+// pushPending makes t ready: an ungrouped task is appended to the pending
+// list (prepended when front), a grouped one joins its group's ready tasks
+// in enqueue order. Subscribers learn when the queue had nothing pending or
+// a lane joined the rotation (its tasks may start now).
 func (b *Broker) pushPending(qn string, q *queue, t *task, front bool) {
 	t.msg.State = tidetype.StatePending
-	t.prev, t.next = nil, nil
-	switch {
-	case q.head == nil:
-		q.head, q.tail = t, t
-	case front:
-		t.next = q.head
-		q.head.prev = t
-		q.head = t
-	default:
-		t.prev = q.tail
-		q.tail.next = t
-		q.tail = t
+	joined := false
+	if t.msg.Group != "" {
+		joined = q.addReady(t)
+	} else {
+		t.prev, t.next = nil, nil
+		switch {
+		case q.head == nil:
+			q.head, q.tail = t, t
+		case front:
+			t.next = q.head
+			q.head.prev = t
+			q.head = t
+		default:
+			t.prev = q.tail
+			q.tail.next = t
+			q.tail = t
+		}
+		if !q.plain.inRot {
+			q.rotPush(&q.plain)
+			joined = true
+		}
 	}
 	q.pending++
-	if q.pending == 1 && !q.isPaused(b.clock.Now()) {
+	if (q.pending == 1 || joined) && !q.isPaused(b.clock.Now()) {
 		b.emit(q, broker.Event{Kind: broker.EventPending, Queue: qn})
 	}
 }
@@ -258,6 +292,7 @@ func (q *queue) isPaused(now time.Time) bool {
 	return q.paused && (q.pausedUntil.IsZero() || now.Before(q.pausedUntil))
 }
 
+// unlinkPending takes an ungrouped ready task out of the pending list.
 func (q *queue) unlinkPending(t *task) {
 	if t.prev != nil {
 		t.prev.next = t.next
@@ -293,7 +328,11 @@ func (b *Broker) push(h *taskHeap, t *task, key time.Time) {
 func (q *queue) detach(t *task) {
 	switch t.msg.State {
 	case tidetype.StatePending:
-		q.unlinkPending(t)
+		if t.msg.Group != "" {
+			q.unready(t)
+		} else {
+			q.unlinkPending(t)
+		}
 	case tidetype.StateScheduled, tidetype.StateRetry:
 		heap.Remove(&q.sched, t.idx)
 	case tidetype.StateActive:
@@ -320,6 +359,7 @@ func (b *Broker) archive(q *queue, t *task, errMsg string, at, now time.Time) {
 	t.msg.State = tidetype.StateArchived
 	b.push(&q.archived, t, now)
 	q.releaseLock(t)
+	b.ended(q, t, false, nil, now)
 }
 
 // leased returns the active task that ref names, or ErrLeaseLost.
@@ -348,6 +388,7 @@ func (b *Broker) Close() error {
 		s.stop()
 		b.unsubscribe(s)
 	}
+	b.wakeAll()
 	b.queues = nil
 	return nil
 }

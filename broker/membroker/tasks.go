@@ -46,9 +46,7 @@ func (b *Broker) Delete(ctx context.Context, queue, id string) error {
 	if t.msg.State == tidetype.StateActive {
 		return broker.ErrTaskActive
 	}
-	q.detach(t)
-	q.releaseLock(t)
-	delete(q.tasks, id)
+	b.drop(q, t)
 	return nil
 }
 
@@ -69,9 +67,7 @@ func (b *Broker) Cancel(ctx context.Context, queue, id string) error {
 		b.emit(q, broker.Event{Kind: broker.EventCancel, Queue: queue, ID: id})
 		return nil
 	}
-	q.detach(t)
-	q.releaseLock(t)
-	delete(q.tasks, id)
+	b.drop(q, t)
 	return nil
 }
 

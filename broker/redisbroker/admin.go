@@ -74,6 +74,7 @@ func (b *Broker) QueueInfo(ctx context.Context, queue string) (*tidetype.QueueIn
 		pauseTTL *redis.DurationCmd
 		proc, fl *redis.StringCmd
 		oldest   *redis.StringCmd
+		grouped  *redis.IntCmd
 
 		overdue, overdueRetry *redis.IntCmd
 	}
@@ -86,6 +87,7 @@ func (b *Broker) QueueInfo(ctx context.Context, queue string) (*tidetype.QueueIn
 			name, _ := stateKey(st)
 			if st == tidetype.StatePending {
 				c.sizes[st] = pipe.LLen(ctx, p.k(name))
+				c.grouped = pipe.ZCard(ctx, p.k("gq"))
 			} else {
 				c.sizes[st] = pipe.ZCard(ctx, p.k(name))
 			}
@@ -109,6 +111,7 @@ func (b *Broker) QueueInfo(ctx context.Context, queue string) (*tidetype.QueueIn
 		for st, cmd := range c.sizes {
 			qi.SetCount(st, qi.Count(st)+int(cmd.Val()))
 		}
+		qi.SetCount(tidetype.StatePending, qi.Pending+int(c.grouped.Val()))
 		qi.Paused = qi.Paused || c.paused.Val() == 1
 		if ttl := c.pauseTTL.Val(); c.paused.Val() == 1 && ttl > 0 {
 			if until := b.Now().Add(ttl).Truncate(time.Millisecond); until.After(qi.PausedUntil) {
@@ -219,8 +222,12 @@ func (b *Broker) page(ctx context.Context, queue string, l layout, state tidetyp
 		k := b.partAt(queue, l, i)
 		var size int64
 		var err error
+		var listed int64 // the pending list's part of size
 		if state == tidetype.StatePending {
-			size, err = b.rdb.LLen(ctx, k.k(name)).Result()
+			pipe := b.rdb.Pipeline()
+			ll, gl := pipe.LLen(ctx, k.k(name)), pipe.ZCard(ctx, k.k("gq"))
+			_, err = pipe.Exec(ctx)
+			listed, size = ll.Val(), ll.Val()+gl.Val()
 		} else {
 			size, err = b.rdb.ZCard(ctx, k.k(name)).Result()
 		}
@@ -233,15 +240,31 @@ func (b *Broker) page(ctx context.Context, queue string, l layout, state tidetyp
 		}
 		want := int64(limit - len(refs))
 		if state == tidetype.StatePending {
-			// Oldest first: the list is consumed from its right end.
-			stop := -1 - int64(offset)
-			page, err := b.rdb.LRange(ctx, k.k(name), stop-want+1, stop).Result()
-			if err != nil {
-				return nil, 0, callErr("list tasks", classify(err))
+			// Ungrouped first, oldest first: the list is consumed from its
+			// right end; then the grouped ones, group by group.
+			if int64(offset) < listed {
+				stop := -1 - int64(offset)
+				page, err := b.rdb.LRange(ctx, k.k(name), max(stop-want+1, -listed), stop).Result()
+				if err != nil {
+					return nil, 0, callErr("list tasks", classify(err))
+				}
+				slices.Reverse(page)
+				for _, id := range page {
+					refs = append(refs, ref{id: id, part: i})
+				}
+				want -= int64(len(page))
 			}
-			slices.Reverse(page)
-			for _, id := range page {
-				refs = append(refs, ref{id: id, part: i})
+			if want > 0 {
+				from := max(int64(offset)-listed, 0)
+				page, err := b.rdb.ZRange(ctx, k.k("gq"), from, from+want-1).Result()
+				if err != nil {
+					return nil, 0, callErr("list tasks", classify(err))
+				}
+				for _, m := range page {
+					if id, ok := groupedID(m); ok {
+						refs = append(refs, ref{id: id, part: i})
+					}
+				}
 			}
 		} else {
 			page, err := b.rdb.ZRangeWithScores(ctx, k.k(name), int64(offset), int64(offset)+want-1).Result()
@@ -452,8 +475,8 @@ func (b *Broker) adminCall(p part, rid, cache string, exp int64, op string, targ
 	}
 	return &call{
 		script: b.s.admin,
-		keys:   append(p.keys("t", "pending", "scheduled", "retry", "archived", "completed", "result", "active", "u", "meta"), cache, p.k("h")),
-		args:   []any{p.layout, rid, exp, op, target, limit, p.channel, p.idx},
+		keys:   append(append(p.keys("t", "pending", "scheduled", "retry", "archived", "completed", "result", "active", "u", "meta"), cache, p.k("h")), append(p.groupKeys(), p.endKeys()...)...),
+		args:   []any{p.layout, rid, exp, op, target, limit, p.channel, p.idx, b.doneChannel(p.queue)},
 		queue:  p.queue,
 	}
 }

@@ -67,3 +67,69 @@ func TestClusterQueueLimits(t *testing.T) {
 	}
 	t.Logf("peak %d handlers at once under Concurrency %d over 3 masters", peak.Load(), limit)
 }
+
+// TestClusterGroupLimits: three servers run grouped tasks of a queue whose
+// partitions spread over three masters, with GroupConcurrency 2. Each
+// group's tasks live in its own partition (its hash tag), so the groups
+// land on different masters; no group ever runs more than 2 tasks at once
+// and every task completes, also with several groups on each master.
+func TestClusterGroupLimits(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 1)
+	rdb := c.Client(t)
+	ctx := context.Background()
+	prefix := redistest.Prefix(t)
+	newBroker := func() *redisbroker.Broker {
+		b := redisbroker.New(rdb, redisbroker.WithPrefix(prefix), redisbroker.WithPartitions(clusterParts))
+		t.Cleanup(func() { _ = b.Close() })
+		return b
+	}
+	const groups, per, limit = 8, 30, 2
+	var cur, peak [groups]atomic.Int64
+	var done atomic.Int64
+	h := tide.HandlerFunc(func(ctx context.Context, _ *tide.Task) error {
+		g, _ := tide.GetGroup(ctx)
+		var i int
+		if _, err := fmt.Sscanf(g, "tenant-%d", &i); err != nil {
+			return err
+		}
+		c := cur[i].Add(1)
+		for p := peak[i].Load(); c > p && !peak[i].CompareAndSwap(p, c); p = peak[i].Load() {
+		}
+		time.Sleep(2 * time.Millisecond)
+		cur[i].Add(-1)
+		done.Add(1)
+		return nil
+	})
+	for range 3 {
+		srv := tide.NewServer(newBroker(), tide.Config{
+			Concurrency: 10, Queues: map[string]int{spreadQueue: 1}, Logger: quietLogger(),
+			QueueLimits: map[string]tide.QueueLimits{spreadQueue: {GroupConcurrency: limit}},
+		})
+		if err := srv.Start(h); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(srv.Shutdown)
+	}
+	cl := tide.NewClient(newBroker())
+	for g := range groups {
+		batch := make([]*tide.Task, per)
+		for i := range batch {
+			batch[i] = tide.NewTask("grouped", fmt.Appendf(nil, "%d", i))
+		}
+		if _, err := cl.EnqueueMany(ctx, batch, tide.Queue(spreadQueue), tide.Group(fmt.Sprint("tenant-", g))); err != nil {
+			t.Fatalf("EnqueueMany: %v", err)
+		}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for done.Load() < groups*per {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of %d tasks processed after 60s", done.Load(), groups*per)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for i := range groups {
+		if p := peak[i].Load(); p > limit {
+			t.Fatalf("group tenant-%d ran %d tasks at once under GroupConcurrency %d", i, p, limit)
+		}
+	}
+}

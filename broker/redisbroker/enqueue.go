@@ -18,9 +18,11 @@ import (
 
 // item is one task of an Enqueue with what routing it needs.
 type item struct {
-	t   *tidetype.TaskInfo
-	lay layout
-	own bool // the broker chose the ID (and may draw again on a proven collision)
+	t       *tidetype.TaskInfo
+	lay     layout
+	own     bool // the broker chose the ID (and may draw again on a proven collision)
+	replace bool // EnqueueOptions.Replace, for a task with its own ID
+	watch   bool // EnqueueOptions.Watch
 }
 
 // maxRedraws bounds how often a broker-chosen ID that met another task is
@@ -43,6 +45,14 @@ func validTask(t *tidetype.TaskInfo) error {
 		return fmt.Errorf("%w: payload of %d bytes is too large", broker.ErrInvalidTask, len(t.Payload))
 	case t.State != tidetype.StatePending && t.State != tidetype.StateScheduled:
 		return fmt.Errorf("%w: cannot enqueue a task in state %s", broker.ErrInvalidTask, t.State)
+	}
+	if t.Group != "" {
+		if err := broker.CheckGroup(t.Group); err != nil {
+			return err
+		}
+		if t.ID != "" {
+			return broker.CheckGroupID(t.ID, t.Group)
+		}
 	}
 	return nil
 }
@@ -71,7 +81,7 @@ func (b *Broker) Enqueue(ctx context.Context, tasks []*tidetype.TaskInfo, opts b
 		if err != nil {
 			return nil, err
 		}
-		it := item{t: t, lay: l, own: t.ID == ""}
+		it := item{t: t, lay: l, own: t.ID == "", replace: opts.Replace && t.ID != "", watch: opts.Watch}
 		switch {
 		case t.UniqueKey != "" && !it.own && broker.Partition(t.ID, l.cur.n) != broker.Partition(t.UniqueKey, l.cur.n):
 			// The task and its lock must share a partition (one script
@@ -111,11 +121,17 @@ func (b *Broker) Enqueue(ctx context.Context, tasks []*tidetype.TaskInfo, opts b
 	return errs, nil
 }
 
-// drawID returns a new ID for t. A unique task's ID is drawn so that the
+// drawID returns a new ID for t. A grouped task's ID carries the group as
+// its hash tag. A unique task's ID is drawn so that the
 // task lands in its lock's partition, where one script sees both; else a
 // task with an idempotency key lands in the key's partition, so that a
 // repeated request is looked up where the first one was stored.
 func (b *Broker) drawID(t *tidetype.TaskInfo, l layout) string {
+	if t.Group != "" {
+		// The group's tag keeps the task with its group, whatever the
+		// partition count (the client tagged its unique key alike).
+		return b.newID() + "{" + t.Group + "}"
+	}
 	id := b.newID()
 	key := t.UniqueKey
 	if key == "" {
@@ -335,8 +351,8 @@ func (b *Broker) enqueueCall(p part, items []item, idx []int) *call {
 	rid, cache, exp := b.request(p)
 	w := b.idemWindow.Milliseconds()
 	n := b.Now().UnixMilli() / w
-	args := make([]any, 0, 6+7*len(idx))
-	args = append(args, p.layout, rid, exp, p.channel, p.idx, (n+2)*w)
+	args := make([]any, 0, 7+8*len(idx))
+	args = append(args, p.layout, rid, exp, p.channel, p.idx, (n+2)*w, b.Now().Add(waitRegistration).UnixMilli())
 	for _, i := range idx {
 		t := items[i].t
 		kind := "p"
@@ -345,15 +361,23 @@ func (b *Broker) enqueueCall(p part, items []item, idx []int) *call {
 		}
 		if items[i].own {
 			kind = strings.ToUpper(kind)
+		} else if items[i].replace {
+			kind += "r"
 		}
-		args = append(args, t.ID, codec.Encode(t, 0), kind, t.NextProcessAt.UnixMilli(), t.UniqueKey, t.UniqueTTL.Milliseconds(), t.IdempotencyKey)
+		if items[i].watch {
+			kind += "w"
+		}
+		args = append(args, t.ID, codec.Encode(t, 0), kind, t.NextProcessAt.UnixMilli(), t.UniqueKey, t.UniqueTTL.Milliseconds(), t.IdempotencyKey, t.Group)
 	}
+	keys := append(p.keys("t", "pending", "scheduled", "retry", "u", "meta"), cache,
+		p.k("ik:"+strconv.FormatInt(n, 10)), p.k("ik:"+strconv.FormatInt(n-1, 10)))
+	keys = append(append(keys, p.keys("active", "archived", "completed", "result", "h")...), p.groupKeys()...)
+	keys = append(keys, p.k("wt"))
 	return &call{
 		script: b.s.enqueue,
-		keys: append(p.keys("t", "pending", "scheduled", "retry", "u", "meta"), cache,
-			p.k("ik:"+strconv.FormatInt(n, 10)), p.k("ik:"+strconv.FormatInt(n-1, 10))),
-		args:  args,
-		queue: p.queue,
+		keys:   keys,
+		args:   args,
+		queue:  p.queue,
 	}
 }
 

@@ -37,7 +37,7 @@ func (b *Broker) Dequeue(ctx context.Context, queues []string, n int, lease time
 			rid, cache, exp := b.request(p)
 			c := &call{
 				script: b.s.dequeue,
-				keys:   append(p.keys("t", "pending", "active", "paused", "archived", "result", "scheduled", "retry", "seq", "meta"), cache, p.k("lim"), p.k("starts")),
+				keys:   append(append(p.keys("t", "pending", "active", "paused", "archived", "result", "scheduled", "retry", "seq", "meta"), cache, p.k("lim"), p.k("starts")), p.groupKeys()...),
 				args:   []any{p.layout, rid, exp, n - len(out), lease.Milliseconds(), p.channel, p.idx},
 				queue:  q,
 			}
@@ -200,8 +200,8 @@ func (b *Broker) Settle(ctx context.Context, ss []broker.Settlement) ([]error, e
 
 func (b *Broker) settleCall(p part, ss []broker.Settlement, idx []int) *call {
 	rid, cache, exp := b.request(p)
-	args := make([]any, 0, 9+8*len(idx))
-	args = append(args, p.layout, rid, exp, p.channel, p.idx, b.today(), b.maxArchived, b.archiveTTL.Milliseconds(), b.minute())
+	args := make([]any, 0, 10+9*len(idx))
+	args = append(args, p.layout, rid, exp, p.channel, p.idx, b.today(), b.maxArchived, b.archiveTTL.Milliseconds(), b.minute(), b.doneChannel(p.queue))
 	for _, i := range idx {
 		s := ss[i]
 		at := s.At
@@ -223,7 +223,11 @@ func (b *Broker) settleCall(p part, ss []broker.Settlement, idx []int) *call {
 		case broker.SettleArchive:
 			args = append(args, "a", id, tok, "", at.UnixMilli(), s.Err)
 		case broker.SettleDefer:
-			args = append(args, "w", id, tok, s.RetryAt.UnixMilli(), at.UnixMilli(), s.Err)
+			op := "w"
+			if s.Throttle {
+				op = "t"
+			}
+			args = append(args, op, id, tok, s.RetryAt.UnixMilli(), at.UnixMilli(), s.Err)
 		default: // broker.SettleRequeue (Settle checked the kinds)
 			args = append(args, "q", id, tok, "", "", "")
 		}
@@ -231,11 +235,15 @@ func (b *Broker) settleCall(p part, ss []broker.Settlement, idx []int) *call {
 		if !s.Started.IsZero() {
 			started = s.Started.UnixMilli()
 		}
-		args = append(args, started, s.Server)
+		group := "?" // unknown: the script looks it up
+		if s.Task != nil {
+			group = s.Task.Group
+		}
+		args = append(args, started, s.Server, group)
 	}
 	return &call{
 		script: b.s.settle,
-		keys:   append(p.keys("t", "active", "pending", "retry", "archived", "completed", "result", "scheduled", "u", "stat", "meta"), cache, p.k("h"), p.k("m"), p.k("lim")),
+		keys:   append(append(p.keys("t", "active", "pending", "retry", "archived", "completed", "result", "scheduled", "u", "stat", "meta"), cache, p.k("h"), p.k("m"), p.k("lim")), append(p.groupKeys(), p.endKeys()...)...),
 		args:   args,
 		queue:  p.queue,
 	}

@@ -15,7 +15,9 @@ import (
 )
 
 // limitsKey is the hash of every queue's limits as set: queue ->
-// "<version>:<concurrency>:<rate>:<per ms>".
+// "<version>:<concurrency>:<rate>:<per ms>:<group concurrency>:<group
+// rate>:<group per ms>:<ordered 0|1>" (records written before groups have
+// the first four fields only).
 func (b *Broker) limitsKey() string { return b.prefix + ":limits" }
 
 // SetQueueLimits implements broker.Admin: it records the limits with a new
@@ -36,7 +38,11 @@ func (b *Broker) SetQueueLimits(ctx context.Context, queue string, l tidetype.Qu
 	if err := broker.CheckLimitsFit(queue, l, lay.cur.n); err != nil {
 		return err
 	}
-	enc := fmt.Sprintf("%d:%d:%d", l.Concurrency, l.Rate.Limit, l.Rate.Per.Milliseconds())
+	ord := 0
+	if l.Ordered {
+		ord = 1
+	}
+	enc := fmt.Sprintf("%d:%d:%d:%d:%d:%d:%d", l.Concurrency, l.Rate.Limit, l.Rate.Per.Milliseconds(), l.GroupConcurrency, l.GroupRate.Limit, l.GroupRate.Per.Milliseconds(), ord)
 	v, err := b.s.limits.Run(ctx, b.rdb, []string{b.limitsKey()}, queue, enc).Int64()
 	if err != nil {
 		return callErr("set limits of "+queue, classify(err))
@@ -79,17 +85,38 @@ func (b *Broker) readLimits(ctx context.Context, queue string) (v int64, l tidet
 			break
 		}
 	}
-	if len(f) != 4 || err != nil {
-		return 0, l, false, fmt.Errorf("tide: redisbroker: limits of queue %q recorded as %q, which is not <version>:<concurrency>:<rate>:<per ms>", queue, s)
+	if len(f) != 4 && len(f) != 8 || err != nil {
+		return 0, l, false, fmt.Errorf("tide: redisbroker: limits of queue %q recorded as %q, which is not <version>:<concurrency>:<rate>:<per ms>[:<group concurrency>:<group rate>:<group per ms>:<ordered>]", queue, s)
 	}
 	l = tidetype.QueueLimits{Concurrency: int(nums[1]), Rate: tidetype.Rate{Limit: int(nums[2]), Per: time.Duration(nums[3]) * time.Millisecond}}
+	if len(f) == 8 {
+		l.GroupConcurrency = int(nums[4])
+		l.GroupRate = tidetype.Rate{Limit: int(nums[5]), Per: time.Duration(nums[6]) * time.Millisecond}
+		l.Ordered = nums[7] == 1
+	}
+	if err := broker.CheckQueueLimits(l); err != nil {
+		return 0, tidetype.QueueLimits{}, false, fmt.Errorf("tide: redisbroker: limits of queue %q recorded as %q: %w", queue, s, err)
+	}
 	return nums[0], l, true, nil
 }
 
+// groupLimits encodes l's group limits as share.lua reads them; hold
+// stops grouped tasks from starting (see applyLimits).
+func groupLimits(l tidetype.QueueLimits, hold bool) string {
+	b := func(v bool) int {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	return fmt.Sprintf("%d:%d:%d:%d:%d", l.GroupConcurrency, l.GroupRate.Limit, l.GroupRate.Per.Milliseconds(), b(l.Ordered), b(hold))
+}
+
 // shareCall sets partition p's shares from limits version v: concurrency
-// share c and rate share r per per (a negative share means no limit), with
-// seeds (member, start ms pairs) added to its starts.
-func (b *Broker) shareCall(p part, v int64, c, r int, per time.Duration, seeds []any) *call {
+// share c and rate share r per per (a negative share means no limit), the
+// group limits g (groupLimits), with seeds (member, start ms pairs) added
+// to its starts.
+func (b *Broker) shareCall(p part, v int64, c, r int, per time.Duration, g string, seeds []any) *call {
 	num := func(n int) string {
 		if n < 0 {
 			return ""
@@ -98,8 +125,8 @@ func (b *Broker) shareCall(p part, v int64, c, r int, per time.Duration, seeds [
 	}
 	return &call{
 		script: b.s.share,
-		keys:   p.keys("lim", "pending", "active", "meta", "starts"),
-		args:   append([]any{p.layout, v, num(c), p.channel, p.idx, num(r), per.Milliseconds()}, seeds...),
+		keys:   p.keys("lim", "pending", "active", "meta", "starts", "gr", "gs", "gw", "gq"),
+		args:   append([]any{p.layout, v, num(c), p.channel, p.idx, num(r), per.Milliseconds(), g}, seeds...),
 		queue:  p.queue,
 	}
 }
@@ -128,7 +155,7 @@ func (b *Broker) applyLimits(ctx context.Context, queue string, l layout, v int6
 			if c >= 0 || r >= 0 {
 				oc = 0
 			}
-			calls[i] = b.shareCall(b.partAt(queue, l, l.cur.n+i), v, oc, -1, 0, nil)
+			calls[i] = b.shareCall(b.partAt(queue, l, l.cur.n+i), v, oc, -1, 0, groupLimits(lim, true), nil)
 		}
 		if err := b.runAll(ctx, "set limits of "+queue, calls); err != nil {
 			return err
@@ -171,7 +198,7 @@ func (b *Broker) applyLimits(ctx context.Context, queue string, l layout, v int6
 		if seeds != nil {
 			seed = seeds[i]
 		}
-		calls[i] = b.shareCall(b.partAt(queue, l, i), v, cs, rs, lim.Rate.Per, seed)
+		calls[i] = b.shareCall(b.partAt(queue, l, i), v, cs, rs, lim.Rate.Per, groupLimits(lim, l.old != nil && lim.Grouped()), seed)
 	}
 	return b.runAll(ctx, "set limits of "+queue, calls)
 }
@@ -203,7 +230,9 @@ func (b *Broker) forgetLimits(ctx context.Context, queue string, l layout) error
 	pipe.HDel(ctx, b.limitsKey(), queue)
 	for i := range l.total() {
 		p := b.partAt(queue, l, i)
-		pipe.Del(ctx, p.k("lim"), p.k("starts"))
+		// With the limits go the group keys (groups.lua): an empty
+		// partition's groups hold only counters.
+		pipe.Del(ctx, append([]string{p.k("lim"), p.k("starts")}, p.groupKeys()...)...)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return callErr("delete queue "+queue, classify(err))

@@ -26,6 +26,11 @@
 //	<prefix>:{<queue>:<p>}:owner      the server maintaining the partition
 //	<prefix>:{<queue>:<p>}:lim        hash: the partition's shares of the queue's limits (see share.lua)
 //	<prefix>:{<queue>:<p>}:starts     zset: token -> start time (ms) of the tasks started in the last rate period
+//	<prefix>:{<queue>:<p>}:gq, gr, gw, gs, gid, gl
+//	                                  grouped tasks: ready tasks by group, the rotation, held-back groups,
+//	                                  group state, task -> group, rate windows (see groups.lua)
+//	<prefix>:{<queue>:<p>}:pg         hash: task ID -> progress "<percent>:<ms>:<note>"
+//	<prefix>:{<queue>:<p>}:wt, oc, ocx  tasks someone waits for, how they ended, when that is forgotten
 //	<prefix>:queues                   set of known queue names
 //	<prefix>:partitions               hash: queue -> partition count
 //	<prefix>:limits                   hash: queue -> "<version>:<concurrency>:<rate>:<per ms>" (Admin.SetQueueLimits)
@@ -81,6 +86,17 @@
 // the old ones' recent starts against their rate shares. A repartition
 // stopped halfway therefore leaves the old partitions' tasks waiting until
 // it is resumed.
+//
+// # Groups
+//
+// A grouped task's ID carries its group as a hash tag ("<random>{<group>}";
+// an ID the caller chose must carry it too), so all tasks of a group live in
+// partition broker.Partition(group, P) whatever P is. That partition keeps
+// its groups' ready tasks in enqueue order and a rotation of the groups that
+// may run; the dequeue script serves the rotation one task per group per
+// turn and checks the group limits (which are not split: a group is in one
+// partition) in the same step. A partition without grouped tasks takes the
+// plain path: one EXISTS more than before.
 //
 // When a settlement gives room back to a partition that was full and has
 // tasks waiting, the script publishes a pending event, so idle servers look
@@ -269,6 +285,7 @@ type Broker struct {
 
 	batch     batcher
 	closed    atomic.Bool
+	waits     waitHub // Wait's subscriptions
 	subsMu    sync.Mutex
 	subs      map[int]func() // open subscriptions, ended by Close
 	subSeq    int
@@ -365,6 +382,14 @@ func (b *Broker) channel(queue string) string { return b.prefix + ":ev:" + queue
 
 // k names one key of the partition.
 func (p part) k(name string) string { return p.base + name }
+
+// groupKeys names the partition's keys for grouped tasks, in the order of
+// groups.lua's g_keys.
+func (p part) groupKeys() []string { return p.keys("gq", "gr", "gw", "gs", "gid", "gl") }
+
+// endKeys names the partition's progress hash and the waiter keys, in the
+// order the scripts that end tasks take them (lib.lua's w_keys).
+func (p part) endKeys() []string { return p.keys("pg", "wt", "oc", "ocx") }
 
 // keys names several keys of the partition.
 func (p part) keys(names ...string) []string {

@@ -220,7 +220,7 @@ func (b *Broker) casLayout(ctx context.Context, queue, old, new string) error {
 }
 
 func (b *Broker) moveKeys(p part) []string {
-	return p.keys("t", "pending", "scheduled", "retry", "archived", "completed", "result", "active", "u", "moving", "reserved", "meta", "stat", "seq", "owner", "paused", "h", "m")
+	return append(p.keys("t", "pending", "scheduled", "retry", "archived", "completed", "result", "active", "u", "moving", "reserved", "meta", "stat", "seq", "owner", "paused", "h", "m"), append(p.groupKeys(), p.endKeys()...)...)
 }
 
 // moveCall runs one op of move.lua on partition p.
@@ -231,6 +231,7 @@ func (b *Broker) moveCall(ctx context.Context, p part, op string, args ...any) *
 // moved is a task taken out of an old partition.
 type moved struct {
 	id, rec, result, hist string
+	group                 string // as move.lua's take returns it
 	state                 int64
 	score                 float64
 }
@@ -358,14 +359,14 @@ func (b *Broker) reserveAndTake(ctx context.Context, l layout, o part, peek []an
 }
 
 // parseTaken reads what take and moving return: per task id, status,
-// record, state, score, result, history; only the taken ones ("ok") are
-// returned.
+// record, state, score, result, history, group; only the taken ones ("ok")
+// are returned.
 func parseTaken(res []any) ([]moved, error) {
-	if len(res)%7 != 0 {
+	if len(res)%8 != 0 {
 		return nil, fmt.Errorf("tide: redisbroker: repartition: %d values for taken tasks", len(res))
 	}
 	var out []moved
-	for i := 0; i < len(res); i += 7 {
+	for i := 0; i < len(res); i += 8 {
 		if st, _ := res[i+1].(string); st != "ok" {
 			continue
 		}
@@ -375,6 +376,7 @@ func parseTaken(res []any) ([]moved, error) {
 		m.state, _ = res[i+3].(int64)
 		m.result, _ = res[i+5].(string)
 		m.hist, _ = res[i+6].(string)
+		m.group, _ = res[i+7].(string)
 		switch v := res[i+4].(type) {
 		case int64:
 			m.score = float64(v)
@@ -391,7 +393,7 @@ func (b *Broker) place(ctx context.Context, l layout, o part, ms []moved) error 
 	byPart := map[part][]any{}
 	for _, m := range ms {
 		p := b.partOf(o.queue, l, m.id)
-		byPart[p] = append(byPart[p], m.id, m.rec, m.state, int64(m.score), m.result, m.hist)
+		byPart[p] = append(byPart[p], m.id, m.rec, m.state, int64(m.score), m.result, m.hist, m.group)
 	}
 	pipe := b.rdb.Pipeline()
 	for p, args := range byPart {

@@ -10,13 +10,14 @@ import (
 //go:embed scripts/*.lua
 var scriptFS embed.FS
 
-// scripts holds every state-changing script, each prefixed with lib.lua.
+// scripts holds every state-changing script, each prefixed with the helpers
+// of lib.lua and groups.lua it uses.
 type scripts struct {
-	enqueue, dequeue, extend, settle, setResult, remove, maintain, admin, move, registry, drop, limits, share *redis.Script
+	enqueue, dequeue, extend, settle, setResult, remove, maintain, admin, move, registry, drop, limits, share, wait, progress *redis.Script
 }
 
 func loadScripts() *scripts {
-	lib := parseLib(mustRead("lib.lua"))
+	lib := parseLib(mustRead("groups.lua") + "\n" + mustRead("lib.lua"))
 	s := func(name string) *redis.Script {
 		body := mustRead(name)
 		return redis.NewScript(lib.prelude(body) + body)
@@ -35,6 +36,8 @@ func loadScripts() *scripts {
 		drop:      s("drop.lua"),
 		limits:    s("limits.lua"),
 		share:     s("share.lua"),
+		wait:      s("wait.lua"),
+		progress:  s("progress.lua"),
 	}
 }
 

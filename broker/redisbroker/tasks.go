@@ -42,6 +42,7 @@ func (b *Broker) getTask(ctx context.Context, queue, id string) (*tidetype.TaskI
 		result := pipe.HGet(ctx, p.k("result"), id)
 		hist := pipe.HGet(ctx, p.k("h"), id)
 		lease := pipe.ZScore(ctx, p.k("active"), id)
+		progress := pipe.HGet(ctx, p.k("pg"), id)
 		_, _ = pipe.Exec(ctx)
 		if err := meta.Err(); err != nil && !errors.Is(err, redis.Nil) {
 			return nil, false, callErr("get task", classify(err))
@@ -59,6 +60,9 @@ func (b *Broker) getTask(ctx context.Context, queue, id string) (*tidetype.TaskI
 		t, err := codec.DecodeHeader(queue, id, raw)
 		if err != nil {
 			return nil, false, fmt.Errorf("tide: redisbroker: task %s/%s: %w", queue, id, err)
+		}
+		if pr, ok := decodeProgress(progress.Val()); ok {
+			t.Progress = pr
 		}
 		if r, err := result.Bytes(); err == nil {
 			t.Result = r
@@ -95,8 +99,8 @@ func (b *Broker) remove(ctx context.Context, queue, id, op string) (string, erro
 		rid, cache, exp := b.request(p)
 		c := &call{
 			script: b.s.remove,
-			keys:   append(p.keys("t", "pending", "scheduled", "retry", "archived", "completed", "result", "active", "u", "meta"), cache, p.k("moving"), p.k("h")),
-			args:   []any{p.layout, rid, exp, id, op, p.channel},
+			keys:   append(append(p.keys("t", "pending", "scheduled", "retry", "archived", "completed", "result", "active", "u", "meta"), cache, p.k("moving"), p.k("h")), append(p.groupKeys(), p.endKeys()...)...),
+			args:   []any{p.layout, rid, exp, id, op, p.channel, b.doneChannel(queue)},
 			queue:  queue,
 		}
 		b.run(ctx, []*call{c})

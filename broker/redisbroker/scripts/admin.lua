@@ -3,10 +3,13 @@
 -- KEYS[4] retry zset    KEYS[5] archived zset KEYS[6] completed zset
 -- KEYS[7] results hash  KEYS[8] active zset   KEYS[9] unique locks hash
 -- KEYS[10] layout meta  KEYS[11] reply cache KEYS[12] attempt histories hash
+-- KEYS[13..18] group keys (groups.lua)  KEYS[19] progress hash
+-- KEYS[20..22] waiter keys (w_keys in lib.lua)
 -- ARGV[1] layout  ARGV[2] request ID ('' for bulk ops)  ARGV[3] reply cache expiry (ms)
 -- ARGV[4] op: 'run' | 'archive' (one task) or 'runall' | 'archiveall' | 'deleteall'
 -- ARGV[5] task ID (one task) or state number (bulk)
 -- ARGV[6] limit (bulk)  ARGV[7] event channel  ARGV[8] partition
+-- ARGV[9] done channel: archived and deleted tasks tell their waiters
 -- Returns, for one task: 1 done, 0 not found, -state when the task's state
 -- does not allow the action, -98 while a repartition moves it, -99 when its
 -- record is unreadable (answered from the reply cache when run again);
@@ -14,28 +17,43 @@
 -- until 0).
 -- 'run' makes a scheduled, retry or archived task pending at the front;
 -- 'archive' archives a pending, scheduled or retry task (its unique lock is
--- released); 'deleteall' deletes tasks that are not active.
+-- released); 'deleteall' deletes tasks that are not active. A grouped task
+-- made pending joins its group's ready tasks; the bulk operations on
+-- pending tasks take the ungrouped ones first, then the grouped ones.
 local bad = layout_error(KEYS[10], ARGV[1])
 if bad then return bad end
 local cached = req_get(KEYS[11], ARGV[2], tonumber(ARGV[3]))
 if cached then return tonumber(cached) end
 local op, now = ARGV[4], redis_now()
 local was_empty = redis.call('LLEN', KEYS[2]) == 0
+local G = g_keys(13)
+local W = w_keys(20)
+local woke = false
 
 local function run(id, rec, st)
   redis.call('ZREM', zset_of(st, KEYS), id)
   redis.call('HSET', KEYS[1], id, rec_patch(rec, 1, nil, nil, now, nil, nil))
-  redis.call('RPUSH', KEYS[2], id)
+  local g, seq = g_of(G, id)
+  if g then
+    g_ready(G, g, seq, id)
+    woke = true
+  else
+    redis.call('RPUSH', KEYS[2], id)
+  end
 end
 
 -- archive moves a task to the archive; in_list says the caller removes a
 -- pending task from the list itself.
 local function archive(id, rec, st, in_list)
+  local g, seq = g_of(G, id)
   if st ~= 1 then redis.call('ZREM', zset_of(st, KEYS), id)
+  elseif g then g_unready(G, g, seq, id)
   elseif not in_list then redis.call('LREM', KEYS[2], 1, id) end
+  if g and g_release(G, g, id, false, true) then woke = true end
   release_uniq(rec, KEYS[9], id)
   redis.call('HSET', KEYS[1], id, rec_patch(rec, 5, nil, nil, nil, now, nil))
   redis.call('ZADD', KEYS[5], now, id)
+  w_ended(W, id, 'a' .. string.format('%d', now), now, ARGV[9])
 end
 
 local function remove(id, rec)
@@ -43,10 +61,13 @@ local function remove(id, rec)
   redis.call('HDEL', KEYS[1], id)
   redis.call('HDEL', KEYS[7], id)
   redis.call('HDEL', KEYS[12], id)
+  redis.call('HDEL', KEYS[19], id)
+  g_forget(G, id)
+  w_ended(W, id, 'x', now, ARGV[9])
 end
 
 local function done(n)
-  if was_empty and redis.call('LLEN', KEYS[2]) > 0 then
+  if woke or (was_empty and redis.call('LLEN', KEYS[2]) > 0) then
     redis.call('PUBLISH', ARGV[7], 'p' .. ARGV[8])
   end
   return n
@@ -85,6 +106,15 @@ if st == 1 then
   else
     redis.call('LTRIM', KEYS[2], 0, len - #ids - 1)
   end
+  if #ids < limit then
+    -- then grouped ones: taken out of their groups here, so in_list below
+    for _, m in ipairs(redis.call('ZRANGE', G.q, 0, limit - #ids - 1)) do
+      local sep = string.find(m, '\0', 1, true)
+      local g, id = string.sub(m, 1, sep - 1), string.sub(m, sep + 9)
+      g_unready(G, g, string.sub(m, sep + 1, sep + 8), id)
+      ids[#ids + 1] = id
+    end
+  end
   local n = 0
   for _, id in ipairs(ids) do
     local rec = redis.call('HGET', KEYS[1], id)
@@ -99,7 +129,7 @@ if st == 1 then
     end
     n = n + 1
   end
-  return n
+  return done(n)
 else
   local z = zset_of(st, KEYS)
   if not z then return 0 end

@@ -3,7 +3,7 @@
 -- KEYS[4] paused flag   KEYS[5] archived zset KEYS[6] results hash
 -- KEYS[7] scheduled zset KEYS[8] retry zset  KEYS[9] token sequence
 -- KEYS[10] layout meta  KEYS[11] reply cache  KEYS[12] limits hash (see share.lua)
--- KEYS[13] starts zset (token -> start ms)
+-- KEYS[13] starts zset (token -> start ms)  KEYS[14..19] group keys (groups.lua)
 -- ARGV[1] layout  ARGV[2] request ID  ARGV[3] reply cache expiry (ms)
 -- ARGV[4] n  ARGV[5] lease ms  ARGV[6] event channel  ARGV[7] partition
 -- Returns a flat array id1, record1, id2, record2, ... of the leased tasks with
@@ -22,6 +22,15 @@
 -- r minus the tasks it started in the last per ms (the starts zset, a sliding
 -- window), and records each start; when that leaves no room while tasks wait,
 -- it announces once when room opens again ("p<partition>:<ms>" event).
+-- When the partition holds grouped tasks, due scheduled and retry tasks are
+-- not leased directly but made ready by Maintain (grouped ones join their
+-- group), and the groups with ready tasks are served round-robin, one task per turn, the ungrouped tasks
+-- taking turns as one more group; a group is skipped, and leaves the
+-- rotation, while it runs its concurrency limit's worth of tasks, while an
+-- earlier task of an ordered group has not finished, while it is throttled
+-- and while it is over its rate (these two return it at a time, announced
+-- with a "p<partition>:<ms>" event). While a repartition runs, a queue with
+-- group limits starts no grouped task (field gh of the limits hash).
 local bad = layout_error(KEYS[10], ARGV[1])
 if bad then return bad end
 local cached = req_get(KEYS[11], ARGV[2], tonumber(ARGV[3]))
@@ -39,7 +48,7 @@ if cached then
 end
 if redis.call('EXISTS', KEYS[4]) == 1 then return {} end
 local n = tonumber(ARGV[4])
-local lim = redis.call('HMGET', KEYS[12], 'c', 'r', 'per')
+local lim = redis.call('HMGET', KEYS[12], 'c', 'r', 'per', 'gc', 'gr', 'gper', 'ord', 'gh')
 if lim[1] then
   local room = tonumber(lim[1]) - redis.call('ZCARD', KEYS[3])
   if room <= 0 then return {} end
@@ -54,7 +63,7 @@ if lim[2] then
   if room <= 0 then
     local first = redis.call('ZRANGE', KEYS[13], 0, 0, 'WITHSCORES')
     local at = string.format('%d', (tonumber(first[2]) or now) + per)
-    if redis.call('LLEN', KEYS[2]) > 0 and redis.call('HGET', KEYS[12], 'w') ~= at then
+    if (redis.call('LLEN', KEYS[2]) > 0 or redis.call('EXISTS', KEYS[14]) == 1) and redis.call('HGET', KEYS[12], 'w') ~= at then
       redis.call('HSET', KEYS[12], 'w', at)
       redis.call('PUBLISH', ARGV[6], 'p' .. ARGV[7] .. ':' .. at)
     end
@@ -62,15 +71,108 @@ if lim[2] then
   end
   if room < n then n = room end
 end
-local ids = redis.call('RPOP', KEYS[2], n) or {}
-if #ids < n then
-  for _, z in ipairs({KEYS[7], KEYS[8]}) do
-    local want = n - #ids
-    if want <= 0 then break end
-    local due = redis.call('ZRANGEBYSCORE', z, '-inf', now, 'LIMIT', 0, want)
-    if #due > 0 then
-      redis.call('ZREM', z, unpack(due))
-      for _, id in ipairs(due) do ids[#ids + 1] = id end
+local G = g_keys(14)
+local ids = {}
+local taken = {} -- grouped ID -> its group, for those taken from their group
+if redis.call('EXISTS', G.id) == 0 then
+  ids = redis.call('RPOP', KEYS[2], n) or {}
+  if #ids < n then
+    for _, z in ipairs({KEYS[7], KEYS[8]}) do
+      local want = n - #ids
+      if want <= 0 then break end
+      local due = redis.call('ZRANGEBYSCORE', z, '-inf', now, 'LIMIT', 0, want)
+      if #due > 0 then
+        redis.call('ZREM', z, unpack(due))
+        for _, id in ipairs(due) do ids[#ids + 1] = id end
+      end
+    end
+  end
+else
+  -- Grouped: serve the rotation. Due scheduled and retry tasks are made
+  -- ready by the partition's maintainer (which a due time wakes), so that
+  -- each call here costs a few commands only.
+  for _, g in ipairs(redis.call('ZRANGEBYSCORE', G.w, '-inf', now)) do
+    redis.call('ZREM', G.w, g)
+    redis.call('HDEL', G.s, 't:' .. g) -- a throttle that ended
+    redis.call('ZADD', G.r, 'NX', g_turn(G), g) -- left again when it has nothing ready
+  end
+  local gc, grl, gper, ord, hold = tonumber(lim[4]), tonumber(lim[5]), tonumber(lim[6]), lim[7] == '1', lim[8] == '1'
+  local st = redis.call('HMGET', G.s, 'turn', 'u')
+  local turn, uturn = tonumber(st[1] or '0'), tonumber(st[2] or '0')
+  local ungrouped = redis.call('LLEN', KEYS[2])
+  local wake = nil
+  local tries = 0
+  -- The rotation's head, read a batch at a time: served groups go to its
+  -- back, so they come round again only after the batch.
+  local heads, hi = {}, 1
+  while #ids < n and tries < 4 * n + 32 do
+    tries = tries + 1
+    if hi > #heads and not hold then
+      heads, hi = redis.call('ZRANGE', G.r, 0, n - #ids, 'WITHSCORES'), 1
+    end
+    local g, gturn = heads[hi], tonumber(heads[hi + 1])
+    if ungrouped > 0 and (not g or uturn <= gturn) then
+      local id = redis.call('RPOP', KEYS[2])
+      ungrouped = ungrouped - 1
+      if id then
+        ids[#ids + 1] = id
+        turn = turn + 1
+        uturn = turn
+      end
+    elseif g then
+      hi = hi + 2
+      -- Count the task as running before looking (one call when it is
+      -- taken, as it mostly is); undone when the group cannot start one.
+      -- A throttled group is never here: it waits in w.
+      local holder = ord and redis.call('HGET', G.s, 'h:' .. g)
+      local active = redis.call('HINCRBY', G.s, 'a:' .. g, 1)
+      local first, id, more = nil, nil, false
+      if not gc or active <= gc then
+        local next = g_next(G, g, 2)
+        first, more = next[1], next[2] ~= nil
+        id = first and string.sub(first, #g + 10)
+      end
+      if first and holder and holder ~= id then
+        -- The task holding the sequence's place goes first when it is
+        -- ready again (back from retry), even behind an earlier task that
+        -- became due meanwhile.
+        local _, hseq = g_of(G, holder)
+        local m = hseq and (g .. '\0' .. hseq .. holder)
+        if m and redis.call('ZSCORE', G.q, m) then first, id, more = m, holder, true end
+      end
+      local log, started = '', 0
+      if grl and first then log, started = g_rate(G, g, gper, now) end
+      if not first or (holder and holder ~= id) or (grl and started >= grl) then
+        -- Nothing ready, or at its concurrency limit, or an earlier task of
+        -- the sequence runs or waits to be retried: back in the rotation
+        -- when a task becomes ready or one of its tasks settles. Over its
+        -- rate: back at the time a start leaves the window.
+        if redis.call('HINCRBY', G.s, 'a:' .. g, -1) <= 0 then redis.call('HDEL', G.s, 'a:' .. g) end
+        redis.call('ZREM', G.r, g)
+        if first and grl and started >= grl then
+          local at = struct.unpack('>I6', log, 1) + gper
+          redis.call('ZADD', G.w, at, g)
+          if not wake or at < wake then wake = at end
+        end
+      else
+        redis.call('ZREM', G.q, first)
+        if ord then redis.call('HSET', G.s, 'h:' .. g, id) end
+        if grl then redis.call('HSET', G.l, g, log .. struct.pack('>I6', now)) end
+        turn = turn + 1
+        if more then redis.call('ZADD', G.r, turn, g) else redis.call('ZREM', G.r, g) end
+        ids[#ids + 1] = id
+        taken[id] = g
+      end
+    else
+      break
+    end
+  end
+  redis.call('HSET', G.s, 'turn', string.format('%d', turn), 'u', string.format('%d', uturn))
+  if wake then
+    local at = string.format('%d', wake)
+    if redis.call('HGET', KEYS[12], 'gw') ~= at then
+      redis.call('HSET', KEYS[12], 'gw', at)
+      redis.call('PUBLISH', ARGV[6], 'p' .. ARGV[7] .. ':' .. at)
     end
   end
 end
@@ -89,10 +191,17 @@ for _, id in ipairs(ids) do
     leased[#leased + 1] = id
     leased[#leased + 1] = tok
     tok = tok + 1
-  elseif rec then
-    redis.call('HSET', KEYS[6], id, rec)
-    redis.call('HSET', KEYS[1], id, rec_corrupt(now, 'tide: undecodable task record (' .. #rec .. ' bytes, bad header); original bytes kept as the result'))
-    redis.call('ZADD', KEYS[5], now, id)
+  else
+    if rec then
+      redis.call('HSET', KEYS[6], id, rec)
+      redis.call('HSET', KEYS[1], id, rec_corrupt(now, 'tide: undecodable task record (' .. #rec .. ' bytes, bad header); original bytes kept as the result'))
+      redis.call('ZADD', KEYS[5], now, id)
+    end
+    if taken[id] then
+      -- Not leased after all: the group gets its slot (and place) back.
+      g_release(G, taken[id], id, true, true)
+      if not rec then redis.call('HDEL', G.id, id) end
+    end
   end
 end
 if per and #leased > 0 then

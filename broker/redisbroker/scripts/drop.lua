@@ -3,7 +3,7 @@
 --   5 archived zset  6 completed zset  7 results hash  8 active zset
 --   9 unique locks hash  10 moving zset  11 reserved set  12 layout meta
 --   13 stats hash  14 token sequence  15 owner  16 paused flag
---   17 attempt histories hash  18 minute counters hash
+--   17 attempt histories hash  18 minute counters hash  19..28 group, progress and waiter keys
 -- ARGV[1] layout
 -- Returns the number of tasks the partition holds; 0 means it was empty and
 -- its keys are gone (a later call on it registers the queue again).
@@ -11,5 +11,5 @@ local bad = layout_error(KEYS[12], ARGV[1])
 if bad then return bad end
 local n = redis.call('HLEN', KEYS[1]) + redis.call('ZCARD', KEYS[10])
 if n > 0 then return n end
-for k = 2, 18 do redis.call('DEL', KEYS[k]) end
+for k = 2, #KEYS do redis.call('DEL', KEYS[k]) end
 return 0

@@ -3,12 +3,18 @@
 -- KEYS[4] retry zset    KEYS[5] unique locks hash  KEYS[6] layout meta
 -- KEYS[7] reply cache  KEYS[8] idempotency keys of this window
 -- KEYS[9] idempotency keys of the previous window
+-- KEYS[10] active zset  KEYS[11] archived zset  KEYS[12] completed zset
+-- KEYS[13] results hash  KEYS[14] attempt histories hash
+-- KEYS[15..20] group keys (groups.lua)  KEYS[21] waiters hash
 -- ARGV[1] layout  ARGV[2] request ID  ARGV[3] reply cache expiry (ms)
 -- ARGV[4] event channel  ARGV[5] partition
 -- ARGV[6] expiry of this window's idempotency keys (ms)
--- then 7 per task: id, record, kind, due ms, unique key ('' for none),
---   unique TTL ms, idempotency key ('' for none). kind is 'p' (pending) or
---   's' (scheduled); upper case when the broker chose the ID.
+-- ARGV[7] expiry of the waiter registered for a task with the 'w' flag (ms)
+-- then 8 per task: id, record, kind, due ms, unique key ('' for none),
+--   unique TTL ms, idempotency key ('' for none), group ('' for none). kind
+--   is 'p' (pending) or 's' (scheduled); upper case when the broker chose
+--   the ID; followed by the flags 'r' to replace a task that has the ID
+--   (Replace) and 'w' to register a waiter for it (wait.lua).
 -- Returns a string of one code per task: '0' stored, '1' ID conflict,
 -- '2' unique lock held, '3' a broker-chosen ID met another task (the broker
 -- draws again), '4' the idempotency key was used within the window: nothing
@@ -17,7 +23,11 @@
 -- the reply cache. Publishes "p<partition>" when the pending list was empty
 -- and "s<partition>:<ms>" when a new task is due before every waiting one.
 -- A pending task without a unique key costs two commands (HSETNX, LPUSH)
--- beyond the layout check and the reply cache.
+-- beyond the layout check and the reply cache. A grouped task gets its
+-- enqueue sequence and, when pending, joins its group's ready tasks. A task
+-- to replace another one takes the place of a waiting task with its ID
+-- (keeping its enqueue sequence) or of a finished one; an active one (or
+-- one a repartition moves) is an ID conflict.
 local bad = layout_error(KEYS[6], ARGV[1])
 if bad then return bad end
 local cached = req_get(KEYS[7], ARGV[2], tonumber(ARGV[3]))
@@ -27,8 +37,33 @@ local was_empty, first_due, before = false, nil, nil
 local looked = false
 local now = nil
 local hits = {}
-for i = 7, #ARGV, 7 do
-  local id, rec, kind, u, ik = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+4], ARGV[i+6]
+local G = g_keys(15)
+-- unplace takes task id, whose record is rec, out of where it waits or
+-- lies finished, for Replace; it returns false when the task is active or
+-- being moved.
+local function unplace(id, rec)
+  if not rec_ok(rec) or rec_moving(rec) then return false end
+  local st = rec_state(rec)
+  if st == 2 then return false end
+  if st == 1 then
+    local g, seq = g_of(G, id)
+    if g then g_unready(G, g, seq, id) else redis.call('LREM', KEYS[2], 1, id) end
+  else
+    local z = ({[3] = KEYS[3], [4] = KEYS[4], [5] = KEYS[11], [6] = KEYS[12]})[st]
+    if z then redis.call('ZREM', z, id) end
+  end
+  if st == 5 or st == 6 then
+    redis.call('HDEL', KEYS[13], id)
+    redis.call('HDEL', KEYS[14], id)
+  end
+  release_uniq(rec, KEYS[5], id)
+  return true
+end
+for i = 8, #ARGV, 8 do
+  local id, rec, kind, u, ik, g = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+4], ARGV[i+6], ARGV[i+7]
+  local replace = string.find(kind, 'r', 2, true) ~= nil
+  local watch = string.find(kind, 'w', 2, true) ~= nil
+  kind = string.sub(kind, 1, 1)
   local code = '0'
   local own = kind == 'P' or kind == 'S'
   local first = nil
@@ -45,18 +80,36 @@ for i = 7, #ARGV, 7 do
       else
         code = '3'
       end
+    elseif replace then
+      local cur = redis.call('HGET', KEYS[1], id)
+      if cur and unplace(id, cur) then
+        redis.call('HSET', KEYS[1], id, rec)
+        if g == '' then g_forget(G, id) end
+        code = 'R'
+      end
     end
   else
+    code = 'R'
+  end
+  if code == 'R' then
+    code = '0'
     local locked = true
     if u ~= '' then
       if not now then now = redis_now() end
       locked = uniq_take(KEYS[5], u, id, now, now + tonumber(ARGV[i+5]))
     end
+    local seq = nil
+    if locked and g ~= '' then seq = g_new(G, g, id) end
     if not locked then
       redis.call('HDEL', KEYS[1], id)
+      g_forget(G, id)
       code = '2'
     elseif kind == 'p' or kind == 'P' then
-      if redis.call('LPUSH', KEYS[2], id) == 1 then was_empty = true end
+      if seq then
+        if g_ready(G, g, seq, id) then was_empty = true end
+      elseif redis.call('LPUSH', KEYS[2], id) == 1 then
+        was_empty = true
+      end
     else
       if not looked then
         before, looked = earliest(KEYS[3], KEYS[4]), true
@@ -65,6 +118,7 @@ for i = 7, #ARGV, 7 do
       redis.call('ZADD', KEYS[3], due, id)
       if not first_due or due < first_due then first_due = due end
     end
+    if code == '0' and watch then redis.call('HSET', KEYS[21], id, ARGV[7]) end
     if code == '0' and ik ~= '' then
       redis.call('HSET', KEYS[8], ik, id)
       redis.call('PEXPIREAT', KEYS[8], tonumber(ARGV[6]))

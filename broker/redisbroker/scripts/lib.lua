@@ -161,30 +161,33 @@ local function count_day(stats, day, processed, failed)
   if failed > 0 then redis.call('HINCRBY', stats, 'f:' .. day, failed) end
 end
 
--- drop deletes the tasks ids of sorted set z with their records, results
--- and attempt histories.
-local function drop(z, ids, records, results, hist)
+-- drop deletes the tasks ids of sorted set z with their records, results,
+-- attempt histories and progress (hash pg); G (groups.lua's keys, or nil
+-- when the partition has no grouped task) loses what it keeps of them.
+local function drop(z, ids, records, results, hist, G, pg)
   for _, id in ipairs(ids) do
     redis.call('ZREM', z, id)
     redis.call('HDEL', records, id)
     redis.call('HDEL', results, id)
     redis.call('HDEL', hist, id)
+    redis.call('HDEL', pg, id)
+    if G then g_forget(G, id) end
   end
   return #ids
 end
 
 -- trim deletes up to limit completed tasks past their retention and archived
 -- tasks past the archive's age or size; it returns how many it deleted and
--- whether it stopped at the limit.
-local function trim(completed, archived, records, results, hist, now, max_archived, archive_ttl, limit)
-  local n = drop(completed, redis.call('ZRANGEBYSCORE', completed, '-inf', now, 'LIMIT', 0, limit), records, results, hist)
+-- whether it stopped at the limit. G and pg are as for drop.
+local function trim(completed, archived, records, results, hist, now, max_archived, archive_ttl, limit, G, pg)
+  local n = drop(completed, redis.call('ZRANGEBYSCORE', completed, '-inf', now, 'LIMIT', 0, limit), records, results, hist, G, pg)
   if n < limit then
-    n = n + drop(archived, redis.call('ZRANGEBYSCORE', archived, '-inf', now - archive_ttl, 'LIMIT', 0, limit - n), records, results, hist)
+    n = n + drop(archived, redis.call('ZRANGEBYSCORE', archived, '-inf', now - archive_ttl, 'LIMIT', 0, limit - n), records, results, hist, G, pg)
   end
   if n < limit then
     local excess = redis.call('ZCARD', archived) - max_archived
     if excess > 0 then
-      n = n + drop(archived, redis.call('ZRANGE', archived, 0, math.min(excess, limit - n) - 1), records, results, hist)
+      n = n + drop(archived, redis.call('ZRANGE', archived, 0, math.min(excess, limit - n) - 1), records, results, hist, G, pg)
     end
   end
   return n, n >= limit
@@ -208,6 +211,33 @@ local function hist_add(hist, id, started, ended, outcome, server, err)
   end
   if #starts >= 10 then cur = string.sub(cur, starts[#starts - 8]) end
   redis.call('HSET', hist, id, cur .. entry)
+end
+
+-- w_keys reads the block of three keys a script that ends tasks takes for
+-- the tasks someone waits for (Broker.Wait, wait.lua): w the waiters hash
+-- (task ID -> registration expiry ms), o the outcomes hash (task ID -> how
+-- it ended), x when each outcome expires (zset, ms). W is nil when no task
+-- of the partition is waited for.
+local function w_keys(i)
+  if redis.call('EXISTS', KEYS[i]) == 0 then return nil end
+  return {w = KEYS[i], o = KEYS[i + 1], x = KEYS[i + 2]}
+end
+
+-- w_ended records how task id ended when someone waits for it and tells
+-- the waiters ("f<id>" on channel): outcome is 'd<ms>' succeeded and
+-- deleted, 'c<ms>' completed, 'a<ms>' archived, 'x' deleted or cancelled.
+-- Outcomes are kept ten minutes (the oldest dropped as new ones come), for
+-- a waiter that looks after the record is gone.
+local function w_ended(W, id, outcome, now, channel)
+  if not W or not redis.call('HGET', W.w, id) then return end
+  redis.call('HDEL', W.w, id)
+  redis.call('HSET', W.o, id, outcome)
+  redis.call('ZADD', W.x, now + 600000, id)
+  for _, old in ipairs(redis.call('ZRANGEBYSCORE', W.x, '-inf', now, 'LIMIT', 0, 10)) do
+    redis.call('HDEL', W.o, old)
+    redis.call('ZREM', W.x, old)
+  end
+  redis.call('PUBLISH', channel, 'f' .. id)
 end
 
 -- count_minute adds to the partition's minute counters (field p:<minute>

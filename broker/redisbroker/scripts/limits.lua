@@ -1,6 +1,7 @@
 -- limits.lua: record a queue's limits and give them a new version.
--- KEYS[1] the limits hash (queue -> "<version>:<concurrency>:<rate>:<per ms>")
--- ARGV[1] queue  ARGV[2] "<concurrency>:<rate>:<per ms>" (0: none)
+-- KEYS[1] the limits hash (queue -> "<version>:<limits>")
+-- ARGV[1] queue  ARGV[2] "<concurrency>:<rate>:<per ms>:<group concurrency>:
+--         <group rate>:<group per ms>:<ordered 0|1>" (0: none)
 -- Returns the new version. Each partition keeps the version its shares were
 -- computed from (share.lua), so that shares computed from older limits never
 -- replace ones computed from newer limits.

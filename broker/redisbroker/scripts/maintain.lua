@@ -4,6 +4,8 @@
 -- KEYS[7] archived zset KEYS[8] completed zset KEYS[9] results hash
 -- KEYS[10] unique locks hash  KEYS[11] stats hash  KEYS[12] layout meta
 -- KEYS[13] attempt histories hash  KEYS[14] minute counters hash
+-- KEYS[15..20] group keys (groups.lua)  KEYS[21] progress hash
+-- KEYS[22..24] waiter keys (w_keys in lib.lua)
 -- ARGV[1] layout  ARGV[2] owner  ARGV[3] owner TTL ms  ARGV[4] event channel
 -- ARGV[5] partition  ARGV[6] max archived  ARGV[7] archive TTL ms
 -- ARGV[8] per-step limit  ARGV[9] today (UTC, YYYY-MM-DD)
@@ -11,6 +13,7 @@
 -- ARGV[11] back-off of a recovered task's first retry, ms (doubled per retry;
 --          0: pending at once)
 -- ARGV[12] this minute (Unix minutes): the pending count is sampled under it
+-- ARGV[13] done channel (tasks someone waits for)
 -- Returns {owned, retry-in ms, pending, forwarded, recovered, trimmed, more,
 --          next due ms or -1, next lease expiry in ms or -1}.
 -- All times are the Redis clock's. When owned it forwards scheduled and
@@ -22,7 +25,10 @@
 -- and size; and drops day counters older than 90 days. Each step handles at
 -- most ARGV[8] tasks; more = 1 says to call again at once. Releasing deletes
 -- the claim if the caller holds it and publishes "r<partition>" so that
--- another server claims the partition at once.
+-- another server claims the partition at once. A grouped task that becomes
+-- due joins its group's ready tasks; one whose lease expired gives its
+-- group's slot back (and its ordered place when it is archived); one that
+-- is archived tells its waiters (w_ended).
 local bad = layout_error(KEYS[12], ARGV[1])
 if bad then return bad end
 local cur = redis.call('GET', KEYS[1])
@@ -34,13 +40,17 @@ if ARGV[10] == '1' then
   return {0, 0, 0, 0, 0, 0, 0, -1, -1}
 end
 if cur and cur ~= ARGV[2] then
-  return {0, redis.call('PTTL', KEYS[1]), redis.call('LLEN', KEYS[3]), 0, 0, 0, 0, -1, -1}
+  return {0, redis.call('PTTL', KEYS[1]), redis.call('LLEN', KEYS[3]) + redis.call('ZCARD', KEYS[15]), 0, 0, 0, 0, -1, -1}
 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 local now = redis_now()
 local limit = tonumber(ARGV[8])
 local forwarded, recovered, more = 0, 0, false
 local was_empty = nil
+local G = g_keys(15)
+if redis.call('EXISTS', G.id) == 0 then G = nil end
+local woke = false
+local W = w_keys(22)
 
 local due = earliest(KEYS[5], KEYS[6])
 if due and due <= now then
@@ -54,7 +64,13 @@ if due and due <= now then
       if rec_ok(rec) then
         redis.call('HSET', KEYS[2], id, rec_patch(rec, 1, nil, nil, nil, nil, nil))
       end
-      if rec then
+      local g, seq = nil, nil
+      if G then g, seq = g_of(G, id) end
+      if g then
+        g_ready(G, g, seq, id)
+        forwarded = forwarded + 1
+        woke = true
+      elseif rec then
         redis.call('LPUSH', KEYS[3], id)
         forwarded = forwarded + 1
       end
@@ -71,6 +87,9 @@ if first[2] and tonumber(first[2]) <= now then
   for _, id in ipairs(expired) do
     redis.call('ZREM', KEYS[4], id)
     local rec = redis.call('HGET', KEYS[2], id)
+    local g, seq = nil, nil
+    if G then g, seq = g_of(G, id) end
+    local finished = true
     if rec_ok(rec) then
       hist_add(KEYS[13], id, 0, now, 'l', '', err)
       local n = rec_retried(rec)
@@ -82,10 +101,15 @@ if first[2] and tonumber(first[2]) <= now then
         -- Back off like a failed attempt: a task that kills its worker must
         -- not hit the fleet again at once.
         local d = math.min(base * 2 ^ math.min(n, 20), 3600000)
+        finished = false
         if d <= 0 then
           redis.call('HSET', KEYS[2], id, rec_patch(rec, 1, nil, n + 1, now, now, err))
-          redis.call('RPUSH', KEYS[3], id)
-          if was_empty == nil then was_empty = redis.call('LLEN', KEYS[3]) == 1 end
+          if g then
+            g_ready(G, g, seq, id)
+          else
+            redis.call('RPUSH', KEYS[3], id)
+            if was_empty == nil then was_empty = redis.call('LLEN', KEYS[3]) == 1 end
+          end
         else
           -- equal jitter (between half and all of d), varied by task
           local h = now % 997
@@ -104,6 +128,8 @@ if first[2] and tonumber(first[2]) <= now then
       redis.call('HSET', KEYS[2], id, rec_corrupt(now, 'tide: undecodable task record (' .. #rec .. ' bytes, bad header), found when its lease expired; original bytes kept as the result'))
       redis.call('ZADD', KEYS[7], now, id)
     end
+    if g and g_release(G, g, id, true, finished) then woke = true end
+    if finished then w_ended(W, id, 'a' .. string.format('%d', now), now, ARGV[13]) end
     recovered = recovered + 1
   end
   count_day(KEYS[11], ARGV[9], recovered, recovered)
@@ -111,7 +137,7 @@ if first[2] and tonumber(first[2]) <= now then
   first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
 end
 
-local trimmed, tmore = trim(KEYS[8], KEYS[7], KEYS[2], KEYS[9], KEYS[13], now, tonumber(ARGV[6]), tonumber(ARGV[7]), limit)
+local trimmed, tmore = trim(KEYS[8], KEYS[7], KEYS[2], KEYS[9], KEYS[13], now, tonumber(ARGV[6]), tonumber(ARGV[7]), limit, G, KEYS[21])
 more = more or tmore
 if redis.call('HLEN', KEYS[11]) > 184 then
   -- p:<day> and f:<day>: keep the newest 92 days
@@ -121,7 +147,7 @@ if redis.call('HLEN', KEYS[11]) > 184 then
 end
 
 due = earliest(KEYS[5], KEYS[6])
-local pending = redis.call('LLEN', KEYS[3])
+local pending = redis.call('LLEN', KEYS[3]) + redis.call('ZCARD', KEYS[15])
 -- The live view's backlog, and its counters kept for two hours.
 redis.call('HSET', KEYS[14], 'q:' .. ARGV[12], pending)
 if redis.call('HLEN', KEYS[14]) > 400 then
@@ -130,7 +156,7 @@ if redis.call('HLEN', KEYS[14]) > 400 then
     if (tonumber(string.sub(f, 3)) or 0) < cut then redis.call('HDEL', KEYS[14], f) end
   end
 end
-if was_empty and pending > 0 then
+if (was_empty and pending > 0) or woke then
   redis.call('PUBLISH', ARGV[4], 'p' .. ARGV[5])
 end
 local lease = -1

@@ -22,12 +22,26 @@
 --   8 active zset  9 unique locks hash  10 moving zset (ID -> score before
 --   the move)  11 reserved set  12 layout meta  13 stats hash
 --   14 token sequence  15 owner  16 paused flag  17 attempt histories hash
---   18 minute counters hash
+--   18 minute counters hash  19..24 group keys (groups.lua)  25 progress
+--   hash  26..28 waiter keys (w_keys in lib.lua)
 -- ARGV[1] layout (the caller's view of the partition's meta)  ARGV[2] op
+-- A grouped task moves with its group (take returns it; an ordered group's
+-- place moves with the task that holds it) and joins it in N with a new
+-- enqueue sequence, in the order the tasks are placed.
 local bad = layout_error(KEYS[12], ARGV[1])
 if bad then return bad end
 local op = ARGV[2]
 local PH = '\0mv'
+local G = g_keys(19)
+
+-- group_field is what take tells of task id's group: '' for none, else the
+-- group, followed by a NUL when the task holds its ordered group's place.
+local function group_field(id)
+  local g = g_of(G, id)
+  if not g then return '' end
+  if redis.call('HGET', G.s, 'h:' .. g) == id then return g .. '\0' end
+  return g
+end
 
 if op == 'peek' then
   -- ARGV[3] limit. Returns a flat array: id, record, lock value ('' none).
@@ -53,6 +67,12 @@ if op == 'peek' then
   end
   if n < limit then
     for _, id in ipairs(redis.call('LRANGE', KEYS[2], -(limit - n), -1)) do add(id) end
+  end
+  if n < limit then
+    for _, m in ipairs(redis.call('ZRANGE', G.q, 0, limit - n - 1)) do
+      local sep = string.find(m, '\0', 1, true)
+      add(string.sub(m, sep + 9))
+    end
   end
   return out
 end
@@ -86,20 +106,21 @@ end
 if op == 'take' then
   -- ARGV: then ids. Returns a flat array per task: id, status ('ok',
   -- 'busy' active now, 'gone'), record, state, score, result (or ''),
-  -- attempt history (or '').
+  -- attempt history (or ''), group (group_field).
   local out = {}
   for i = 3, #ARGV do
     local id = ARGV[i]
     local rec = redis.call('HGET', KEYS[1], id)
     if not rec then
-      for _, v in ipairs({id, 'gone', '', 0, 0, '', ''}) do out[#out + 1] = v end
+      for _, v in ipairs({id, 'gone', '', 0, 0, '', '', ''}) do out[#out + 1] = v end
     elseif rec_ok(rec) and (rec_state(rec) == 2 or rec_moving(rec)) then
-      for _, v in ipairs({id, 'busy', '', 0, 0, '', ''}) do out[#out + 1] = v end
+      for _, v in ipairs({id, 'busy', '', 0, 0, '', '', ''}) do out[#out + 1] = v end
     else
       local st, score = 5, redis_now()
       if rec_ok(rec) then st = rec_state(rec) end
+      local g, seq = g_of(G, id)
       if st == 1 then
-        redis.call('LREM', KEYS[2], 1, id)
+        if g then g_unready(G, g, seq, id) else redis.call('LREM', KEYS[2], 1, id) end
       else
         local z = zset_of(st, KEYS)
         local sc = redis.call('ZSCORE', z, id)
@@ -114,7 +135,7 @@ if op == 'take' then
       redis.call('ZADD', KEYS[10], score, id)
       local res = redis.call('HGET', KEYS[7], id) or ''
       local h = redis.call('HGET', KEYS[17], id) or ''
-      for _, v in ipairs({id, 'ok', rec, st, score, res, h}) do out[#out + 1] = v end
+      for _, v in ipairs({id, 'ok', rec, st, score, res, h, group_field(id)}) do out[#out + 1] = v end
     end
   end
   return out
@@ -131,7 +152,7 @@ if op == 'moving' then
     if rec then
       local st = 5
       if rec_ok(rec) then st = rec_state(rec) end
-      for _, v in ipairs({id, 'ok', rec, st, tonumber(ids[i+1]), redis.call('HGET', KEYS[7], id) or '', redis.call('HGET', KEYS[17], id) or ''}) do out[#out + 1] = v end
+      for _, v in ipairs({id, 'ok', rec, st, tonumber(ids[i+1]), redis.call('HGET', KEYS[7], id) or '', redis.call('HGET', KEYS[17], id) or '', group_field(id)}) do out[#out + 1] = v end
     else
       redis.call('ZREM', KEYS[10], id)
     end
@@ -140,22 +161,34 @@ if op == 'moving' then
 end
 
 if op == 'place' then
-  -- ARGV[3] event channel  ARGV[4] partition index, then per task 6:
-  -- id, record, state, score, result ('' none), attempt history ('' none).
+  -- ARGV[3] event channel  ARGV[4] partition index, then per task 7:
+  -- id, record, state, score, result ('' none), attempt history ('' none),
+  -- group (as take returns it).
   -- Returns one code per task: '1' placed, '0' not (deleted meanwhile, or
   -- placed before).
   local out = {}
   local was_empty = redis.call('LLEN', KEYS[2]) == 0
   local before = earliest(KEYS[3], KEYS[4])
   local first_due
-  for i = 5, #ARGV, 6 do
-    local id, rec, st, score, res, h = ARGV[i], ARGV[i+1], tonumber(ARGV[i+2]), tonumber(ARGV[i+3]), ARGV[i+4], ARGV[i+5]
+  local woke = false
+  for i = 5, #ARGV, 7 do
+    local id, rec, st, score, res, h, g = ARGV[i], ARGV[i+1], tonumber(ARGV[i+2]), tonumber(ARGV[i+3]), ARGV[i+4], ARGV[i+5], ARGV[i+6]
+    local holds = string.sub(g, -1) == '\0'
+    if holds then g = string.sub(g, 1, -2) end
     if redis.call('HGET', KEYS[1], id) == PH then
       if rec_ok(rec) then -- no longer moving; a cancel flag only matters while active
         rec = string.sub(rec, 1, 1) .. string.char(string.byte(rec, 2) % 64) .. string.sub(rec, 3)
       end
       redis.call('HSET', KEYS[1], id, rec)
-      if st == 1 then
+      local seq = nil
+      if g ~= '' then
+        seq = g_new(G, g, id)
+        if holds then redis.call('HSET', G.s, 'h:' .. g, id) end
+      end
+      if st == 1 and seq then
+        g_ready(G, g, seq, id)
+        woke = true
+      elseif st == 1 then
         redis.call('RPUSH', KEYS[2], id)
       else
         redis.call('ZADD', zset_of(st, KEYS), score, id)
@@ -169,7 +202,7 @@ if op == 'place' then
     end
     redis.call('SREM', KEYS[11], id)
   end
-  if was_empty and redis.call('LLEN', KEYS[2]) > 0 then
+  if woke or was_empty and redis.call('LLEN', KEYS[2]) > 0 then
     redis.call('PUBLISH', ARGV[3], 'p' .. ARGV[4])
   end
   if first_due and (not before or first_due < before) then
@@ -187,6 +220,12 @@ if op == 'finish' then
       redis.call('HDEL', KEYS[1], id)
       redis.call('HDEL', KEYS[7], id)
       redis.call('HDEL', KEYS[17], id)
+      local g = g_of(G, id)
+      if g then
+        -- The task (and an ordered place it held) went to N.
+        redis.call('HDEL', G.id, id)
+        if redis.call('HGET', G.s, 'h:' .. g) == id then redis.call('HDEL', G.s, 'h:' .. g) end
+      end
     end
     redis.call('ZREM', KEYS[10], id)
   end
@@ -211,7 +250,7 @@ if op == 'retire' then
   if left > 0 then return {0, left} end
   redis.call('SET', KEYS[12], 'retired')
   for k = 2, 11 do redis.call('DEL', KEYS[k]) end
-  for k = 13, 18 do redis.call('DEL', KEYS[k]) end
+  for k = 13, #KEYS do redis.call('DEL', KEYS[k]) end
   return {1, 0}
 end
 

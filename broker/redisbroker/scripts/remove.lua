@@ -3,9 +3,10 @@
 -- KEYS[4] retry zset    KEYS[5] archived zset KEYS[6] completed zset
 -- KEYS[7] results hash  KEYS[8] active zset   KEYS[9] unique locks hash
 -- KEYS[10] layout meta  KEYS[11] reply cache KEYS[12] moving zset (repartition)
--- KEYS[13] attempt histories hash
+-- KEYS[13] attempt histories hash  KEYS[14..19] group keys (groups.lua)
+-- KEYS[20] progress hash  KEYS[21..23] waiter keys (w_keys in lib.lua)
 -- ARGV[1] layout  ARGV[2] request ID  ARGV[3] reply cache expiry (ms)
--- ARGV[4] id  ARGV[5] op  ARGV[6] event channel
+-- ARGV[4] id  ARGV[5] op  ARGV[6] event channel  ARGV[7] done channel
 -- op 'delete': delete a task that is not active.
 -- op 'cancel': delete a task that is not active, or record the cancellation
 --   of an active one (flag in its record, read by Extend and Settle) and
@@ -15,12 +16,14 @@
 -- '3' cancellation recorded, '4<state>' not active (cancelactive refused),
 -- '5' the task was about to move in here from the old span of a repartition:
 -- its placeholder is removed, the caller removes it there too.
--- A request run again answers from the reply cache.
+-- A deleted task's waiters are told (w_ended). A request run again answers
+-- from the reply cache.
 local bad = layout_error(KEYS[10], ARGV[1])
 if bad then return bad end
 local cached = req_get(KEYS[11], ARGV[2], tonumber(ARGV[3]))
 if cached then return cached end
 local id, op = ARGV[4], ARGV[5]
+local G = g_keys(14)
 
 local function answer(code)
   req_put(KEYS[11], ARGV[2], code, tonumber(ARGV[3]))
@@ -51,7 +54,9 @@ if st and rec_moving(rec) then
   redis.call('ZREM', KEYS[12], id)
   release_uniq(rec, KEYS[9], id)
 elseif st then
-  if st == 1 then redis.call('LREM', KEYS[2], 1, id)
+  if st == 1 then
+    local g, seq = g_of(G, id)
+    if g then g_unready(G, g, seq, id) else redis.call('LREM', KEYS[2], 1, id) end
   else redis.call('ZREM', zset_of(st, KEYS), id) end
   release_uniq(rec, KEYS[9], id)
 else
@@ -62,4 +67,7 @@ end
 redis.call('HDEL', KEYS[1], id)
 redis.call('HDEL', KEYS[7], id)
 redis.call('HDEL', KEYS[13], id)
+redis.call('HDEL', KEYS[20], id)
+g_forget(G, id)
+w_ended(w_keys(21), id, 'x', redis_now(), ARGV[7])
 return answer('1')

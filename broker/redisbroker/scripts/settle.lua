@@ -4,12 +4,16 @@
 -- KEYS[7] results hash  KEYS[8] scheduled zset KEYS[9] unique locks hash
 -- KEYS[10] stats hash   KEYS[11] layout meta  KEYS[12] reply cache
 -- KEYS[13] attempt histories hash  KEYS[14] minute counters hash
--- KEYS[15] limits hash (c: concurrency share)
+-- KEYS[15] limits hash (c: concurrency share)  KEYS[16..21] group keys (groups.lua)
+-- KEYS[22] progress hash  KEYS[23..25] waiter keys (w_keys in lib.lua)
 -- ARGV[1] layout  ARGV[2] request ID  ARGV[3] reply cache expiry (ms)
 -- ARGV[4] event channel  ARGV[5] partition
 -- ARGV[6] today (UTC, YYYY-MM-DD) for the processed/failed day counters
 -- ARGV[7] max archived  ARGV[8] archive TTL ms  ARGV[9] this minute (Unix minutes)
--- then 8 per settlement: op, id, token, a, b, c, started ms, server where op is
+-- ARGV[10] done channel (tasks someone waits for)
+-- then 9 per settlement: op, id, token, a, b, c, started ms, server, group
+-- ('' for none, '?' when the caller does not know, else the task's group as
+-- its record says) where op is
 --   'd' done:      a, b, c unused                      -> deleted
 --   'c' completed: a = new record, b = expire-at ms, c = completed-at ms -> kept until b
 --   'r' retry:     a = retry-at ms, b = failed-at ms, c = error
@@ -17,6 +21,8 @@
 --   'q' requeue:   back to the front of pending, attempt not counted
 --   'w' defer:     like retry, but Retried unchanged and not counted as
 --                  processed or failed (the handler asked to wait)
+--   't' throttle:  like defer, and the task's group starts nothing before
+--                  a (tide.ThrottleGroup)
 -- Returns a string of one code per settlement: '0' applied, '1' lease lost
 -- (nothing changed), '3' no such task here (gone, or it may be in the old
 -- span of a repartition). A task whose cancellation was recorded is archived as
@@ -27,8 +33,12 @@
 -- Each completed or archived task trims up to two tasks past their
 -- retention or the archive's bounds, so trimming keeps pace with any
 -- completion rate. When the partition was at its concurrency share and now has
--- room while tasks wait, idle servers are woken ("p" event). A request run
--- again answers from the reply cache.
+-- room while tasks wait, idle servers are woken ("p" event), as they are
+-- when a settled grouped task lets its group run again. A grouped task
+-- leaving active gives its group's slot back; done and archive also free
+-- an ordered group's place, which retry and defer keep. Done, completed and
+-- archive tell the task's waiters (w_ended). A request run again answers
+-- from the reply cache.
 local bad = layout_error(KEYS[11], ARGV[1])
 if bad then return bad end
 local cached = req_get(KEYS[12], ARGV[2], tonumber(ARGV[3]))
@@ -39,7 +49,15 @@ local processed, failed, finished = 0, 0, 0
 local before = earliest(KEYS[8], KEYS[4])
 local share = tonumber(redis.call('HGET', KEYS[15], 'c') or '-1')
 local was_full = share >= 0 and redis.call('ZCARD', KEYS[2]) >= share
-for i = 10, #ARGV, 8 do
+local G = g_keys(16)
+if redis.call('EXISTS', G.id) == 0 then G = nil end
+local ordered = G and redis.call('HGET', KEYS[15], 'ord') == '1'
+local woke = false
+local W = w_keys(23)
+local progress = redis.call('EXISTS', KEYS[22]) == 1
+local now = nil
+if W then now = redis_now() end
+for i = 11, #ARGV, 9 do
   local op, id, tok, a, b, c = ARGV[i], ARGV[i+1], tonumber(ARGV[i+2]), ARGV[i+3], ARGV[i+4], ARGV[i+5]
   local started, server = tonumber(ARGV[i+6]), ARGV[i+7]
   local rec = redis.call('HGET', KEYS[1], id)
@@ -48,50 +66,70 @@ for i = 10, #ARGV, 8 do
   elseif not (rec_ok(rec) and rec_state(rec) == 2 and rec_token(rec) == tok) then
     out[#out + 1] = '1'
   else
-    if rec_canceled(rec) and (op == 'r' or op == 'q' or op == 'w') then
+    if rec_canceled(rec) and (op == 'r' or op == 'q' or op == 'w' or op == 't') then
       op, b = 'a', b ~= '' and b or string.format('%d', redis_now())
       c = 'tide: task cancelled' .. (c ~= '' and ('; last error: ' .. c) or '')
     end
     redis.call('ZREM', KEYS[2], id)
-    if op ~= 'q' and op ~= 'w' then processed = processed + 1 end
+    local g, seq = nil, nil
+    if G and ARGV[i+8] ~= '' then
+      g = ARGV[i+8]
+      if op == 'q' or g == '?' then g, seq = g_of(G, id) end -- seq: back to its place
+    end
+    if op ~= 'q' and op ~= 'w' and op ~= 't' then processed = processed + 1 end
     if op == 'r' or op == 'a' then failed = failed + 1 end
     if op == 'd' then
       release_uniq(rec, KEYS[9], id)
       redis.call('HDEL', KEYS[1], id)
       redis.call('HDEL', KEYS[7], id)
       redis.call('HDEL', KEYS[13], id) -- a retried or deferred task has a history
+      if progress then redis.call('HDEL', KEYS[22], id) end
+      if g then redis.call('HDEL', G.id, id) end
+      w_ended(W, id, 'd' .. string.format('%d', now or 0), now, ARGV[10])
     elseif op == 'c' then
       release_uniq(rec, KEYS[9], id)
       redis.call('HSET', KEYS[1], id, a)
       redis.call('ZADD', KEYS[6], tonumber(b), id)
       hist_add(KEYS[13], id, started, tonumber(c), 'd', server, '')
+      w_ended(W, id, 'c' .. c, now, ARGV[10])
       finished = finished + 1
-    elseif op == 'r' or op == 'w' then
+    elseif op == 'r' or op == 'w' or op == 't' then
       local at = tonumber(a)
       local retried = rec_retried(rec)
       if op == 'r' then retried = retried + 1 end
       redis.call('HSET', KEYS[1], id, rec_patch(rec, 4, nil, retried, at, tonumber(b), c))
       redis.call('ZADD', KEYS[4], at, id)
-      hist_add(KEYS[13], id, started, tonumber(b), op, server, c)
+      hist_add(KEYS[13], id, started, tonumber(b), op == 't' and 'w' or op, server, c)
+      if g and op == 't' then g_throttle(G, g, at) end
       if not first_retry or at < first_retry then first_retry = at end
     elseif op == 'a' then
       release_uniq(rec, KEYS[9], id)
       redis.call('HSET', KEYS[1], id, rec_patch(rec, 5, nil, nil, nil, tonumber(b), c))
       redis.call('ZADD', KEYS[5], tonumber(b), id)
       hist_add(KEYS[13], id, started, tonumber(b), 'a', server, c)
+      w_ended(W, id, 'a' .. b, now, ARGV[10])
       finished = finished + 1
     else -- 'q'
       redis.call('HSET', KEYS[1], id, rec_patch(rec, 1, nil, nil, nil, nil, nil))
-      redis.call('RPUSH', KEYS[3], id)
-      requeued = requeued + 1
+      if g then
+        g_ready(G, g, seq, id)
+        woke = true
+      else
+        redis.call('RPUSH', KEYS[3], id)
+        requeued = requeued + 1
+      end
     end
+    if g and g_release(G, g, id, true, op == 'd' or op == 'c' or op == 'a', ordered) then woke = true end
     out[#out + 1] = '0'
   end
 end
 count_day(KEYS[10], ARGV[6], processed, failed)
 count_minute(KEYS[14], ARGV[9], processed, failed)
 if finished > 0 then
-  trim(KEYS[6], KEYS[5], KEYS[1], KEYS[7], KEYS[13], redis_now(), tonumber(ARGV[7]), tonumber(ARGV[8]), 2 * finished)
+  trim(KEYS[6], KEYS[5], KEYS[1], KEYS[7], KEYS[13], redis_now(), tonumber(ARGV[7]), tonumber(ARGV[8]), 2 * finished, G, KEYS[22])
+end
+if woke then
+  redis.call('PUBLISH', ARGV[4], 'p' .. ARGV[5])
 end
 if requeued > 0 and redis.call('LLEN', KEYS[3]) == requeued then
   redis.call('PUBLISH', ARGV[4], 'p' .. ARGV[5])

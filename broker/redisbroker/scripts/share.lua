@@ -3,9 +3,15 @@
 --         r: rate share, per: rate period ms, w: last announced rate wake-up)
 -- KEYS[2] pending list  KEYS[3] active zset  KEYS[4] layout meta
 -- KEYS[5] starts zset (start ms of the tasks started in the last period)
+-- KEYS[6] group rotation zset  KEYS[7] group state hash  KEYS[8] held-back
+-- groups zset  KEYS[9] ready grouped tasks (groups.lua)
 -- ARGV[1] layout  ARGV[2] version of the queue's limits the shares come from
 -- ARGV[3] concurrency share ('' for no limit)  ARGV[4] event channel
 -- ARGV[5] partition  ARGV[6] rate share ('' for no limit)  ARGV[7] period ms
+-- ARGV[8] group limits "<concurrency>:<rate>:<period ms>:<ordered 0|1>:
+--         <hold 0|1>" (0: none); groups are not split, so these are the
+--         queue's. hold: grouped tasks start nothing (a repartition runs and
+--         the group limits cannot see the old partitions' running tasks).
 -- then pairs of member, start ms: starts made elsewhere (the old partitions
 -- of a repartition) that count against this partition's rate share.
 -- Returns 1 when the shares were written, 0 when the partition holds shares
@@ -32,13 +38,56 @@ else
   redis.call('HSET', KEYS[1], 'r', ARGV[6], 'per', ARGV[7])
   redis.call('HDEL', KEYS[1], 'w')
 end
-if #ARGV > 7 then
-  for i = 8, #ARGV, 2 do
+local gc, gr, gper, ord, hold = string.match(ARGV[8], '^(%d+):(%d+):(%d+):([01]):([01])$')
+local function set(f, v)
+  if v == nil or v == '0' then redis.call('HDEL', KEYS[1], f) else redis.call('HSET', KEYS[1], f, v) end
+end
+set('gc', gc)
+set('gr', gr)
+set('gper', gr ~= '0' and gper or nil)
+if ord ~= '1' and redis.call('HGET', KEYS[1], 'ord') == '1' then
+  -- No longer ordered: forget which task holds each group's place (the
+  -- settle of a group's task only looks for one while ordered).
+  local cursor = '0'
+  repeat
+    local r = redis.call('HSCAN', KEYS[7], cursor, 'MATCH', 'h:*', 'COUNT', 1000)
+    cursor = r[1]
+    for j = 1, #r[2], 2 do redis.call('HDEL', KEYS[7], r[2][j]) end
+  until cursor == '0'
+end
+set('ord', ord)
+set('gh', hold)
+-- Groups left out of the rotation under the old limits get a turn again:
+-- those at their concurrency (running tasks) or waiting in a sequence (a
+-- place held), and those held for their rate; throttled ones stay held
+-- until their time. A group with nothing ready leaves the rotation again at
+-- its turn.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for _, g in ipairs(redis.call('ZRANGE', KEYS[8], 0, -1)) do
+  if tonumber(redis.call('HGET', KEYS[7], 't:' .. g) or '0') <= now then
+    redis.call('ZREM', KEYS[8], g)
+    redis.call('ZADD', KEYS[6], 'NX', 0, g)
+  end
+end
+local cursor = '0'
+repeat
+  local r = redis.call('HSCAN', KEYS[7], cursor, 'COUNT', 1000)
+  cursor = r[1]
+  for j = 1, #r[2], 2 do
+    local kind, g = string.sub(r[2][j], 1, 2), string.sub(r[2][j], 3)
+    if (kind == 'a:' or kind == 'h:') and not redis.call('ZSCORE', KEYS[8], g) then
+      redis.call('ZADD', KEYS[6], 'NX', 0, g)
+    end
+  end
+until cursor == '0'
+if #ARGV > 8 then
+  for i = 9, #ARGV, 2 do
     redis.call('ZADD', KEYS[5], ARGV[i + 1], ARGV[i])
   end
   redis.call('PEXPIRE', KEYS[5], tonumber(ARGV[7]))
 end
-if redis.call('LLEN', KEYS[2]) > 0 and (ARGV[3] == '' or redis.call('ZCARD', KEYS[3]) < tonumber(ARGV[3])) then
+if (redis.call('LLEN', KEYS[2]) > 0 or redis.call('ZCARD', KEYS[9]) > 0) and (ARGV[3] == '' or redis.call('ZCARD', KEYS[3]) < tonumber(ARGV[3])) then
   redis.call('PUBLISH', ARGV[4], 'p' .. ARGV[5])
 end
 return 1

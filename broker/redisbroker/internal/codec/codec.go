@@ -28,7 +28,8 @@
 // The body holds, in order: type and payload (length-prefixed), a flags byte,
 // then enqueued-at (varint Unix ms) and, only when its flag is set, headers
 // (count then key/value pairs), completed-at, timeout, deadline, retention and
-// unique TTL (varints; times in Unix ms, durations in ms). Enqueued-at is
+// unique TTL (varints; times in Unix ms, durations in ms) and the group
+// (length-prefixed). Enqueued-at is
 // absolute: the scripts patch process-at in place, so nothing may be stored
 // relative to it.
 //
@@ -87,6 +88,7 @@ const (
 	hasDeadline
 	hasRetention
 	hasUniqueTTL
+	hasGroup
 )
 
 // Encode returns the record for m with the given token. A unique key longer
@@ -115,6 +117,9 @@ func Encode(m *tidetype.TaskInfo, token uint64) []byte {
 	if m.UniqueTTL > 0 {
 		flags |= hasUniqueTTL
 	}
+	if m.Group != "" {
+		flags |= hasGroup
+	}
 	body = append(body, flags)
 	body = binary.AppendVarint(body, ms(m.EnqueuedAt))
 	if flags&hasHeaders != 0 {
@@ -138,6 +143,9 @@ func Encode(m *tidetype.TaskInfo, token uint64) []byte {
 	}
 	if flags&hasUniqueTTL != 0 {
 		body = binary.AppendUvarint(body, uint64(m.UniqueTTL/time.Millisecond))
+	}
+	if flags&hasGroup != 0 {
+		body = appendString(body, m.Group)
 	}
 	if len(body) > MaxBody {
 		body = body[:MaxBody]
@@ -251,7 +259,7 @@ func decodeBody(r *reader, m *tidetype.TaskInfo) error {
 		m.Payload = p
 	}
 	flags := r.byte()
-	if flags&^(hasHeaders|hasCompleted|hasTimeout|hasDeadline|hasRetention|hasUniqueTTL) != 0 && r.err == nil {
+	if flags&^(hasHeaders|hasCompleted|hasTimeout|hasDeadline|hasRetention|hasUniqueTTL|hasGroup) != 0 && r.err == nil {
 		r.err = fmt.Errorf("unknown flags %#x", flags)
 	}
 	m.EnqueuedAt = fromMS(r.varint())
@@ -282,6 +290,9 @@ func decodeBody(r *reader, m *tidetype.TaskInfo) error {
 	}
 	if flags&hasUniqueTTL != 0 {
 		m.UniqueTTL = r.dur()
+	}
+	if flags&hasGroup != 0 {
+		m.Group = r.str()
 	}
 	if r.err != nil {
 		return fmt.Errorf("%w: body: %v", ErrCorrupt, r.err)

@@ -18,7 +18,7 @@ func sample() *tidetype.TaskInfo {
 		State:   tidetype.StateRetry, MaxRetry: 25, Retried: 3, LastErr: "boom\nstack",
 		NextProcessAt: now.Add(time.Minute), EnqueuedAt: now, LastFailedAt: now.Add(time.Second),
 		CompletedAt: now.Add(2 * time.Second), Timeout: 30 * time.Second, Deadline: now.Add(time.Hour),
-		Retention: 24 * time.Hour, UniqueKey: "digest", UniqueTTL: time.Hour,
+		Retention: 24 * time.Hour, UniqueKey: "digest", UniqueTTL: time.Hour, Group: "tenant-7",
 	}
 }
 

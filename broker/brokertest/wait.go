@@ -1,0 +1,167 @@
+package brokertest
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/tidetype"
+)
+
+// waitTests cover broker.Waiter and broker.ProgressReporter; each is
+// skipped by a broker that does not implement the interface.
+var waitTests = []struct {
+	name string
+	fn   func(t *testing.T, b broker.Broker)
+}{
+	{"WaitOutcomes", testWaitOutcomes},
+	{"WaitWatched", testWaitWatched},
+	{"Progress", testProgress},
+}
+
+// waitAsync runs Wait in a goroutine and returns its result channel.
+func waitAsync(t *testing.T, w broker.Waiter, queue, id string) <-chan waitResult {
+	ch := make(chan waitResult, 1)
+	go func() {
+		info, err := w.Wait(t.Context(), queue, id)
+		ch <- waitResult{info, err}
+	}()
+	return ch
+}
+
+type waitResult struct {
+	info *tidetype.TaskInfo
+	err  error
+}
+
+// awaitWait returns what a Wait call returned, failing after waitLong.
+func awaitWait(t *testing.T, ch <-chan waitResult) waitResult {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(waitLong):
+		t.Fatal("Wait did not return after the task ended")
+		return waitResult{}
+	}
+}
+
+// testWaitOutcomes: a waiter learns that its task succeeded (kept or not),
+// was archived, or was deleted; an unknown task and an ended context are
+// reported at once.
+func testWaitOutcomes(t *testing.T, b broker.Broker) {
+	w, ok := b.(broker.Waiter)
+	if !ok {
+		t.Skip("the broker does not implement broker.Waiter")
+	}
+	settleWith := func(t *testing.T, q string, m *tidetype.TaskInfo, kind broker.SettleKind) waitResult {
+		t.Helper()
+		enqueue(t, b, m)
+		ch := waitAsync(t, w, q, m.ID)
+		d := dequeueOne(t, b, q, time.Minute)
+		time.Sleep(20 * time.Millisecond) // the waiter registers meanwhile (either order must work)
+		s := outcomeOf(d, kind)
+		s.Err = "boom"
+		settleOK(t, b, s)
+		return awaitWait(t, ch)
+	}
+	t.Run("DoneDeleted", func(t *testing.T) {
+		r := settleWith(t, "wait-done", newMsg("wait-done", "a"), broker.SettleDone)
+		if r.err != nil || r.info.State != tidetype.StateCompleted || r.info.ID != "a" || r.info.CompletedAt.IsZero() {
+			t.Fatalf("Wait = %+v, %v; want the completed task", r.info, r.err)
+		}
+	})
+	t.Run("DoneKept", func(t *testing.T) {
+		m := newMsg("wait-kept", "a")
+		m.Retention = time.Hour
+		r := settleWith(t, "wait-kept", m, broker.SettleDone)
+		if r.err != nil || r.info.State != tidetype.StateCompleted || r.info.Type != taskType {
+			t.Fatalf("Wait = %+v, %v; want the whole completed task", r.info, r.err)
+		}
+	})
+	t.Run("Archived", func(t *testing.T) {
+		r := settleWith(t, "wait-arch", newMsg("wait-arch", "a"), broker.SettleArchive)
+		if r.err != nil || r.info.State != tidetype.StateArchived || r.info.LastErr != "boom" {
+			t.Fatalf("Wait = %+v, %v; want the archived task", r.info, r.err)
+		}
+	})
+	t.Run("Deleted", func(t *testing.T) {
+		m := newMsg("wait-del", "a")
+		m.State, m.NextProcessAt = tidetype.StateScheduled, time.Now().Add(time.Hour)
+		enqueue(t, b, m)
+		ch := waitAsync(t, w, "wait-del", "a")
+		time.Sleep(20 * time.Millisecond)
+		if err := b.Delete(t.Context(), "wait-del", "a"); err != nil {
+			t.Fatal(err)
+		}
+		if r := awaitWait(t, ch); !errors.Is(r.err, broker.ErrTaskNotFound) {
+			t.Fatalf("Wait for a deleted task: %+v, %v; want ErrTaskNotFound", r.info, r.err)
+		}
+	})
+	t.Run("Unknown", func(t *testing.T) {
+		if _, err := w.Wait(t.Context(), "wait-none", "nope"); !errors.Is(err, broker.ErrTaskNotFound) {
+			t.Fatalf("Wait for no task: %v, want ErrTaskNotFound", err)
+		}
+	})
+	t.Run("Context", func(t *testing.T) {
+		enqueue(t, b, newMsg("wait-ctx", "a"))
+		ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+		defer cancel()
+		if _, err := w.Wait(ctx, "wait-ctx", "a"); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Wait past its context: %v, want DeadlineExceeded", err)
+		}
+	})
+}
+
+// testWaitWatched: a task enqueued with Watch that ends (and is deleted)
+// before anyone waits is still reported to a later Wait.
+func testWaitWatched(t *testing.T, b broker.Broker) {
+	w, ok := b.(broker.Waiter)
+	if !ok {
+		t.Skip("the broker does not implement broker.Waiter")
+	}
+	if _, err := b.Enqueue(t.Context(), []*tidetype.TaskInfo{newMsg("watched", "a")}, broker.EnqueueOptions{Watch: true}); err != nil {
+		t.Fatal(err)
+	}
+	d := dequeueOne(t, b, "watched", time.Minute)
+	settleOK(t, b, outcomeOf(d, broker.SettleDone))
+	info, err := w.Wait(t.Context(), "watched", "a")
+	if err != nil || info.State != tidetype.StateCompleted {
+		t.Fatalf("Wait after the watched task ended: %+v, %v; want completed", info, err)
+	}
+}
+
+// testProgress: a leased task's progress is kept with it and read back by
+// GetTask; a stale lease is refused.
+func testProgress(t *testing.T, b broker.Broker) {
+	pr, ok := b.(broker.ProgressReporter)
+	if !ok {
+		t.Skip("the broker does not implement broker.ProgressReporter")
+	}
+	m := newMsg("progress", "a")
+	m.Retention = time.Hour
+	enqueue(t, b, m)
+	d := dequeueOne(t, b, "progress", time.Minute)
+	at := time.Now()
+	if err := pr.SetProgress(t.Context(), leaseOf(d), tidetype.Progress{Percent: 40, Note: "4 of 10", At: at}); err != nil {
+		t.Fatal(err)
+	}
+	got := get(t, b, "progress", "a").Progress
+	if got.Percent != 40 || got.Note != "4 of 10" || !sameTime(got.At, at) {
+		t.Fatalf("progress = %+v", got)
+	}
+	stale := leaseOf(d)
+	stale.Token++
+	if err := pr.SetProgress(t.Context(), stale, tidetype.Progress{Percent: 50}); !errors.Is(err, broker.ErrLeaseLost) {
+		t.Fatalf("SetProgress with a stale token: %v, want ErrLeaseLost", err)
+	}
+	if err := pr.SetProgress(t.Context(), leaseOf(d), tidetype.Progress{Percent: 101}); !errors.Is(err, broker.ErrInvalidTask) {
+		t.Fatalf("SetProgress(101%%): %v, want ErrInvalidTask", err)
+	}
+	settleOK(t, b, outcomeOf(d, broker.SettleDone))
+	if got := get(t, b, "progress", "a").Progress; got.Percent != 40 {
+		t.Fatalf("progress of the completed task = %+v, want the last one reported", got)
+	}
+}

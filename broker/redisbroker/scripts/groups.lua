@@ -1,0 +1,131 @@
+-- groups.lua: helpers for grouped tasks (tide.Group), prepended like lib.lua's
+-- to the scripts that use them. A group's tasks all live in one partition
+-- (the group is their IDs' hash tag), so one script sees the whole group.
+-- A script that handles grouped tasks takes six keys of its partition as a
+-- block, read by g_keys:
+--   q  zset, every score 0: the ready (pending) grouped tasks, one member
+--      "<group>\0<seq><id>" each (seq: 8 bytes, the task's enqueue
+--      sequence), so a group's tasks sort in enqueue order and one ZRANGEBYLEX
+--      finds the group's next task
+--   r  zset: the rotation, groups that may have ready tasks and may run,
+--      scored by the turn they were last served at; the lowest is served
+--      next, and one found with nothing to start leaves it
+--   w  zset: groups held back until a time (throttled, or over their rate),
+--      scored by that time (ms)
+--   s  hash: turn: the last turn handed out; u: the turn the ungrouped tasks
+--      were last served at; seq: the last enqueue sequence; a:<group> its
+--      active tasks (a zero is removed when the group leaves the
+--      rotation); h:<group> the task that holds an ordered group's place;
+--      t:<group> throttled until (ms)
+--   id hash: task ID -> "<group>\0<seq>" for every grouped task of the
+--      partition, whatever its state; deleted with the task's record
+--   l  hash: group -> its start times (6 bytes each, oldest first) within
+--      the group rate's window, trimmed as it starts tasks
+-- A group limit comes from the partition's limits hash: gc (concurrency),
+-- gr and gper (rate), ord ('1' ordered); groups are never split, so these
+-- are the queue's values, not shares.
+
+local function g_keys(i)
+  return {q = KEYS[i], r = KEYS[i + 1], w = KEYS[i + 2], s = KEYS[i + 3], id = KEYS[i + 4], l = KEYS[i + 5]}
+end
+
+-- g_of returns the group and enqueue sequence of task id, or nil when the
+-- task has no group.
+local function g_of(G, id)
+  local v = redis.call('HGET', G.id, id)
+  if not v then return nil end
+  local sep = string.find(v, '\0', 1, true)
+  return string.sub(v, 1, sep - 1), string.sub(v, sep + 1)
+end
+
+-- g_new records a new grouped task and returns its enqueue sequence; a
+-- task that already has one (Replace) keeps it, and with it its place.
+local function g_new(G, g, id)
+  local old, seq = g_of(G, id)
+  if old ~= g then
+    seq = struct.pack('>I8', redis.call('HINCRBY', G.s, 'seq', 1))
+    redis.call('HSET', G.id, id, g .. '\0' .. seq)
+  end
+  return seq
+end
+
+-- g_turn returns the current turn: a group that joins the rotation waits
+-- behind those served before it.
+local function g_turn(G)
+  return tonumber(redis.call('HGET', G.s, 'turn') or '0')
+end
+
+-- g_ready makes grouped task id ready to start: it joins its group's tasks
+-- in enqueue order, and the group joins the rotation unless it is held back
+-- until a time. It reports whether the group joined the rotation (then idle
+-- servers are to be woken).
+local function g_ready(G, g, seq, id)
+  redis.call('ZADD', G.q, 0, g .. '\0' .. seq .. id)
+  if not redis.call('ZSCORE', G.w, g) then
+    return redis.call('ZADD', G.r, 'NX', g_turn(G), g) == 1
+  end
+  return false
+end
+
+-- g_unready takes a ready grouped task out of its group's tasks (deleted,
+-- replaced, moved).
+local function g_unready(G, g, seq, id)
+  redis.call('ZREM', G.q, g .. '\0' .. seq .. id)
+end
+
+-- g_next returns up to n of group g's ready tasks (members of q), first in
+-- line first.
+local function g_next(G, g, n)
+  return redis.call('ZRANGEBYLEX', G.q, '[' .. g .. '\0', '(' .. g .. '\1', 'LIMIT', 0, n)
+end
+
+-- g_release is called when task id of group g stops holding its group:
+-- leaving active (left: settled or recovered) and/or finishing (finished:
+-- done, archived or deleted, which frees an ordered group's place; ordered
+-- false says the queue's groups are not ordered, so none holds one). It
+-- puts the group back in the rotation when it has ready tasks and is not
+-- held back until a time, and reports whether it was out of it (then idle
+-- servers are to be woken).
+local function g_release(G, g, id, left, finished, ordered)
+  local active = nil
+  if left then active = redis.call('HINCRBY', G.s, 'a:' .. g, -1) end
+  if finished and ordered ~= false and redis.call('HGET', G.s, 'h:' .. g) == id then
+    redis.call('HDEL', G.s, 'h:' .. g)
+  end
+  if redis.call('ZSCORE', G.r, g) then return false end -- in the rotation already
+  if not g_next(G, g, 1)[1] then
+    if active and active <= 0 then redis.call('HDEL', G.s, 'a:' .. g) end
+    return false
+  end
+  if redis.call('ZSCORE', G.w, g) then return false end
+  return redis.call('ZADD', G.r, 'NX', g_turn(G), g) == 1
+end
+
+-- g_forget deletes what the partition keeps of a grouped task whose record
+-- is deleted; an ordered group's place it held is freed.
+local function g_forget(G, id)
+  local g = g_of(G, id)
+  if not g then return end
+  redis.call('HDEL', G.id, id)
+  g_release(G, g, id, false, true)
+end
+
+-- g_throttle holds group g back until at (ms): no task of it starts before.
+local function g_throttle(G, g, at)
+  local cur = tonumber(redis.call('HGET', G.s, 't:' .. g) or '0')
+  if at <= cur then return end
+  redis.call('HSET', G.s, 't:' .. g, string.format('%d', at))
+  redis.call('ZREM', G.r, g)
+  redis.call('ZADD', G.w, at, g)
+end
+
+-- g_rate returns group g's start log trimmed to the window that ends at now
+-- and how many starts it holds.
+local function g_rate(G, g, per, now)
+  local log = redis.call('HGET', G.l, g)
+  if not log then return '', 0 end
+  local i = 1
+  while i + 5 <= #log and struct.unpack('>I6', log, i) <= now - per do i = i + 6 end
+  log = string.sub(log, i)
+  return log, #log / 6
+end
