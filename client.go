@@ -60,6 +60,12 @@ func (c *Client) Close() error {
 // ErrNotReplicated (WaitForReplicas) also comes with the info: the task is
 // stored.
 func (c *Client) Enqueue(ctx context.Context, t *Task, opts ...Option) (*TaskInfo, error) {
+	return c.enqueue(ctx, t, opts, false)
+}
+
+// enqueue is Enqueue; watch registers a waiter with the task
+// (EnqueueAndWait).
+func (c *Client) enqueue(ctx context.Context, t *Task, opts []Option, watch bool) (*TaskInfo, error) {
 	if c.closed.Load() {
 		return nil, ErrClientClosed
 	}
@@ -67,6 +73,7 @@ func (c *Client) Enqueue(ctx context.Context, t *Task, opts ...Option) (*TaskInf
 	if err != nil {
 		return nil, err
 	}
+	eo.Watch = watch
 	if err := c.checkPlacement(ctx, info); err != nil {
 		return nil, err
 	}
@@ -87,7 +94,8 @@ func (c *Client) Enqueue(ctx context.Context, t *Task, opts ...Option) (*TaskInf
 // partitions: the task and its lock must share a partition, which only an
 // ID the broker chooses can promise.
 func (c *Client) checkPlacement(ctx context.Context, t *TaskInfo) error {
-	if t.ID == "" || t.UniqueKey == "" {
+	if t.ID == "" || t.UniqueKey == "" || t.Group != "" {
+		// A grouped task's ID and lock both carry the group's tag.
 		return nil
 	}
 	n, err := c.b.Partitions(ctx, t.Queue)
@@ -121,10 +129,19 @@ func (c *Client) EnqueueMany(ctx context.Context, ts []*Task, opts ...Option) ([
 	infos := make([]*TaskInfo, len(ts))
 	var eo broker.EnqueueOptions
 	var invalid []error
+	replacing := -1 // index of the first task with an ID, when Replace is mixed
 	for i, t := range ts {
 		info, o, err := c.task(t, opts)
 		if err == nil {
 			err = c.checkPlacement(ctx, info)
+		}
+		if err == nil && info.ID != "" {
+			switch {
+			case replacing < 0:
+				replacing, eo.Replace = i, o.Replace
+			case o.Replace != eo.Replace:
+				err = fmt.Errorf("%w: Replace is given to some tasks with TaskID of this EnqueueMany and not to others (first: task %d); enqueue them in separate calls", ErrInvalidTask, replacing)
+			}
 		}
 		if err != nil {
 			invalid = append(invalid, fmt.Errorf("task %d: %w", i, err))
@@ -259,7 +276,25 @@ func prepare(t *Task, opts []Option, clock time.Time) (*TaskInfo, broker.Enqueue
 		info.UniqueKey = uniqueKey(o.queue, t.typ, t.payload)
 	}
 	info.IdempotencyKey = o.idemKey
-	return info, broker.EnqueueOptions{WaitReplicas: o.replicas, WaitTimeout: o.waitFor}, nil
+	if o.group != "" {
+		info.Group = o.group
+		if info.UniqueKey != "" {
+			// The lock lives with the group's tasks: unique within the group.
+			info.UniqueKey += "{" + o.group + "}"
+		}
+		if o.id != "" {
+			if err := broker.CheckGroupID(o.id, o.group); err != nil {
+				return nil, none, err
+			}
+		}
+	}
+	if o.replace && o.id == "" {
+		return nil, none, fmt.Errorf("%w: Replace needs TaskID: it replaces the waiting task with that ID", ErrInvalidTask)
+	}
+	if o.replace && o.uniqueTTL > 0 {
+		return nil, none, fmt.Errorf("%w: Replace cannot be combined with Unique: the task ID already names the one task to keep", ErrInvalidTask)
+	}
+	return info, broker.EnqueueOptions{WaitReplicas: o.replicas, WaitTimeout: o.waitFor, Replace: o.replace}, nil
 }
 
 // uniqueKey digests queue, type and payload into the lock name.

@@ -12,7 +12,7 @@ type taskCtxKey struct{}
 
 // taskMeta is what a handler's context carries about its task.
 type taskMeta struct {
-	id, queue         string
+	id, queue, group  string
 	retried, maxRetry int
 	due               time.Time
 	lease             broker.LeaseRef
@@ -45,6 +45,17 @@ func GetQueueName(ctx context.Context) (queue string, ok bool) {
 		return "", false
 	}
 	return m.queue, true
+}
+
+// GetGroup returns the group (Group) of the task a handler is processing:
+// empty for a task without one; ok is false when ctx is not a handler's
+// context.
+func GetGroup(ctx context.Context) (group string, ok bool) {
+	m, ok := metaFrom(ctx)
+	if !ok {
+		return "", false
+	}
+	return m.group, true
 }
 
 // GetRetryCount returns how many times the task has been retried before this

@@ -80,4 +80,26 @@
 // limit must be at least the queue's partition count (a partition without a
 // share would never start its tasks), and a limited queue cannot be
 // repartitioned to more partitions than its limits.
+//
+// # Groups
+//
+// Group puts a task in a group of its queue (a tenant, a customer). The
+// groups that have tasks ready are served round-robin, one task per turn,
+// the tasks without a group taking their turns as one more group, so a
+// group with a million tasks waiting never starves one with ten. The
+// queue's group limits apply to each group on its own: GroupConcurrency
+// tasks running at once and GroupRate starts per period, over all servers;
+// with Ordered, a group is a sequence whose tasks start one at a time in
+// enqueue order, the next after the previous finished (a task waiting to be
+// retried keeps its place):
+//
+//	client.Enqueue(ctx, task, tide.Queue("emails"), tide.Group("tenant-42"))
+//	in.SetQueueLimits(ctx, "emails", tide.QueueLimits{GroupConcurrency: 2})
+//
+// A group's tasks live together (the group is their ID's hash tag, see
+// broker.Partition), so group limits are never split and are checked in the
+// step that leases, on Redis Cluster too. A handler returns
+// ThrottleGroup(d) to hold its task's whole group back for d. Replace with
+// TaskID debounces: a waiting task with the ID takes the new payload and
+// due time. Inspector.Groups lists the largest backlogs.
 package tide

@@ -77,6 +77,8 @@ var ErrHandlerNotFound = errors.New("tide: no handler for task type")
 // for a Config with a bad value.
 var ErrInvalidConfig = errors.New("tide: invalid config")
 
-// ErrNotSupported is returned by Inspector methods when the broker does not
-// implement broker.Admin.
-var ErrNotSupported = errors.New("tide: the broker does not support inspection (broker.Admin)")
+// ErrNotSupported is returned when the broker lacks the optional interface
+// a method needs: broker.Admin for the Inspector, broker.Waiter for
+// Client.Wait, broker.ProgressReporter for ReportProgress. The error names
+// the interface.
+var ErrNotSupported = errors.New("tide: not supported by the broker")

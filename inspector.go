@@ -65,9 +65,13 @@ type QueueLimits = tidetype.QueueLimits
 // tidetype.Rate.
 type Rate = tidetype.Rate
 
+// GroupInfo describes one group of a queue (Inspector.Groups); see
+// tidetype.GroupInfo.
+type GroupInfo = tidetype.GroupInfo
+
 func (in *Inspector) needAdmin() error {
 	if in.admin == nil {
-		return ErrNotSupported
+		return fmt.Errorf("%w: inspection needs a broker.Admin", ErrNotSupported)
 	}
 	return nil
 }
@@ -394,6 +398,23 @@ func (in *Inspector) QueueLimits(ctx context.Context, queue string) (QueueLimits
 		return QueueLimits{}, err
 	}
 	return in.admin.QueueLimits(ctx, queue)
+}
+
+// Groups returns up to n groups (Group) of queue that have tasks waiting or
+// running or that are throttled, the largest backlogs first: the tenants
+// that fill the queue. n is 1 to broker.MaxGroupsListed (1000). It needs a
+// broker that implements broker.Admin.
+func (in *Inspector) Groups(ctx context.Context, queue string, n int) ([]GroupInfo, error) {
+	if err := in.needAdmin(); err != nil {
+		return nil, err
+	}
+	if err := ValidateQueueName(queue); err != nil {
+		return nil, err
+	}
+	if n < 1 || n > broker.MaxGroupsListed {
+		return nil, fmt.Errorf("%w: Groups(%q, %d): n must be 1 to %d", ErrInvalidTask, queue, n, broker.MaxGroupsListed)
+	}
+	return in.admin.Groups(ctx, queue, n)
 }
 
 // UnpauseQueue resumes a paused queue.

@@ -3,6 +3,8 @@ package tide
 import (
 	"fmt"
 	"time"
+
+	"github.com/tidequeue/tide/broker"
 )
 
 // Limits that Enqueue enforces. A task over a limit is rejected with an error
@@ -52,6 +54,43 @@ type enqueueOptions struct {
 	retention time.Duration
 	replicas  int
 	waitFor   time.Duration
+	group     string
+	replace   bool
+}
+
+// Group puts the task in group key of its queue: a tenant, a customer, an
+// account. Groups that have tasks ready are served round-robin, so a group
+// with a million tasks waiting never starves one with ten, and the queue's
+// group limits (QueueLimits.GroupConcurrency, GroupRate, Ordered) apply to
+// each group on its own. Tasks without a group are served as one group.
+//
+// The key is 1 to 128 bytes without control characters or braces. A
+// group's tasks are kept together (in one partition of the queue): a task
+// ID given with TaskID must carry the group as its tag, "order-42{acme}"
+// for group "acme", and Unique makes a task unique within its group.
+func Group(key string) Option {
+	return optionFunc(func(o *enqueueOptions) error {
+		if err := broker.CheckGroup(key); err != nil {
+			return err
+		}
+		o.group = key
+		return nil
+	})
+}
+
+// Replace, with TaskID, makes Enqueue replace a waiting task (pending,
+// scheduled or retry) that has the ID instead of failing with
+// ErrTaskIDConflict: the task takes the new payload, headers, options and
+// due time, and keeps its place in its group's order. This debounces: the
+// task runs once, after the last Enqueue's delay. A finished task with the
+// ID (completed, archived) is replaced by the new one. A task that is
+// running still gets ErrTaskIDConflict. Without TaskID, Enqueue refuses
+// Replace.
+func Replace() Option {
+	return optionFunc(func(o *enqueueOptions) error {
+		o.replace = true
+		return nil
+	})
 }
 
 // ProcessIn delays the task by d from the moment of Enqueue. d must be

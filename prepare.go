@@ -27,6 +27,9 @@ func Prepare(t *Task, opts ...Option) (*TaskInfo, error) {
 	if eo.WaitReplicas > 0 {
 		return nil, fmt.Errorf("%w: WaitForReplicas is an option of the Enqueue call, not of the task: it cannot be stored with the task", ErrInvalidTask)
 	}
+	if eo.Replace {
+		return nil, fmt.Errorf("%w: Replace is an option of the Enqueue call, not of the task: it cannot be stored with the task", ErrInvalidTask)
+	}
 	return info, nil
 }
 
@@ -99,6 +102,19 @@ func (c *Client) checkPrepared(info *TaskInfo) (*TaskInfo, error) {
 	case info.NextProcessAt.IsZero():
 		return nil, fmt.Errorf("%w: no due time (NextProcessAt): prepare the task with Prepare", ErrInvalidTask)
 	}
+	if info.Group != "" {
+		if err := broker.CheckGroup(info.Group); err != nil {
+			return nil, err
+		}
+		if info.ID != "" {
+			if err := broker.CheckGroupID(info.ID, info.Group); err != nil {
+				return nil, err
+			}
+		}
+		if info.UniqueKey != "" && broker.HashTag(info.UniqueKey) != info.Group {
+			return nil, fmt.Errorf("%w: unique key %q of a task of group %q must end in {%s}: prepare the task with Prepare", ErrInvalidTask, info.UniqueKey, info.Group, info.Group)
+		}
+	}
 	t := &TaskInfo{
 		ID:             info.ID,
 		Queue:          info.Queue,
@@ -115,6 +131,7 @@ func (c *Client) checkPrepared(info *TaskInfo) (*TaskInfo, error) {
 		UniqueKey:      info.UniqueKey,
 		UniqueTTL:      info.UniqueTTL,
 		IdempotencyKey: info.IdempotencyKey,
+		Group:          info.Group,
 	}
 	if t.EnqueuedAt.IsZero() {
 		t.EnqueuedAt = c.now().Truncate(time.Millisecond)

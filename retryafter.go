@@ -25,20 +25,40 @@ func RetryAfter(d time.Duration) error {
 	return &RetryAfterError{Delay: min(max(d, 0), MaxRetryAfter)}
 }
 
-// RetryAfterError is the error RetryAfter returns; errors.As finds it in a
-// wrapped error.
-type RetryAfterError struct {
-	Delay time.Duration
+// ThrottleGroup returns an error that a handler returns to hold back the
+// whole group of its task (Group) for d: no task of the group starts
+// before d has passed, on any server, and this task runs again after it,
+// like RetryAfter (no retry used, attempt recorded as "deferred"). Use it
+// when a tenant's downstream answers "slow down": the other groups keep
+// running. Tasks of the group already running finish. For a task without a
+// group it is RetryAfter. d is bounded like RetryAfter's.
+func ThrottleGroup(d time.Duration) error {
+	return &RetryAfterError{Delay: min(max(d, 0), MaxRetryAfter), Group: true}
 }
 
-// Error returns "tide: retry after <Delay>".
-func (e *RetryAfterError) Error() string { return fmt.Sprintf("tide: retry after %v", e.Delay) }
+// RetryAfterError is the error RetryAfter and ThrottleGroup return;
+// errors.As finds it in a wrapped error.
+type RetryAfterError struct {
+	Delay time.Duration
+	// Group is set by ThrottleGroup: the task's whole group waits.
+	Group bool
+}
 
-// retryAfter reports the wait a handler's error asks for.
-func retryAfter(err error) (time.Duration, bool) {
+// Error returns "tide: retry after <Delay>" or, for ThrottleGroup, "tide:
+// group throttled for <Delay>".
+func (e *RetryAfterError) Error() string {
+	if e.Group {
+		return fmt.Sprintf("tide: group throttled for %v", e.Delay)
+	}
+	return fmt.Sprintf("tide: retry after %v", e.Delay)
+}
+
+// retryAfter reports the wait a handler's error asks for, and whether it
+// holds back the task's whole group.
+func retryAfter(err error) (d time.Duration, group, ok bool) {
 	var ra *RetryAfterError
 	if !errors.As(err, &ra) {
-		return 0, false
+		return 0, false, false
 	}
-	return min(max(ra.Delay, 0), MaxRetryAfter), true
+	return min(max(ra.Delay, 0), MaxRetryAfter), ra.Group, true
 }

@@ -303,7 +303,7 @@ func (s *Server) run(ctx context.Context, d *broker.Delivery) (broker.Settlement
 	m := d.Task
 	t := &Task{typ: m.Type, payload: m.Payload, headers: m.Headers}
 	ctx = withTaskMeta(ctx, &taskMeta{
-		id: m.ID, queue: m.Queue, retried: m.Retried, maxRetry: m.MaxRetry, due: m.NextProcessAt, b: s.b,
+		id: m.ID, queue: m.Queue, group: m.Group, retried: m.Retried, maxRetry: m.MaxRetry, due: m.NextProcessAt, b: s.b,
 		lease: d.Lease(),
 	})
 	if m.Timeout > 0 {
@@ -382,17 +382,17 @@ func decide(m *TaskInfo, err, cause error, now time.Time) (set broker.Settlement
 	case !m.Deadline.IsZero() && !now.Before(m.Deadline):
 		return set, "past its deadline"
 	}
-	if d, ok := retryAfter(err); ok {
+	if d, group, ok := retryAfter(err); ok {
 		// The handler asked to wait: no retry is used, even by a task
 		// that has none left.
-		set.Kind, set.RetryAt = broker.SettleDefer, now.Add(d)
+		set.Kind, set.RetryAt, set.Throttle = broker.SettleDefer, now.Add(d), group && m.Group != ""
 		return set, ""
 	}
 	set.Kind = broker.SettleRetry
 	return set, ""
 }
 
-func isRetryAfter(err error) bool { _, ok := retryAfter(err); return ok }
+func isRetryAfter(err error) bool { _, _, ok := retryAfter(err); return ok }
 
 // call runs the handler, turning a panic into an error with its stack.
 func (s *Server) call(ctx context.Context, t *Task) (err error) {

@@ -21,6 +21,10 @@ func TestMain(m *testing.M) {
 		runCrashWorker()
 		return
 	}
+	if os.Getenv(groupWorkerEnv) != "" {
+		runGroupWorker()
+		return
+	}
 	goleak.VerifyTestMain(m,
 		// go-redis keeps a connection-reaper goroutine per client until Close;
 		// tests close theirs in t.Cleanup, after goleak's per-package check
