@@ -35,8 +35,13 @@
 //	  "deadline":       "2030-01-02T16:00:00Z",    // for all attempts
 //	  "retention":      "24h",                     // keep the finished task (and its result)
 //	  "unique":         "1h",                      // refuse a same queue+type+payload task for up to 1h
-//	  "headers":        {"traceparent": "00-..."}  // string values, carried with the task
+//	  "headers":        {"traceparent": "00-..."}, // string values, carried with the task
+//	  "group":          "tenant-42",               // served round-robin with other groups; group limits apply
+//	  "replace":        true                       // with task_id: replace the waiting task with that ID (debounce)
 //	}
+//
+// A task_id given with a group must carry the group as its tag
+// ("order-42{tenant-42}"); see tide.Group.
 //
 // A field given as null counts as absent. Unknown and repeated fields are
 // refused. A "tide:webhook" task's payload is checked at once (see package
@@ -48,7 +53,19 @@
 //
 // GET /v1/queues/{queue}/tasks/{id} returns the task as Task: the state,
 // "payload" (when it is JSON) and "payload_base64", "last_error", "retried",
-// "next_process_at", "result" when a handler wrote one, ...
+// "next_process_at", "result" when a handler wrote one, "progress" when it
+// reported some, ...
+//
+// GET /v1/queues/{queue}/tasks/{id}?wait=30s waits up to the given time (at
+// most MaxWait, a minute) for the task to be completed or archived and then
+// answers as above; when the time runs out it answers with the task as it
+// is. Nothing polls: the step that ends the task wakes the request. A task
+// deleted when it succeeded (no "retention") is answered with its id, queue,
+// "state": "completed" and "completed_at" only; give it a retention to read
+// its result. The request/response shape from any language:
+//
+//	curl -XPOST .../v1/tasks -d '{"type":"image:resize","payload":{...},"retention":"10m"}'
+//	curl '.../v1/queues/default/tasks/<id>?wait=30s'
 //
 // DELETE /v1/queues/{queue}/tasks/{id} deletes a task that is not running
 // (the order-paid case: delete the pending cancel task): 204.

@@ -221,6 +221,13 @@ func (g *gateway) handleTask(w http.ResponseWriter, r *http.Request) {
 	}
 	switch r.Method {
 	case http.MethodGet, http.MethodHead:
+		if info, aerr := g.waitFor(r, queue, id); aerr != nil {
+			g.fail(w, r, aerr)
+			return
+		} else if info != nil {
+			writeJSON(w, http.StatusOK, TaskFromInfo(info))
+			return
+		}
 		info, err := g.in.GetTaskInfo(r.Context(), queue, id)
 		if err != nil {
 			g.fail(w, r, g.taskError(err, queue, id))
@@ -236,6 +243,34 @@ func (g *gateway) handleTask(w http.ResponseWriter, r *http.Request) {
 	default:
 		g.methodNotAllowed(w, r, "GET, HEAD, DELETE")
 	}
+}
+
+// MaxWait is the longest ?wait= a GET of a task accepts.
+const MaxWait = time.Minute
+
+// waitFor serves the ?wait=<duration> of a GET: it waits (without polling)
+// until the task is completed or archived and returns it; nil when there is
+// no wait or the wait ran out (the caller then answers with the task as it
+// is).
+func (g *gateway) waitFor(r *http.Request, queue, id string) (*tide.TaskInfo, *apiError) {
+	ws := r.URL.Query().Get("wait")
+	if ws == "" {
+		return nil, nil
+	}
+	d, err := time.ParseDuration(ws)
+	if err != nil || d < 0 || d > MaxWait {
+		return nil, badField("wait", "must be a duration from 0s to %v such as \"30s\", got %q", MaxWait, clip(ws, 64))
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), d)
+	defer cancel()
+	info, err := g.c.Wait(ctx, queue, id)
+	switch {
+	case err == nil:
+		return info, nil
+	case errors.Is(err, context.DeadlineExceeded) && r.Context().Err() == nil:
+		return nil, nil
+	}
+	return nil, g.taskError(err, queue, id)
 }
 
 // handleCancel serves POST /v1/queues/{queue}/tasks/{id}/cancel.

@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/webhook"
 )
 
@@ -61,6 +62,7 @@ func badRequest(format string, a ...any) *apiError {
 var enqueueFields = []string{
 	"type", "payload", "payload_base64", "queue", "task_id", "delay", "delay_seconds",
 	"process_at", "max_retry", "timeout", "deadline", "retention", "unique", "headers",
+	"group", "replace",
 }
 
 var knownField = func() map[string]bool {
@@ -166,6 +168,34 @@ func parseEnqueue(body []byte, now time.Time) (*enqueueSpec, *apiError) {
 	}
 	if err := p.headers(s); err != nil {
 		return nil, err
+	}
+	if g, ok, err := p.str("group"); err != nil {
+		return nil, err
+	} else if ok {
+		if err := broker.CheckGroup(g); err != nil {
+			return nil, badField("group", "%s", strings.TrimPrefix(err.Error(), broker.ErrInvalidTask.Error()+": "))
+		}
+		if id, has, _ := p.str("task_id"); has {
+			if err := broker.CheckGroupID(id, g); err != nil {
+				return nil, badField("task_id", "%s", strings.TrimPrefix(err.Error(), broker.ErrInvalidTask.Error()+": "))
+			}
+		}
+		s.opts = append(s.opts, tide.Group(g))
+	}
+	if raw, ok := p.raw("replace"); ok {
+		switch string(raw) {
+		case "true":
+			if _, has := p.raw("task_id"); !has {
+				return nil, badField("replace", "needs task_id: it replaces the waiting task with that ID")
+			}
+			if _, has := p.raw("unique"); has {
+				return nil, badField("replace", "cannot be combined with unique")
+			}
+			s.opts = append(s.opts, tide.Replace())
+		case "false":
+		default:
+			return nil, badField("replace", "must be true or false, got %s", kind(raw))
+		}
 	}
 	return s, nil
 }

@@ -76,6 +76,13 @@ func TestParseEnqueueBadInput(t *testing.T) {
 		{"webhook bad url", `{"type": "tide:webhook", "payload": {"url": "ftp://x"}}`, "payload", `"payload": webhook: URL scheme "ftp" is not allowed`},
 		{"webhook unknown field", `{"type": "tide:webhook", "payload": {"url": "https://x", "jsn": 1}}`, "payload", `"payload": unknown field "jsn"`},
 		{"webhook not object", `{"type": "tide:webhook", "payload": "https://x"}`, "payload", `"payload": `},
+		{"group number", `{"type": "a", "group": 7}`, "group", `"group": must be a string, got a number`},
+		{"group brace", `{"type": "a", "group": "a{b"}`, "group", `"group": group key "a{b" has invalid character '{'`},
+		{"group empty", `{"type": "a", "group": ""}`, "group", `"group": group key is 0 bytes`},
+		{"group untagged id", `{"type": "a", "group": "acme", "task_id": "o-1"}`, "task_id", `"task_id": task ID "o-1" of group "acme" must hold the group as its tag, e.g. "o-1{acme}"`},
+		{"replace string", `{"type": "a", "task_id": "x", "replace": "yes"}`, "replace", `"replace": must be true or false, got a string`},
+		{"replace without id", `{"type": "a", "replace": true}`, "replace", `"replace": needs task_id`},
+		{"replace unique", `{"type": "a", "task_id": "x", "unique": "1m", "replace": true}`, "replace", `"replace": cannot be combined with unique`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -146,6 +153,9 @@ func TestParseEnqueueGoodInput(t *testing.T) {
 			return ti.State == tide.StateScheduled && ti.NextProcessAt.Equal(time.Date(2034, 12, 31, 23, 0, 0, 0, time.UTC))
 		},
 		`{"type": "a", "max_retry": 0, "delay": "0s"}`: func(ti *tide.TaskInfo) bool { return ti.MaxRetry == 0 },
+		`{"type": "a", "group": "acme", "task_id": "g-1{acme}", "replace": true}`: func(ti *tide.TaskInfo) bool {
+			return ti.Group == "acme" && ti.ID == "g-1{acme}"
+		},
 		`{"type": "tide:webhook", "payload": {"url": "https://hooks.example.com/x", "body": "{}"}}`: func(ti *tide.TaskInfo) bool {
 			return ti.Queue == "webhooks"
 		},

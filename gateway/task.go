@@ -39,6 +39,18 @@ type Task struct {
 	// valid JSON; ResultBase64 is always its bytes, when there is a result.
 	Result       json.RawMessage `json:"result,omitempty"`
 	ResultBase64 string          `json:"result_base64,omitempty"`
+	// Progress is what the running task last reported
+	// (tide.ReportProgress), when it reported anything.
+	Progress *Progress `json:"progress,omitempty"`
+	// Group is the task's group (tide.Group), when it has one.
+	Group string `json:"group,omitempty"`
+}
+
+// Progress is the JSON form of a task's progress.
+type Progress struct {
+	Percent int       `json:"percent"`
+	Note    string    `json:"note,omitempty"`
+	At      time.Time `json:"at"`
 }
 
 // TaskFromInfo returns the JSON form of ti, payload and result included.
@@ -47,7 +59,10 @@ func TaskFromInfo(ti *tide.TaskInfo) *Task {
 		ID: ti.ID, Queue: ti.Queue, Type: ti.Type, State: ti.State.String(),
 		Headers: maps.Clone(ti.Headers), MaxRetry: ti.MaxRetry, Retried: ti.Retried, LastError: ti.LastErr,
 		NextProcessAt: timePtr(ti.NextProcessAt), LastFailedAt: timePtr(ti.LastFailedAt),
-		CompletedAt: timePtr(ti.CompletedAt), Deadline: timePtr(ti.Deadline),
+		CompletedAt: timePtr(ti.CompletedAt), Deadline: timePtr(ti.Deadline), Group: ti.Group,
+	}
+	if !ti.Progress.At.IsZero() {
+		t.Progress = &Progress{Percent: ti.Progress.Percent, Note: ti.Progress.Note, At: ti.Progress.At.UTC()}
 	}
 	if ti.Timeout > 0 {
 		t.Timeout = ti.Timeout.String()
