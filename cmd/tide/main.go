@@ -188,6 +188,7 @@ type cmdOpts struct {
 	filter      tide.TaskFilter // tasks ls --id, --type, --payload, --error
 	histDSN     string          // --history-dsn
 	histTable   string          // --history-table
+	lim         limitsOpts      // limits set
 }
 
 var commands []*command
@@ -219,10 +220,11 @@ var groups = map[string]string{
 	"queues": "list and change queues",
 	"tasks":  "inspect and act on the tasks of a queue",
 	"cron":   "inspect periodic tasks",
+	"limits": "show and change a queue's flow-control limits",
 }
 
 // groupDefaults are the subcommands a group runs when none is given.
-var groupDefaults = map[string]string{"queues": "ls"}
+var groupDefaults = map[string]string{"queues": "ls", "limits": "get"}
 
 // dispatch parses the global flags, finds the command and runs it.
 func (a *app) dispatch(ctx context.Context, args []string) error {
@@ -329,6 +331,7 @@ var aliases = map[string]string{
 	"tasks remove":  "tasks delete",
 	"queues delete": "queues rm",
 	"queues remove": "queues rm",
+	"limits show":   "limits get",
 }
 
 func (a *app) help(args []string) error {
@@ -376,8 +379,9 @@ Exit codes:
   0  success
   1  the operation failed (Redis unreachable, task in the wrong state, ...)
   2  usage error (unknown command, bad flag or argument)
-  3  the task or queue was not found (pause, unpause and queues rm: the queue
-     never had a task; pause and unpause --force act anyway)
+  3  the task or queue was not found (pause, unpause, limits set and queues
+     rm: the queue never had a task; pause, unpause and limits set --force
+     act anyway)
 
 Examples:
   tide queues                                   # every queue, its sizes and today's counts
@@ -388,6 +392,9 @@ Examples:
   tide --redis 10.0.0.5:6379 stats --watch      # live counters, until Ctrl-C
   tide pause emails                             # stop servers taking its tasks
   tide queues rm orders-v1                      # remove an empty queue
+  tide limits set orders --concurrency 10 --rate 100/1s   # at most 10 running, 100 starts a second
+  tide limits set emails --group-concurrency 2  # at most 2 running per group (tide.Group)
+  tide groups emails                            # the groups with the largest backlogs
   tide dash                                     # the web dashboard, on 127.0.0.1:8080
   TIDE_DASH_TOKEN=... tide dash --addr :8080    # ... on every interface, with a login for changes
   TIDE_GATEWAY_TOKENS=... tide serve            # the HTTP gateway for other languages
@@ -397,7 +404,7 @@ Commands that show or write payloads (tasks ls and show, dash, serve) take
 --encryption-keys, default $TIDE_ENCRYPTION_KEYS, for payloads encrypted
 with encrypt.Wrap. dash and serve log at $TIDE_LOG_LEVEL (default info).
 
-Text read from Redis (task types, IDs, errors, payloads...) is printed with
+Text read from Redis (task types, IDs, errors, payloads, group names...) is printed with
 its control characters escaped, e.g. ESC as \x1b: see 'tide tasks show --help'.
 
 Run 'tide <command> --help' for a command's flags and examples.
@@ -471,6 +478,6 @@ func upperFirst(s string) string {
 func init() {
 	commands = []*command{
 		cmdQueues, cmdQueuesRepartition, cmdQueuesRm, cmdTasksLs, cmdTasksShow, cmdTasksDelete, cmdTasksRun, cmdTasksArchive, cmdTasksCancel,
-		cmdPause, cmdUnpause, cmdServers, cmdStats, cmdCronLs, cmdDash, cmdServe, cmdVersion,
+		cmdPause, cmdUnpause, cmdLimitsGet, cmdLimitsSet, cmdGroups, cmdServers, cmdStats, cmdCronLs, cmdDash, cmdServe, cmdVersion,
 	}
 }

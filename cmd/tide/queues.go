@@ -20,8 +20,8 @@ var cmdQueues = &command{
 	summary: "list queues with their sizes, today's counts and latency",
 	help: `
 List every queue with the number of tasks in each state, the attempts
-processed and failed today (UTC), and the latency: how long the oldest
-pending task has been waiting.
+processed and failed today (UTC), the latency (how long the oldest
+pending task has been waiting) and the limits set with 'tide limits set'.
 
 Examples:
   tide queues
@@ -166,11 +166,12 @@ type queueJSON struct {
 	ProcessedToday int        `json:"processed_today"`
 	FailedToday    int        `json:"failed_today"`
 	LatencySeconds float64    `json:"latency_seconds"`
+	Limits         limitsJSON `json:"limits"`
 }
 
-func toQueueJSON(q *tide.QueueInfo) queueJSON {
+func toQueueJSON(q *tide.QueueInfo, l tide.QueueLimits) queueJSON {
 	j := queueJSON{q.Queue, q.Paused, nil, q.Size, q.Pending, q.Active, q.Scheduled, q.Retry, q.Archived, q.Completed,
-		q.Processed, q.Failed, q.Latency.Seconds()}
+		q.Processed, q.Failed, q.Latency.Seconds(), toLimitsJSON(l)}
 	if !q.PausedUntil.IsZero() {
 		u := q.PausedUntil.UTC()
 		j.PausedUntil = &u
@@ -209,10 +210,14 @@ func runQueues(ctx context.Context, a *app, _ *cmdOpts, _ []string) error {
 	if err != nil {
 		return err
 	}
+	limits, err := a.queueLimits(ctx, infos)
+	if err != nil {
+		return err
+	}
 	if a.globals.json {
 		out := make([]queueJSON, len(infos))
 		for i, q := range infos {
-			out[i] = toQueueJSON(q)
+			out[i] = toQueueJSON(q, limits[q.Queue])
 		}
 		return a.printJSON(out)
 	}
@@ -220,11 +225,11 @@ func runQueues(ctx context.Context, a *app, _ *cmdOpts, _ []string) error {
 		fmt.Fprintf(a.stdout, "No queues under prefix %q yet (is --prefix right?).\n", a.globals.prefix)
 		return nil
 	}
-	t := newTable(a.stdout, "QUEUE", "PAUSED", "PENDING", "ACTIVE", "SCHEDULED", "RETRY", "ARCHIVED", "COMPLETED", "PROCESSED TODAY", "FAILED TODAY", "LATENCY")
+	t := newTable(a.stdout, "QUEUE", "PAUSED", "PENDING", "ACTIVE", "SCHEDULED", "RETRY", "ARCHIVED", "COMPLETED", "PROCESSED TODAY", "FAILED TODAY", "LATENCY", "LIMITS")
 	for _, q := range infos {
 		t.row(q.Queue, pausedCell(q), strconv.Itoa(q.Pending), strconv.Itoa(q.Active), strconv.Itoa(q.Scheduled),
 			strconv.Itoa(q.Retry), strconv.Itoa(q.Archived), strconv.Itoa(q.Completed),
-			strconv.Itoa(q.Processed), strconv.Itoa(q.Failed), latency(q.Latency))
+			strconv.Itoa(q.Processed), strconv.Itoa(q.Failed), latency(q.Latency), compactLimits(limits[q.Queue]))
 	}
 	t.flush()
 	return nil
