@@ -9,7 +9,10 @@
 // payload and error text and acts on selected rows; a task's page lists its
 // recorded attempts and, while it runs, its server, start and lease. A queue
 // with overdue scheduled or retry tasks and no live server to move them gets
-// a warning. The servers page shows the Redis server's version, memory and
+// a warning. A queue with limits (Inspector.SetQueueLimits) or groups
+// (tide.Group) has a "Groups" panel on its page: the five limits and the 20
+// groups with the largest backlogs, with their tasks waiting and running and
+// how long a throttled group is held back. The servers page shows the Redis server's version, memory and
 // eviction policy (warning about any policy but noeviction) and each periodic
 // task's latest runs.
 //
@@ -100,7 +103,11 @@
 // "processed_last_hour":n,"failed_last_hour":n,"processed_per_sec":x,
 // "failed_per_sec":x,"queues":n}: one point per minute (the minute's start
 // in Unix milliseconds; pending -1 when no server sampled it), and rates
-// over the last minute or two. Errors are {"ok":false,"error":...} with the
+// over the last minute or two. With q it also has the queue's "limits":
+// {"concurrency":n,"rate":{"limit":n,"per_seconds":x},"group_concurrency":n,
+// "group_rate":{...},"ordered":b} (0 and null for no limit) and its "groups":
+// [{"group":...,"waiting":n,"running":n,"throttled_until":time},...], the 20
+// largest backlogs first (throttled_until null when not held back). Errors are {"ok":false,"error":...} with the
 // status the pages would have.
 //
 // With Options.ReadToken set, the GET routes but /login and /static/ answer

@@ -28,6 +28,11 @@ type liveData struct {
 	ProcessedPerSec float64 `json:"processed_per_sec"`
 	FailedPerSec    float64 `json:"failed_per_sec"`
 	Queues          int     `json:"queues"`
+	// Limits and Groups (the groupsShown largest backlogs) are those of
+	// the named queue; absent for every queue, or when the broker keeps
+	// neither.
+	Limits *limitsJSON  `json:"limits,omitempty"`
+	Groups *[]groupJSON `json:"groups,omitempty"`
 }
 
 type livePoint struct {
@@ -122,6 +127,16 @@ func (h *handler) live(ctx context.Context, queue string, named bool) (*liveData
 		d.FailedLastHour += p.Failed
 	}
 	d.ProcessedPerSec, d.FailedPerSec = recentRates(d.Points, now)
+	if named {
+		f, err := h.flow(ctx, queue)
+		if err != nil {
+			return nil, err
+		}
+		if f != nil {
+			gs := toGroupsJSON(f.Groups, now)
+			d.Limits, d.Groups = toLimitsJSON(f.Limits), &gs
+		}
+	}
 
 	return d, nil
 }

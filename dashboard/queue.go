@@ -50,6 +50,9 @@ type queueData struct {
 	Overdue bool
 	Served  bool // a live server serves the queue
 	LiveURL string
+	// Flow is the queue's limits and top groups; nil when the broker
+	// keeps neither.
+	Flow *flowData
 }
 
 type stateTab struct {
@@ -187,6 +190,10 @@ func (h *handler) queuePage(w http.ResponseWriter, r *http.Request) {
 		}
 		d.Served = serves(ss, queue)
 		d.Overdue = !d.Served
+	}
+	if d.Flow, err = h.flow(ctx, queue); err != nil {
+		h.fail(w, r, err, false)
+		return
 	}
 	d.Info = qi
 	link := func(st tide.TaskState, page, size, days int, search bool, from int) string {

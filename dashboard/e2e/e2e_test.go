@@ -184,6 +184,38 @@ func seedDemo(t *testing.T, e *env) {
 	e.enqueue("thumbnail:render", []byte{0x89, 'P', 'N', 'G', 0x0d, 0x0a, 0x1a, 0x0a, 0, 0, 0, 0x0d}, tide.ProcessIn(4*time.Hour))
 }
 
+// seedGroups fills queue "exports" with grouped tasks (one group per
+// customer) under limits, and serves it: globex's tasks throttle their
+// group for an hour, the others run until the test ends, so that the queue
+// page shows running, waiting and throttled groups.
+func seedGroups(t *testing.T, e *env) {
+	t.Helper()
+	if err := e.in.SetQueueLimits(e.ctx(), "exports", tide.QueueLimits{Concurrency: 8, Rate: tide.Rate{Limit: 200, Per: time.Second},
+		GroupConcurrency: 2, GroupRate: tide.Rate{Limit: 30, Per: time.Minute}}); err != nil {
+		t.Fatal(err)
+	}
+	for g, n := range map[string]int{"acme-corp": 9, "globex": 4, "initech": 14, "umbrella": 3, "hooli": 6, "stark-industries": 1} {
+		for i := range n {
+			e.enqueue("export:csv", fmt.Appendf(nil, `{"customer":%q,"report":%d}`, g, i), tide.Queue("exports"), tide.Group(g))
+		}
+	}
+	// Eight workers, more than the six groups: the first round, one task
+	// of each group, starts globex's.
+	srv := tide.NewServer(e.b, tide.Config{
+		Concurrency: 8, Queues: map[string]int{"exports": 1}, ShutdownTimeout: time.Second, Logger: testLogger(t),
+	})
+	if err := srv.Start(tide.HandlerFunc(func(ctx context.Context, _ *tide.Task) error {
+		if g, _ := tide.GetGroup(ctx); g == "globex" {
+			return fmt.Errorf("export API says slow down: %w", tide.ThrottleGroup(time.Hour))
+		}
+		<-ctx.Done()
+		return context.Cause(ctx)
+	})); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+}
+
 // TestE2EBrowser drives the dashboard in headless Chromium: it logs in,
 // runs a scheduled task with its button, deletes another one (accepting the
 // confirmation), checks the pages and the Inspector, and takes screenshots
@@ -192,7 +224,8 @@ func seedDemo(t *testing.T, e *env) {
 // it). It then searches with the form and archives two selected rows, watches
 // the live view count new tasks without a reload, and shows a task's attempt
 // history and a running task (-search, -live, -task-history, -task-running),
-// dark mode with a contrast check (-dark) and a phone-sized screen (-narrow).
+// a queue's limits and groups, one running and one throttled (-groups), dark
+// mode with a contrast check (-dark) and a phone-sized screen (-narrow).
 func TestE2EBrowser(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -507,6 +540,39 @@ func TestE2EBrowser(t *testing.T) {
 	}
 	save("task-running", 800)
 
+	// A queue with limits and groups: its page lists the groups by
+	// backlog, one of them running and one throttled.
+	seedGroups(t, e)
+	waitGroups := func() {
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			gs, err := e.in.Groups(e.ctx(), "exports", 20)
+			var running, held bool
+			for _, g := range gs {
+				running = running || g.Group == "acme-corp" && g.Running > 0
+				held = held || g.Group == "globex" && !g.ThrottledUntil.IsZero()
+			}
+			if err == nil && running && held {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the exports groups: %+v %v", gs, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	waitGroups()
+	shot("groups", e.srv.URL+"/queue?q=exports", "#groups-table")
+	if got := eval(`Array.from(document.querySelectorAll('#groups-table tbody tr')).map(function(r){return r.getAttribute('data-group')}).join(' ')`); !strings.HasPrefix(fmt.Sprint(got), "initech ") {
+		t.Errorf("group rows %q, want initech (the largest backlog) first", got)
+	}
+	if got := eval(`document.querySelector('[data-limit="group-rate"]').textContent + ' · ' + document.querySelector('[data-limit="concurrency"]').textContent`); got != "30 per 1m · 8" {
+		t.Errorf("limits shown: %q", got)
+	}
+	if n := eval(`document.querySelectorAll('#groups-table tr[data-group="globex"] .badge.throttled').length`); n != float64(1) {
+		t.Errorf("globex is not shown throttled (%v badges)", n)
+	}
+
 	// Dark mode follows the browser's preference, with enough contrast.
 	if _, err := chromedp.Call(bctx, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{
 		Features: []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: "dark"}}}); err != nil {
@@ -519,6 +585,13 @@ func TestE2EBrowser(t *testing.T) {
 		t.Error("the page is not dark under prefers-color-scheme: dark")
 	}
 	for _, sel := range []string{"body", "table.grid td.type", ".muted", "table.grid thead th", ".badge", ".btn", "table.grid .err"} {
+		ratio, _ := chromedp.Run(bctx, chromedp.Evaluate[float64](contrastJS+fmt.Sprintf(`contrast(document.querySelector(%q))`, sel)))
+		if ratio < 4.5 {
+			t.Errorf("dark mode: %s has contrast %.2f, want at least 4.5", sel, ratio)
+		}
+	}
+	run("open the groups in dark mode", chromedp.Navigate(e.srv.URL+"/queue?q=exports"), chromedp.WaitVisible(chromedp.ID("groups-table")))
+	for _, sel := range []string{"dl.limits dt", "dl.limits dd", "#groups-table .badge.throttled", "#groups-table td.group-name"} {
 		ratio, _ := chromedp.Run(bctx, chromedp.Evaluate[float64](contrastJS+fmt.Sprintf(`contrast(document.querySelector(%q))`, sel)))
 		if ratio < 4.5 {
 			t.Errorf("dark mode: %s has contrast %.2f, want at least 4.5", sel, ratio)
@@ -540,6 +613,10 @@ func TestE2EBrowser(t *testing.T) {
 		t.Error("the task table is not in a scrolling box")
 	}
 	save("narrow", 300)
+	run("open the groups on a narrow screen", chromedp.Navigate(e.srv.URL+"/queue?q=exports"), chromedp.WaitVisible(chromedp.ID("groups-table")))
+	if ok := eval(`document.documentElement.scrollWidth <= window.innerWidth + 1`); ok != true {
+		t.Errorf("the narrow groups page scrolls sideways: %v > %v", eval(`document.documentElement.scrollWidth`), eval(`window.innerWidth`))
+	}
 	run("reset the viewport", chromedp.EmulateReset())
 }
 
