@@ -6,6 +6,7 @@
 //	cd bench && go run . -only process,pickup -json out.json
 //	cd bench && go run . -only floor,enqueue    # enqueue figures, the floor and the goals
 //	cd bench && go run . -only soak -soak 5m     # Redis memory while processing
+//	cd bench && go run . -only groups,fairness   # what groups cost, and what they are for
 //
 // See README.md for what each figure means.
 package main
@@ -127,6 +128,14 @@ func run() int {
 		if w.once {
 			runKinds = []string{sysFloor}
 		}
+		if w.systems != nil {
+			runKinds = nil
+			for _, k := range kinds {
+				if has(w.systems, k) {
+					runKinds = append(runKinds, k)
+				}
+			}
+		}
 		for _, k := range runKinds {
 			fmt.Fprintf(os.Stderr, "[%6.1fs] %-8s %-6s ...", time.Since(started).Seconds(), w.name, k)
 			t0 := time.Now()
@@ -174,6 +183,12 @@ func run() int {
 				fv, fok := out[sysFloor][f.key]
 				ts = cell(f, fv, fok, failed[sysFloor][f.key], true)
 				as = ts
+			}
+			if w.systems != nil && !has(w.systems, sysTide) {
+				ts = w.absent
+			}
+			if w.systems != nil && !has(w.systems, sysAsynq) {
+				as = w.absent
 			}
 			if ts == "FAILED" || as == "FAILED" {
 				anyFail = true
@@ -362,6 +377,9 @@ var goals = []goal{
 	{"tide Enqueue, 8 goroutines ÷ floor, 8 clients", [2]string{sysTide, "enq8"}, [2]string{sysFloor, floorKey(8)}, 0, ""},
 	{"asynq Enqueue, 1 goroutine ÷ floor, 1 client", [2]string{sysAsynq, "enq1"}, [2]string{sysFloor, floorKey(1)}, 0, ""},
 	{"asynq Enqueue, 8 goroutines ÷ floor, 8 clients", [2]string{sysAsynq, "enq8"}, [2]string{sysFloor, floorKey(8)}, 0, ""},
+	{"tide drain, groups with GroupConcurrency 1 ÷ no groups", [2]string{sysTide, "grpProc"}, [2]string{sysTide, "grpPlain"}, 0.6, "≥ 0.60"},
+	{"tide wait of the few, p99: FIFO ÷ own group", [2]string{sysTide, "fairF99"}, [2]string{sysTide, "fairG99"}, 0, ""},
+	{"wait of the few, p99: asynq FIFO ÷ tide own group", [2]string{sysAsynq, "fairF99"}, [2]string{sysTide, "fairG99"}, 0, ""},
 }
 
 // printGoals prints the ratios against the physical floor and the goals set

@@ -37,6 +37,11 @@ type workload struct {
 	figs  []figure
 	limit time.Duration // time box of one system's run
 	run   func(ctx context.Context, e *env, kind string) (results, error)
+
+	// systems, when set, are the only systems the workload runs on; the
+	// cells of the others say absent (a feature they do not have).
+	systems []string
+	absent  string
 }
 
 // sizes are the task counts and durations of a run (full or -quick).
@@ -62,6 +67,10 @@ type sizes struct {
 	rollBaseline, rollBudget time.Duration
 	rollTail, rollGap        time.Duration
 	rollWait                 time.Duration
+	grpN, grpGroups          int
+	grpRounds                int
+	fairBigN, fairSmallN     int
+	fairConcurrency          int
 }
 
 func fullSizes() sizes {
@@ -80,6 +89,8 @@ func fullSizes() sizes {
 		rollLead: 3 * time.Second, rollEvery: 10 * time.Millisecond,
 		rollBaseline: 10 * time.Second, rollBudget: 15 * time.Second, rollTail: 5 * time.Second,
 		rollGap: time.Second, rollWait: time.Minute,
+		grpN: 100000, grpGroups: 10000, grpRounds: 3,
+		fairBigN: 50000, fairSmallN: 50, fairConcurrency: 10,
 	}
 }
 
@@ -96,6 +107,8 @@ func quickSizes() sizes {
 	s.floorN = 5000
 	s.soakDur, s.soakEvery = 15*time.Second, time.Second
 	s.rollBaseline, s.rollBudget, s.rollTail = 4*time.Second, 8*time.Second, 2*time.Second
+	s.grpN, s.grpGroups, s.grpRounds = 20000, 2000, 1
+	s.fairBigN = 10000
 	return s
 }
 
@@ -245,6 +258,8 @@ func workloads(sz sizes) []workload {
 			limit: sz.rollLead + sz.rollBaseline + sz.rollBudget + sz.rollTail + sz.rollWait + 3*time.Minute,
 			run:   runRolling,
 		},
+		groupsWorkload(sz),
+		fairnessWorkload(sz),
 	}
 }
 

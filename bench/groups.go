@@ -1,0 +1,391 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/tidequeue/tide"
+)
+
+// The groups and fairness workloads measure tide's groups (tide.Group, see
+// the "Groups" section of the top-level README):
+//
+//   - groups: what per-group limits cost. The same tasks, the same server and
+//     the same no-op handler, drained from a plain queue and spread over many
+//     groups with QueueLimits{GroupConcurrency: 1} (and, to tell the cost of
+//     the groups from that of the limit, over the groups without limits).
+//   - fairness: what groups are for. A few tasks enqueued behind a large
+//     backlog wait for the whole backlog in a FIFO queue; in a group of their
+//     own they take turns with the backlog's group.
+//
+// asynq has nothing to compare with: its groups aggregate tasks into one
+// (Group + GroupAggregator) and have no per-group concurrency limit or fair
+// dequeue. BullMQ has groups only in its paid BullMQ Pro package, which the
+// bench cannot use. So groups runs on tide alone, and fairness sets tide's
+// groups against FIFO queues (tide without groups, and asynq).
+const (
+	groupsQueue     = "grouped"
+	groupsLimit     = 1 // QueueLimits.GroupConcurrency of the groups workload
+	groupsEnqueuers = 8 // goroutines calling EnqueueMany, one group a call
+	fairQueue       = "fair"
+	fairBig         = "big"
+	fairSmall       = "small"
+	noGroupsCell    = "(no groups)"
+	noGroupsNote    = "asynq: not run: its groups aggregate tasks (Group + GroupAggregator), with no per-group concurrency limit; BullMQ's groups are in the paid BullMQ Pro package, not available here"
+)
+
+func groupsWorkload(sz sizes) workload {
+	return workload{
+		name:    "groups",
+		systems: []string{sysTide},
+		absent:  noGroupsCell,
+		about:   "cost of per-group limits: drain the same tasks without groups and over many groups (no limits; GroupConcurrency 1) (tide only)",
+		figs: []figure{
+			{key: "grpPlain", label: fmt.Sprintf("groups: drain %s pending, no groups, concurrency %d, no-op handler (median of %d)", kcount(sz.grpN), sz.concurrency, sz.grpRounds), unit: "tasks/s"},
+			{key: "grpFree", label: fmt.Sprintf("groups: the same %s over %s groups, no group limits (median of %d)", kcount(sz.grpN), kcount(sz.grpGroups), sz.grpRounds), unit: "tasks/s"},
+			{key: "grpProc", label: fmt.Sprintf("groups: the same %s over %s groups, QueueLimits{GroupConcurrency: %d} (median of %d)", kcount(sz.grpN), kcount(sz.grpGroups), groupsLimit, sz.grpRounds), unit: "tasks/s"},
+		},
+		limit: time.Duration(sz.grpRounds*len(groupsModes)) * 2 * time.Minute,
+		run:   runGroups,
+	}
+}
+
+func fairnessWorkload(sz sizes) workload {
+	return workload{
+		name:  "fairness",
+		about: "wait of a few tasks enqueued behind a large backlog: FIFO queue, and (tide) in a group of their own",
+		figs: []figure{
+			{key: "fairF50", label: fmt.Sprintf("fairness, FIFO (no groups): %d tasks enqueued after %s, wait (start − enqueue) p50, concurrency %d", sz.fairSmallN, kcount(sz.fairBigN), sz.fairConcurrency), unit: "dur", lower: true, ratio: true},
+			{key: "fairF99", label: "fairness, FIFO: wait of the few, p99", unit: "dur", lower: true, ratio: true},
+			{key: "fairFMax", label: "fairness, FIFO: wait of the few, max", unit: "dur", lower: true, ratio: true},
+			{key: "fairFBefore", label: "fairness, FIFO: backlog tasks started before the last of the few", unit: "count"},
+			{key: "fairG50", label: fmt.Sprintf("fairness, tide groups: the %d in group %q after %s in group %q, wait p50 (asynq: FIFO above)", sz.fairSmallN, fairSmall, kcount(sz.fairBigN), fairBig), unit: "dur", lower: true, ratio: true},
+			{key: "fairG99", label: "fairness, tide groups: wait of the few, p99 (asynq: FIFO)", unit: "dur", lower: true, ratio: true},
+			{key: "fairGMax", label: "fairness, tide groups: wait of the few, max (asynq: FIFO)", unit: "dur", lower: true, ratio: true},
+			{key: "fairGBefore", label: fmt.Sprintf("fairness, tide groups: %q tasks started before the last of %q (asynq: FIFO)", fairBig, fairSmall), unit: "count"},
+		},
+		limit: 8 * time.Minute,
+		run:   runFairness,
+	}
+}
+
+// ---- groups ----
+
+// groupsMode is one way of storing the groups workload's tasks.
+type groupsMode struct {
+	key    string // figure key
+	what   string // for notes and errors
+	groups bool   // spread over grpGroups groups
+	limit  bool   // with QueueLimits{GroupConcurrency: groupsLimit}
+}
+
+var groupsModes = []groupsMode{
+	{key: "grpPlain", what: "no groups"},
+	{key: "grpFree", what: "groups, no limits", groups: true},
+	{key: "grpProc", what: fmt.Sprintf("groups, GroupConcurrency %d", groupsLimit), groups: true, limit: true},
+}
+
+// runGroups drains grpN pending tasks grpRounds times in each groupsMode,
+// the order of the modes rotating from round to round, and reports the
+// median rate of each.
+func runGroups(ctx context.Context, e *env, kind string) (results, error) {
+	if kind != sysTide {
+		return nil, fmt.Errorf("groups: tide only (%s)", noGroupsNote)
+	}
+	got := make([][]float64, len(groupsModes))
+	for round := range e.sz.grpRounds {
+		for j := range groupsModes {
+			m := (round + j) % len(groupsModes)
+			r, err := drainGroups(ctx, e, groupsModes[m])
+			if err != nil {
+				return nil, err
+			}
+			got[m] = append(got[m], r)
+		}
+	}
+	res := results{}
+	var parts []string
+	for m, mode := range groupsModes {
+		res[mode.key] = val{v: median(got[m])}
+		parts = append(parts, fmt.Sprintf("%s %s", mode.what, rates(got[m])))
+	}
+	last := len(groupsModes) - 1
+	ratios := make([]string, len(got[0]))
+	for i := range got[0] {
+		ratios[i] = fmt.Sprintf("%.2f", got[last][i]/got[0][i])
+	}
+	e.note("groups/%s: %s tasks (%s groups), concurrency %d, each drain on a flushed Redis, order rotating; %s; %s ÷ %s by round: %s",
+		kind, kcount(e.sz.grpN), kcount(e.sz.grpGroups), e.sz.concurrency, strings.Join(parts, "; "), groupsModes[last].what, groupsModes[0].what, strings.Join(ratios, " "))
+	e.note("groups: %s", noGroupsNote)
+	return res, nil
+}
+
+// drainGroups stores grpN tasks in groupsQueue of a flushed Redis as mode
+// says, starts a server and returns tasks/s from Start until every task is
+// acknowledged (gone from Redis).
+func drainGroups(ctx context.Context, e *env, mode groupsMode) (float64, error) {
+	if err := e.flush(ctx); err != nil {
+		return 0, err
+	}
+	s, err := newSystem(sysTide, e.addr)
+	if err != nil {
+		return 0, err
+	}
+	defer s.close()
+	ts := s.(*tideSystem)
+	n, what := e.sz.grpN, "groups, "+mode.what
+	ps := payloads(n, kindTask, time.Now())
+	in := tide.NewInspector(ts.b)
+	if mode.limit {
+		if err := in.SetQueueLimits(ctx, groupsQueue, tide.QueueLimits{GroupConcurrency: groupsLimit}); err != nil {
+			return 0, fmt.Errorf("%s: SetQueueLimits: %w", what, err)
+		}
+	}
+	if mode.groups {
+		if err := enqueueGroups(ctx, ts, ps, e.sz.grpGroups); err != nil {
+			return 0, fmt.Errorf("%s: %w", what, err)
+		}
+		// The tasks are grouped: Inspector.Groups sees as many groups as
+		// it may list, each with tasks waiting.
+		want := min(e.sz.grpGroups, 1000)
+		gs, err := in.Groups(ctx, groupsQueue, want)
+		if err != nil {
+			return 0, fmt.Errorf("%s: Inspector.Groups: %w", what, err)
+		}
+		if len(gs) != want || gs[len(gs)-1].Waiting == 0 {
+			return 0, fmt.Errorf("%s: Inspector.Groups listed %d groups, want %d with tasks waiting", what, len(gs), want)
+		}
+	} else if _, err := enqueueBatches(ctx, s, e.sz.batch, groupsQueue, ps, time.Time{}); err != nil {
+		return 0, fmt.Errorf("%s: %w", what, err)
+	}
+	if err := expectStored(ctx, e, s, n, what+": before start"); err != nil {
+		return 0, err
+	}
+	rec := newRecorder(n)
+	start := time.Now()
+	srv, err := s.startServer(serverConfig{concurrency: e.sz.concurrency, queues: []string{groupsQueue}}, rec.handle)
+	if err != nil {
+		return 0, err
+	}
+	defer srv.stop(time.Minute)
+	if err := rec.wait(ctx, 3*time.Minute); err != nil {
+		return 0, fmt.Errorf("%s: %w", what, err)
+	}
+	drained, err := waitDrained(ctx, e, s, n, start, what)
+	if err != nil {
+		return 0, err
+	}
+	return rate(n, drained), nil
+}
+
+// enqueueGroups stores ps in groupsQueue, task i in group i mod groups, with
+// one EnqueueMany call per group from groupsEnqueuers goroutines.
+func enqueueGroups(ctx context.Context, ts *tideSystem, ps [][]byte, groups int) error {
+	byGroup := make([][]*tide.Task, groups)
+	for i, p := range ps {
+		byGroup[i%groups] = append(byGroup[i%groups], tide.NewTask(taskType, p))
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var next atomic.Int64
+	errc := make(chan error, groupsEnqueuers)
+	for range groupsEnqueuers {
+		go func() {
+			for {
+				g := int(next.Add(1)) - 1
+				if g >= groups {
+					errc <- nil
+					return
+				}
+				if _, err := ts.c.EnqueueMany(ctx, byGroup[g], tide.Queue(groupsQueue), tide.Group(groupName(g))); err != nil {
+					cancel()
+					errc <- fmt.Errorf("EnqueueMany, group %s: %w", groupName(g), err)
+					return
+				}
+			}
+		}()
+	}
+	var first error
+	for range groupsEnqueuers {
+		if err := <-errc; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+func groupName(g int) string { return fmt.Sprintf("tenant-%05d", g) }
+
+// waitDrained waits until Redis holds none of the system's tasks and returns
+// the time since start.
+func waitDrained(ctx context.Context, e *env, s system, n int, start time.Time, what string) (time.Duration, error) {
+	for deadline := time.Now().Add(time.Minute); ; {
+		left, err := s.stored(ctx)
+		if err != nil {
+			return 0, err
+		}
+		if left == 0 {
+			return time.Since(start), nil
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("%s: every handler ran but Redis still holds %d of %d tasks a minute later; some keys: %s", what, left, n, describeKeys(ctx, e.admin, 12))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// ---- fairness ----
+
+// runFairness measures, on tide, the few tasks' wait in a FIFO queue and in
+// a group of their own; on asynq, in a FIFO queue (its only kind), whose
+// figures also fill asynq's cells of the group rows.
+func runFairness(ctx context.Context, e *env, kind string) (results, error) {
+	res := results{}
+	fifo, err := fairOnce(ctx, e, kind, false)
+	if err != nil {
+		return nil, err
+	}
+	fifo.put(res, "fairF")
+	if kind != sysTide {
+		fifo.put(res, "fairG")
+		return res, nil
+	}
+	grouped, err := fairOnce(ctx, e, kind, true)
+	if err != nil {
+		return nil, err
+	}
+	grouped.put(res, "fairG")
+	return res, nil
+}
+
+// fairResult is one fairness measurement: the few tasks' waits (sorted) and
+// how many backlog tasks started before the last of them.
+type fairResult struct {
+	waits  []time.Duration
+	before int
+}
+
+func (f fairResult) put(res results, prefix string) {
+	res[prefix+"50"] = val{v: ms(pct(f.waits, 50))}
+	res[prefix+"99"] = val{v: ms(pct(f.waits, 99))}
+	res[prefix+"Max"] = val{v: ms(f.waits[len(f.waits)-1])}
+	res[prefix+"Before"] = val{v: float64(f.before)}
+}
+
+// fairOnce stores fairBigN tasks and then, one Enqueue at a time, fairSmallN
+// more in fairQueue of a flushed Redis — in groups fairBig and fairSmall
+// when grouped, else in one FIFO queue — then starts a server with
+// fairConcurrency and waits until every task has started. A few task's
+// wait is its handler start − the instant just before its Enqueue.
+func fairOnce(ctx context.Context, e *env, kind string, grouped bool) (fairResult, error) {
+	if err := e.flush(ctx); err != nil {
+		return fairResult{}, err
+	}
+	s, err := newSystem(kind, e.addr)
+	if err != nil {
+		return fairResult{}, err
+	}
+	defer s.close()
+	nBig, nSmall := e.sz.fairBigN, e.sz.fairSmallN
+	what, how := "fairness, FIFO", ""
+	big := payloads(nBig, kindTask, time.Now())
+	if grouped {
+		what, how = "fairness, groups", fmt.Sprintf("EnqueueMany ×%d with Group(%q)", e.sz.batch, fairBig)
+		ts := s.(*tideSystem)
+		for i := 0; i < nBig; i += e.sz.batch {
+			batch := make([]*tide.Task, 0, e.sz.batch)
+			for _, p := range big[i:min(i+e.sz.batch, nBig)] {
+				batch = append(batch, tide.NewTask(taskType, p))
+			}
+			if _, err := ts.c.EnqueueMany(ctx, batch, tide.Queue(fairQueue), tide.Group(fairBig)); err != nil {
+				return fairResult{}, fmt.Errorf("%s: batch at %d: %w", what, i, err)
+			}
+		}
+		for i := range nSmall {
+			t0 := time.Now()
+			if _, err := ts.c.Enqueue(ctx, tide.NewTask(taskType, makePayload(kindTask, nBig+i, t0)), tide.Queue(fairQueue), tide.Group(fairSmall)); err != nil {
+				return fairResult{}, fmt.Errorf("%s: enqueue small task %d: %w", what, i, err)
+			}
+		}
+		gs, err := tide.NewInspector(ts.b).Groups(ctx, fairQueue, 10)
+		if err != nil {
+			return fairResult{}, fmt.Errorf("%s: Inspector.Groups: %w", what, err)
+		}
+		waiting := map[string]int{}
+		for _, g := range gs {
+			waiting[g.Group] = g.Waiting
+		}
+		if waiting[fairBig] != nBig || waiting[fairSmall] != nSmall {
+			return fairResult{}, fmt.Errorf("%s: Inspector.Groups says %d waiting in %q and %d in %q, want %d and %d", what, waiting[fairBig], fairBig, waiting[fairSmall], fairSmall, nBig, nSmall)
+		}
+	} else {
+		how, err = enqueueBulk(ctx, e, s, fairQueue, big, time.Time{})
+		if err != nil {
+			return fairResult{}, fmt.Errorf("%s: %w", what, err)
+		}
+		for i := range nSmall {
+			t0 := time.Now()
+			if err := s.enqueue(ctx, fairQueue, makePayload(kindTask, nBig+i, t0), time.Time{}); err != nil {
+				return fairResult{}, fmt.Errorf("%s: enqueue small task %d: %w", what, i, err)
+			}
+		}
+	}
+	if err := expectStored(ctx, e, s, nBig+nSmall, what+": before start"); err != nil {
+		return fairResult{}, err
+	}
+	rec := newRecorder(nBig + nSmall)
+	start := time.Now()
+	srv, err := s.startServer(serverConfig{concurrency: e.sz.fairConcurrency, queues: []string{fairQueue}}, rec.handle)
+	if err != nil {
+		return fairResult{}, err
+	}
+	defer srv.stop(time.Minute)
+	if err := rec.wait(ctx, 5*time.Minute); err != nil {
+		return fairResult{}, fmt.Errorf("%s: %w", what, err)
+	}
+	all := time.Since(start)
+	var f fairResult
+	var lastSmall int64
+	for i := nBig; i < nBig+nSmall; i++ {
+		st := rec.starts[i].Load()
+		f.waits = append(f.waits, time.Duration(st-rec.refs[i].Load()))
+		lastSmall = max(lastSmall, st)
+	}
+	slices.Sort(f.waits)
+	for i := range nBig {
+		if rec.starts[i].Load() < lastSmall {
+			f.before++
+		}
+	}
+	e.note("%s/%s: %d tasks (%s) then %d one by one; from Start: last of the %d started %v, all %d started %v; %d of the %d started before the last of the %d",
+		what, kind, nBig, how, nSmall, nSmall, time.Unix(0, lastSmall).Sub(start).Round(time.Millisecond), nBig+nSmall, all.Round(time.Millisecond), f.before, nBig, nSmall)
+	return f, nil
+}
+
+// ---- helpers ----
+
+// median returns the median of xs (the mean of the middle two when even).
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// rates formats tasks/s figures for a note.
+func rates(xs []float64) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = format("tasks/s", x)
+	}
+	return strings.Join(parts, " ")
+}
