@@ -16,6 +16,10 @@ import (
 	"github.com/tidequeue/tide/tidetype"
 )
 
+// groupOut is groups.lua's g_out(): the mark on a group's active count while
+// the group is out of the rotation with tasks running.
+const groupOut = 1 << 40
+
 // groupedID returns the task ID of a member of a partition's ready grouped
 // tasks ("<group>\0<8-byte sequence><id>", see groups.lua).
 func groupedID(member string) (string, bool) {
@@ -89,8 +93,10 @@ func (b *Broker) Groups(ctx context.Context, queue string, n int) ([]tidetype.Gr
 			}
 			switch kind {
 			case "a":
-				x, _ := strconv.Atoi(v)
-				get(i, g).Running += max(x, 0)
+				// The count, with groups.lua's g_out mark when the group is
+				// out of the rotation.
+				x, _ := strconv.ParseInt(v, 10, 64)
+				get(i, g).Running += int(max(x%groupOut, 0))
 			case "h":
 				get(i, g)
 			case "t":

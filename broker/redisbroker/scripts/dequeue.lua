@@ -125,7 +125,9 @@ else
       -- taken, as it mostly is); undone when the group cannot start one.
       -- A throttled group is never here: it waits in w.
       local holder = ord and redis.call('HGET', G.s, 'h:' .. g)
-      local active = redis.call('HINCRBY', G.s, 'a:' .. g, 1)
+      local v = redis.call('HINCRBY', G.s, 'a:' .. g, 1)
+      local marked = v >= g_out()
+      local active = marked and v - g_out() or v
       local first, id, more = nil, nil, false
       if not gc or active <= gc then
         local next = g_next(G, g, 2)
@@ -147,7 +149,13 @@ else
         -- the sequence runs or waits to be retried: back in the rotation
         -- when a task becomes ready or one of its tasks settles. Over its
         -- rate: back at the time a start leaves the window.
-        if redis.call('HINCRBY', G.s, 'a:' .. g, -1) <= 0 then redis.call('HDEL', G.s, 'a:' .. g) end
+        if active <= 1 then
+          redis.call('HDEL', G.s, 'a:' .. g)
+        elseif marked then
+          redis.call('HINCRBY', G.s, 'a:' .. g, -1)
+        else
+          redis.call('HINCRBY', G.s, 'a:' .. g, g_out() - 1) -- out with tasks running: marked
+        end
         redis.call('ZREM', G.r, g)
         if first and grl and started >= grl then
           local at = struct.unpack('>I6', log, 1) + gper
@@ -159,7 +167,12 @@ else
         if ord then redis.call('HSET', G.s, 'h:' .. g, id) end
         if grl then redis.call('HSET', G.l, g, log .. struct.pack('>I6', now)) end
         turn = turn + 1
-        if more then redis.call('ZADD', G.r, turn, g) else redis.call('ZREM', G.r, g) end
+        if more then
+          redis.call('ZADD', G.r, turn, g)
+        else
+          redis.call('ZREM', G.r, g)
+          if not marked then redis.call('HINCRBY', G.s, 'a:' .. g, g_out()) end
+        end
         ids[#ids + 1] = id
         taken[id] = g
       end

@@ -14,8 +14,10 @@
 --      scored by that time (ms)
 --   s  hash: turn: the last turn handed out; u: the turn the ungrouped tasks
 --      were last served at; seq: the last enqueue sequence; a:<group> its
---      active tasks (a zero is removed when the group leaves the
---      rotation); h:<group> the task that holds an ordered group's place;
+--      active tasks, plus g_out() while the group is out of the rotation
+--      with tasks running, so that the settle that may let it run again
+--      knows to look (a zero is removed when the group leaves the rotation);
+--      h:<group> the task that holds an ordered group's place;
 --      t:<group> throttled until (ms)
 --   id hash: task ID -> "<group>\0<seq>" for every grouped task of the
 --      partition, whatever its state; deleted with the task's record
@@ -79,26 +81,47 @@ local function g_next(G, g, n)
   return redis.call('ZRANGEBYLEX', G.q, '[' .. g .. '\0', '(' .. g .. '\1', 'LIMIT', 0, n)
 end
 
+-- g_out is the mark added to a group's active count (a:<group>) while the
+-- group is out of the rotation with tasks running: 2^40, far above any count.
+local function g_out() return 1099511627776 end
+
 -- g_release is called when task id of group g stops holding its group:
 -- leaving active (left: settled or recovered) and/or finishing (finished:
 -- done, archived or deleted, which frees an ordered group's place; ordered
--- false says the queue's groups are not ordered, so none holds one). It
--- puts the group back in the rotation when it has ready tasks and is not
--- held back until a time, and reports whether it was out of it (then idle
--- servers are to be woken).
+-- false says the queue's groups are not ordered, so none holds one). A
+-- group that was out of the rotation (marked, or a place freed, or a call
+-- that is not a settle) goes back in when it has ready tasks and is not held
+-- back until a time; it reports whether it went back (then idle servers are
+-- to be woken). A settle of a group in the rotation costs one command.
 local function g_release(G, g, id, left, finished, ordered)
-  local active = nil
-  if left then active = redis.call('HINCRBY', G.s, 'a:' .. g, -1) end
+  local out, active = false, nil
+  if left then
+    local v = redis.call('HINCRBY', G.s, 'a:' .. g, -1)
+    out = v >= g_out()
+    active = out and v - g_out() or v
+  end
+  local freed = false
   if finished and ordered ~= false and redis.call('HGET', G.s, 'h:' .. g) == id then
     redis.call('HDEL', G.s, 'h:' .. g)
+    freed = true
   end
-  if redis.call('ZSCORE', G.r, g) then return false end -- in the rotation already
-  if not g_next(G, g, 1)[1] then
-    if active and active <= 0 then redis.call('HDEL', G.s, 'a:' .. g) end
-    return false
+  if left and not out and not freed then return false end
+  local back = false
+  if redis.call('ZSCORE', G.r, g) then
+    back = nil -- in the rotation already
+  elseif g_next(G, g, 1)[1] and not redis.call('ZSCORE', G.w, g) then
+    back = redis.call('ZADD', G.r, 'NX', g_turn(G), g) == 1
   end
-  if redis.call('ZSCORE', G.w, g) then return false end
-  return redis.call('ZADD', G.r, 'NX', g_turn(G), g) == 1
+  if out then
+    if active <= 0 then
+      redis.call('HDEL', G.s, 'a:' .. g)
+    elseif back ~= false then
+      redis.call('HINCRBY', G.s, 'a:' .. g, -g_out()) -- in the rotation again
+    end
+  elseif active and active <= 0 and back == false then
+    redis.call('HDEL', G.s, 'a:' .. g)
+  end
+  return back == true
 end
 
 -- g_forget deletes what the partition keeps of a grouped task whose record
