@@ -80,7 +80,9 @@ func (b *Broker) Groups(ctx context.Context, queue string, n int) ([]tidetype.Gr
 	}
 	for i := range l.total() {
 		for _, g := range rotation[i].Val() {
-			get(i, g)
+			if g != "" { // '' is the ungrouped tasks' turn
+				get(i, g)
+			}
 		}
 		for _, z := range held[i].Val() {
 			g, _ := z.Member.(string)

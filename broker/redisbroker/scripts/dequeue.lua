@@ -94,43 +94,54 @@ else
   for _, g in ipairs(redis.call('ZRANGEBYSCORE', G.w, '-inf', now)) do
     redis.call('ZREM', G.w, g)
     redis.call('HDEL', G.s, 't:' .. g) -- a throttle that ended
-    redis.call('ZADD', G.r, 'NX', g_turn(G), g) -- left again when it has nothing ready
+    g_join(G, g) -- left again when it has nothing ready
   end
   local gc, grl, gper, ord, hold = tonumber(lim[4]), tonumber(lim[5]), tonumber(lim[6]), lim[7] == '1', lim[8] == '1'
-  local st = redis.call('HMGET', G.s, 'turn', 'u')
-  local turn, uturn = tonumber(st[1] or '0'), tonumber(st[2] or '0')
+  local c = redis.call('HGET', G.s, 'c')
   local ungrouped = redis.call('LLEN', KEYS[2])
+  if ungrouped > 0 and not hold then g_join(G, '') end -- the ungrouped tasks take turns too
   local wake = nil
   local tries = 0
-  -- The rotation's head, read a batch at a time: served groups go to its
-  -- back, so they come round again only after the batch.
-  local heads, hi = {}, 1
+  -- The rotation from the cursor on, read a batch at a time, wrapping round
+  -- once per call at most.
+  local heads, hi, wrapped = {}, 1, false
+  local OUT = g_out()
   while #ids < n and tries < 4 * n + 32 do
     tries = tries + 1
-    if hi > #heads and not hold then
-      heads, hi = redis.call('ZRANGE', G.r, 0, n - #ids, 'WITHSCORES'), 1
+    if hold then
+      -- A repartition holds the groups: the ungrouped tasks run alone.
+      ids = redis.call('RPOP', KEYS[2], n) or {}
+      break
     end
-    local g, gturn = heads[hi], tonumber(heads[hi + 1])
-    if ungrouped > 0 and (not g or uturn <= gturn) then
+    if hi > #heads then
+      heads, hi = redis.call('ZRANGEBYSCORE', G.r, c and ('(' .. c) or '-inf', '+inf', 'WITHSCORES', 'LIMIT', 0, n - #ids + 1), 1
+      if #heads == 0 and c and not wrapped then
+        wrapped, c = true, nil
+        heads = redis.call('ZRANGEBYSCORE', G.r, '-inf', '+inf', 'WITHSCORES', 'LIMIT', 0, n - #ids + 1)
+      end
+      if #heads == 0 then break end
+    end
+    local g = heads[hi]
+    c = heads[hi + 1]
+    if g == '' then
+      hi = hi + 2
       local id = redis.call('RPOP', KEYS[2])
       ungrouped = ungrouped - 1
-      if id then
-        ids[#ids + 1] = id
-        turn = turn + 1
-        uturn = turn
-      end
-    elseif g then
+      if id then ids[#ids + 1] = id end
+      if not id or ungrouped <= 0 then redis.call('ZREM', G.r, '') end
+    else
       hi = hi + 2
       -- Count the task as running before looking (one call when it is
       -- taken, as it mostly is); undone when the group cannot start one.
       -- A throttled group is never here: it waits in w.
+      local ak = 'a:' .. g
       local holder = ord and redis.call('HGET', G.s, 'h:' .. g)
-      local v = redis.call('HINCRBY', G.s, 'a:' .. g, 1)
-      local marked = v >= g_out()
-      local active = marked and v - g_out() or v
+      local v = redis.call('HINCRBY', G.s, ak, 1)
+      local marked = v >= OUT
+      local active = marked and v - OUT or v
       local first, id, more = nil, nil, false
       if not gc or active <= gc then
-        local next = g_next(G, g, 2)
+        local next = redis.call('ZRANGEBYLEX', G.q, '[' .. g .. '\0', '(' .. g .. '\1', 'LIMIT', 0, 2)
         first, more = next[1], next[2] ~= nil
         id = first and string.sub(first, #g + 10)
       end
@@ -150,11 +161,11 @@ else
         -- when a task becomes ready or one of its tasks settles. Over its
         -- rate: back at the time a start leaves the window.
         if active <= 1 then
-          redis.call('HDEL', G.s, 'a:' .. g)
+          redis.call('HDEL', G.s, ak)
         elseif marked then
-          redis.call('HINCRBY', G.s, 'a:' .. g, -1)
+          redis.call('HINCRBY', G.s, ak, -1)
         else
-          redis.call('HINCRBY', G.s, 'a:' .. g, g_out() - 1) -- out with tasks running: marked
+          redis.call('HINCRBY', G.s, ak, OUT - 1) -- out with tasks running: marked
         end
         redis.call('ZREM', G.r, g)
         if first and grl and started >= grl then
@@ -166,21 +177,16 @@ else
         redis.call('ZREM', G.q, first)
         if ord then redis.call('HSET', G.s, 'h:' .. g, id) end
         if grl then redis.call('HSET', G.l, g, log .. struct.pack('>I6', now)) end
-        turn = turn + 1
-        if more then
-          redis.call('ZADD', G.r, turn, g)
-        else
+        if not more then
           redis.call('ZREM', G.r, g)
-          if not marked then redis.call('HINCRBY', G.s, 'a:' .. g, g_out()) end
+          if not marked then redis.call('HINCRBY', G.s, ak, OUT) end
         end
         ids[#ids + 1] = id
         taken[id] = g
       end
-    else
-      break
     end
   end
-  redis.call('HSET', G.s, 'turn', string.format('%d', turn), 'u', string.format('%d', uturn))
+  if c then redis.call('HSET', G.s, 'c', c) end
   if wake then
     local at = string.format('%d', wake)
     if redis.call('HGET', KEYS[12], 'gw') ~= at then

@@ -8,12 +8,15 @@
 --      sequence), so a group's tasks sort in enqueue order and one ZRANGEBYLEX
 --      finds the group's next task
 --   r  zset: the rotation, groups that may have ready tasks and may run,
---      scored by the turn they were last served at; the lowest is served
---      next, and one found with nothing to start leaves it
+--      scored by when they joined it (s's j); Dequeue serves them in that
+--      order from a cursor (s's c, the score served last), wrapping round,
+--      so each is served once per round without being moved; one found with
+--      nothing to start leaves it. The member '' stands for the ungrouped
+--      tasks (the pending list) while there are any.
 --   w  zset: groups held back until a time (throttled, or over their rate),
 --      scored by that time (ms)
---   s  hash: turn: the last turn handed out; u: the turn the ungrouped tasks
---      were last served at; seq: the last enqueue sequence; a:<group> its
+--   s  hash: j: the last join number handed out; c: the cursor; seq: the
+--      last enqueue sequence; a:<group> its
 --      active tasks, plus g_out() while the group is out of the rotation
 --      with tasks running, so that the settle that may let it run again
 --      knows to look (a zero is removed when the group leaves the rotation);
@@ -51,10 +54,10 @@ local function g_new(G, g, id)
   return seq
 end
 
--- g_turn returns the current turn: a group that joins the rotation waits
--- behind those served before it.
-local function g_turn(G)
-  return tonumber(redis.call('HGET', G.s, 'turn') or '0')
+-- g_join puts group g at the end of the rotation unless it is in it, and
+-- reports whether it joined.
+local function g_join(G, g)
+  return redis.call('ZADD', G.r, 'NX', redis.call('HINCRBY', G.s, 'j', 1), g) == 1
 end
 
 -- g_ready makes grouped task id ready to start: it joins its group's tasks
@@ -64,7 +67,7 @@ end
 local function g_ready(G, g, seq, id)
   redis.call('ZADD', G.q, 0, g .. '\0' .. seq .. id)
   if not redis.call('ZSCORE', G.w, g) then
-    return redis.call('ZADD', G.r, 'NX', g_turn(G), g) == 1
+    return g_join(G, g)
   end
   return false
 end
@@ -94,11 +97,11 @@ local function g_out() return 1099511627776 end
 -- back until a time; it reports whether it went back (then idle servers are
 -- to be woken). A settle of a group in the rotation costs one command.
 local function g_release(G, g, id, left, finished, ordered)
-  local out, active = false, nil
+  local out, active, OUT = false, nil, g_out()
   if left then
     local v = redis.call('HINCRBY', G.s, 'a:' .. g, -1)
-    out = v >= g_out()
-    active = out and v - g_out() or v
+    out = v >= OUT
+    active = out and v - OUT or v
   end
   local freed = false
   if finished and ordered ~= false and redis.call('HGET', G.s, 'h:' .. g) == id then
@@ -110,13 +113,13 @@ local function g_release(G, g, id, left, finished, ordered)
   if redis.call('ZSCORE', G.r, g) then
     back = nil -- in the rotation already
   elseif g_next(G, g, 1)[1] and not redis.call('ZSCORE', G.w, g) then
-    back = redis.call('ZADD', G.r, 'NX', g_turn(G), g) == 1
+    back = g_join(G, g)
   end
   if out then
     if active <= 0 then
       redis.call('HDEL', G.s, 'a:' .. g)
     elseif back ~= false then
-      redis.call('HINCRBY', G.s, 'a:' .. g, -g_out()) -- in the rotation again
+      redis.call('HINCRBY', G.s, 'a:' .. g, -OUT) -- in the rotation again
     end
   elseif active and active <= 0 and back == false then
     redis.call('HDEL', G.s, 'a:' .. g)
