@@ -1,6 +1,7 @@
 package tide
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 
@@ -15,6 +16,7 @@ type Task struct {
 	payload []byte
 	headers map[string]string
 	opts    []Option
+	ctx     context.Context // the handler context of a task in a batch (HandleBatch)
 }
 
 // NewTask returns a task of the given type with payload. The options are
@@ -27,6 +29,16 @@ func NewTask(typ string, payload []byte, opts ...Option) *Task {
 
 // Type returns the task type.
 func (t *Task) Type() string { return t.typ }
+
+// Context returns the handler context of a task handed to a BatchHandler:
+// GetTaskID, GetRetryCount, WriteResult and ReportProgress work on it for
+// that task. For any other task it returns context.Background().
+func (t *Task) Context() context.Context {
+	if t.ctx == nil {
+		return context.Background()
+	}
+	return t.ctx
+}
 
 // Payload returns the payload. The slice is shared; do not modify it.
 func (t *Task) Payload() []byte { return t.payload }
