@@ -47,14 +47,19 @@ local out = {}
 local requeued, first_retry = 0, nil
 local processed, failed, finished = 0, 0, 0
 local before = earliest(KEYS[8], KEYS[4])
-local share = tonumber(redis.call('HGET', KEYS[15], 'c') or '-1')
+local lim = redis.call('HMGET', KEYS[15], 'c', 'ord')
+local share = tonumber(lim[1] or '-1')
 local was_full = share >= 0 and redis.call('ZCARD', KEYS[2]) >= share
 local G = g_keys(16)
 if redis.call('EXISTS', G.id) == 0 then G = nil end
-local ordered = G and redis.call('HGET', KEYS[15], 'ord') == '1'
+local ordered = lim[2] == '1'
 local woke = false
-local W = w_keys(23)
-local progress = redis.call('EXISTS', KEYS[22]) == 1
+-- Progress and waiters are rare: one EXISTS tells when neither is here.
+local W, progress = nil, false
+if redis.call('EXISTS', KEYS[22], KEYS[23]) > 0 then
+  W = w_keys(23)
+  progress = redis.call('EXISTS', KEYS[22]) == 1
+end
 local now = nil
 if W then now = redis_now() end
 for i = 11, #ARGV, 9 do
