@@ -233,3 +233,54 @@ func TestLongReplicaWaitStoresOnce(t *testing.T) {
 		t.Fatalf("%d tasks stored by one Enqueue", n)
 	}
 }
+
+// Dequeue and Settle of grouped tasks sent twice (their replies came later
+// than the read timeout) count the group's running task once: with
+// GroupConcurrency 1 the group's second task starts only after the first
+// settled, and its third only after the second.
+func TestResentGroupedCallsCountOnce(t *testing.T) {
+	t.Parallel()
+	f := newFaulty(t)
+	ctx := context.Background()
+	if err := f.b.SetQueueLimits(ctx, "g", tidetype.QueueLimits{GroupConcurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := f.c.Enqueue(ctx, tide.NewTask("t", nil), tide.Queue("g"), tide.Group("acme")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dequeue := func(resent bool) []*broker.Delivery {
+		t.Helper()
+		seen := f.proxy.Seen("EVALSHA")
+		if resent {
+			f.proxy.DelayReplies(faultproxy.Commands("EVALSHA"), 500*time.Millisecond, 1)
+		}
+		ds, err := f.b.Dequeue(ctx, []string{"g"}, 5, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resent && f.proxy.Seen("EVALSHA") < seen+2 {
+			t.Fatal("the dequeue was not sent again")
+		}
+		return ds
+	}
+	for round := range 3 {
+		ds := dequeue(true)
+		if len(ds) != 1 {
+			t.Fatalf("round %d: a re-sent dequeue leased %d tasks of a group limited to 1", round, len(ds))
+		}
+		if more := dequeue(false); len(more) != 0 {
+			t.Fatalf("round %d: %d more tasks started while the group's one runs", round, len(more))
+		}
+		f.proxy.DelayReplies(faultproxy.Commands("EVALSHA"), 500*time.Millisecond, 1)
+		errs, err := f.b.Settle(ctx, []broker.Settlement{{Lease: ds[0].Lease(), Kind: broker.SettleDone, Task: ds[0].Task}})
+		if err != nil || errs[0] != nil {
+			t.Fatalf("round %d: a re-sent settlement: %v %v", round, errs, err)
+		}
+	}
+	gs, err := f.b.Groups(ctx, "g", 10)
+	if err != nil || len(gs) != 0 {
+		t.Fatalf("Groups after every task settled: %+v, %v; want none (no running count left over)", gs, err)
+	}
+}
