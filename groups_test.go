@@ -606,3 +606,31 @@ func TestOrderedHolderGoesFirstWhenBack(t *testing.T) {
 		t.Fatalf("ran %v, want %v", order, want)
 	}
 }
+
+// A group's rate window is forgotten once its newest start left it, so
+// groups gone idle leave nothing behind in Redis.
+func TestGroupRateWindowsAreForgotten(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	const q = "gforget"
+	if err := tide.NewInspector(e.b).SetQueueLimits(ctx, q, tide.QueueLimits{GroupRate: tide.Rate{Limit: 5, Per: 100 * time.Millisecond}}); err != nil {
+		t.Fatal(err)
+	}
+	var ran atomic.Int64
+	e.server(tide.Config{Queues: map[string]int{q: 1}}, tide.HandlerFunc(func(context.Context, *tide.Task) error {
+		ran.Add(1)
+		return nil
+	}))
+	for i := range 20 {
+		if _, err := e.c.Enqueue(ctx, tide.NewTask("work", nil), tide.Queue(q), tide.Group(fmt.Sprint("tenant-", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 10*time.Second, "every task to run", func() bool { return ran.Load() == 20 })
+	key := e.prefix + ":{" + q + ":0}:gl"
+	eventually(t, 30*time.Second, "the rate windows to be forgotten", func() bool {
+		n, err := e.rdb.HLen(ctx, key).Result()
+		return err == nil && n == 0
+	})
+}

@@ -28,7 +28,7 @@ func (b *Broker) Maintain(ctx context.Context, req broker.MaintainRequest) (brok
 	}
 	c := &call{
 		script: b.s.maintain,
-		keys:   append(p.keys("owner", "t", "pending", "active", "scheduled", "retry", "archived", "completed", "result", "u", "stat", "meta", "h", "m"), append(p.groupKeys(), p.endKeys()...)...),
+		keys:   append(p.keys("owner", "t", "pending", "active", "scheduled", "retry", "archived", "completed", "result", "u", "stat", "meta", "h", "m"), append(append(p.groupKeys(), p.endKeys()...), p.k("lim"))...),
 		args: []any{p.layout, req.Owner, ttl, p.channel, p.idx, b.maxArchived, b.archiveTTL.Milliseconds(),
 			maintainLimit, b.today(), release, req.RecoverBackoff.Milliseconds(), b.minute(), b.doneChannel(req.Queue)},
 		queue: req.Queue,

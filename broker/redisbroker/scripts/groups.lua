@@ -15,7 +15,8 @@
 --      tasks (the pending list) while there are any.
 --   w  zset: groups held back until a time (throttled, or over their rate),
 --      scored by that time (ms)
---   s  hash: j: the last join number handed out; c: the cursor; seq: the
+--   s  hash: j: the last join number handed out; c: the cursor; lc: where
+--      Maintain's sweep of l stands (an HSCAN cursor); seq: the
 --      last enqueue sequence; a:<group> its
 --      active tasks, plus g_out() while the group is out of the rotation
 --      with tasks running, so that the settle that may let it run again

@@ -5,7 +5,7 @@
 -- KEYS[10] unique locks hash  KEYS[11] stats hash  KEYS[12] layout meta
 -- KEYS[13] attempt histories hash  KEYS[14] minute counters hash
 -- KEYS[15..20] group keys (groups.lua)  KEYS[21] progress hash
--- KEYS[22..24] waiter keys (w_keys in lib.lua)
+-- KEYS[22..24] waiter keys (w_keys in lib.lua)  KEYS[25] limits hash
 -- ARGV[1] layout  ARGV[2] owner  ARGV[3] owner TTL ms  ARGV[4] event channel
 -- ARGV[5] partition  ARGV[6] max archived  ARGV[7] archive TTL ms
 -- ARGV[8] per-step limit  ARGV[9] today (UTC, YYYY-MM-DD)
@@ -137,6 +137,18 @@ if first[2] and tonumber(first[2]) <= now then
   first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
 end
 
+-- Groups' rate windows: forget those whose newest start left the window, a
+-- few at a time from a cursor, so that groups gone idle leave nothing.
+local GL, GS = KEYS[20], KEYS[18] -- rate windows and group state (g_keys(15))
+if redis.call('EXISTS', GL) == 1 then
+  local per = tonumber(redis.call('HGET', KEYS[25], 'gper') or '0')
+  local r = redis.call('HSCAN', GL, redis.call('HGET', GS, 'lc') or '0', 'COUNT', 100)
+  redis.call('HSET', GS, 'lc', r[1])
+  for j = 1, #r[2], 2 do
+    local log = r[2][j + 1]
+    if #log < 6 or struct.unpack('>I6', log, #log - 5) <= now - per then redis.call('HDEL', GL, r[2][j]) end
+  end
+end
 local trimmed, tmore = trim(KEYS[8], KEYS[7], KEYS[2], KEYS[9], KEYS[13], now, tonumber(ARGV[6]), tonumber(ARGV[7]), limit, G, KEYS[21])
 more = more or tmore
 if redis.call('HLEN', KEYS[11]) > 184 then
