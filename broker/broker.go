@@ -26,6 +26,7 @@ package broker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/tidequeue/tide/tidetype"
@@ -168,6 +169,19 @@ type Settlement struct {
 	// task of the group starts before RetryAt (tide.ThrottleGroup). It is
 	// ignored for a task without a group.
 	Throttle bool
+	// Then, when not nil, is a task stored in the same atomic step as the
+	// settlement, only when the settlement applies (a notification of the
+	// outcome, tide.NotifyURL): pending at once, in the settled task's
+	// queue, with an ID that FollowupID gives. A settlement sent twice
+	// stores it once.
+	Then *tidetype.TaskInfo
+}
+
+// FollowupID is the ID of the task stored with the settlement of lease
+// (Settlement.Then): "n<token>{<tag>}", where tag is the settled task's
+// hash tag (its ID when it has none), so both live in one partition.
+func FollowupID(lease LeaseRef) string {
+	return fmt.Sprintf("n%d{%s}", lease.Token, HashTag(lease.ID))
 }
 
 // EnqueueOptions apply to one Enqueue call.

@@ -10,8 +10,9 @@ import (
 	"github.com/tidequeue/tide/tidetype"
 )
 
-// waitTests cover broker.Waiter and broker.ProgressReporter; each is
-// skipped by a broker that does not implement the interface.
+// waitTests cover broker.Waiter and broker.ProgressReporter (each skipped by
+// a broker that does not implement the interface) and the follow-up task a
+// settlement carries.
 var waitTests = []struct {
 	name string
 	fn   func(t *testing.T, b broker.Broker)
@@ -19,6 +20,7 @@ var waitTests = []struct {
 	{"WaitOutcomes", testWaitOutcomes},
 	{"WaitWatched", testWaitWatched},
 	{"Progress", testProgress},
+	{"SettleThen", testSettleThen},
 }
 
 // waitAsync runs Wait in a goroutine and returns its result channel.
@@ -163,5 +165,33 @@ func testProgress(t *testing.T, b broker.Broker) {
 	settleOK(t, b, outcomeOf(d, broker.SettleDone))
 	if got := get(t, b, "progress", "a").Progress; got.Percent != 40 {
 		t.Fatalf("progress of the completed task = %+v, want the last one reported", got)
+	}
+}
+
+// testSettleThen: a settlement's follow-up task is stored with it, pending
+// under FollowupID, only when the settlement applies.
+func testSettleThen(t *testing.T, b broker.Broker) {
+	enqueue(t, b, newMsg("then", "a"))
+	d := dequeueOne(t, b, "then", time.Minute)
+	then := newMsg("then", "")
+	then.Payload = []byte("outcome")
+	stale := outcomeOf(d, broker.SettleDone)
+	stale.Lease.Token++
+	stale.Then = then
+	if err := settle(t, b, stale); !errors.Is(err, broker.ErrLeaseLost) {
+		t.Fatalf("stale settlement: %v, want ErrLeaseLost", err)
+	}
+	if _, err := b.GetTask(t.Context(), "then", broker.FollowupID(stale.Lease)); !errors.Is(err, broker.ErrTaskNotFound) {
+		t.Fatalf("a refused settlement stored its follow-up: %v", err)
+	}
+	s := outcomeOf(d, broker.SettleDone)
+	s.Then = then
+	settleOK(t, b, s)
+	f := get(t, b, "then", broker.FollowupID(s.Lease))
+	if f.State != tidetype.StatePending || string(f.Payload) != "outcome" || f.Queue != "then" {
+		t.Fatalf("follow-up = %+v", f)
+	}
+	if d2 := dequeueOne(t, b, "then", time.Minute); d2.Task.ID != f.ID {
+		t.Fatalf("dequeued %s, want the follow-up %s", d2.Task.ID, f.ID)
 	}
 }

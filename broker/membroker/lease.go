@@ -96,8 +96,23 @@ func (b *Broker) Settle(ctx context.Context, ss []broker.Settlement) ([]error, e
 	errs := make([]error, len(ss))
 	for i := range ss {
 		errs[i] = b.settle(&ss[i], now)
+		if errs[i] == nil && ss[i].Then != nil {
+			b.followup(&ss[i], now)
+		}
 	}
 	return errs, nil
+}
+
+// followup stores the task a settlement carries (Settlement.Then), pending
+// at once; one stored before under its ID is left alone.
+func (b *Broker) followup(s *broker.Settlement, now time.Time) {
+	t := clone(s.Then)
+	t.ID, t.Queue, t.State = broker.FollowupID(s.Lease), s.Lease.Queue, tidetype.StatePending
+	t.NextProcessAt, t.EnqueuedAt = msTime(now), msTime(now)
+	if q := b.queues[t.Queue]; q != nil && q.tasks[t.ID] != nil {
+		return
+	}
+	_ = b.enqueue(t, now, false) // validated by the caller; a conflict means it is stored
 }
 
 func (b *Broker) settle(s *broker.Settlement, now time.Time) error {

@@ -200,7 +200,7 @@ func (b *Broker) Settle(ctx context.Context, ss []broker.Settlement) ([]error, e
 
 func (b *Broker) settleCall(p part, ss []broker.Settlement, idx []int) *call {
 	rid, cache, exp := b.request(p)
-	args := make([]any, 0, 10+9*len(idx))
+	args := make([]any, 0, 10+11*len(idx))
 	args = append(args, p.layout, rid, exp, p.channel, p.idx, b.today(), b.maxArchived, b.archiveTTL.Milliseconds(), b.minute(), b.doneChannel(p.queue))
 	for _, i := range idx {
 		s := ss[i]
@@ -240,6 +240,13 @@ func (b *Broker) settleCall(p part, ss []broker.Settlement, idx []int) *call {
 			group = s.Task.Group
 		}
 		args = append(args, started, s.Server, group)
+		if s.Then != nil {
+			t := *s.Then
+			t.ID, t.Queue, t.State = broker.FollowupID(s.Lease), p.queue, tidetype.StatePending
+			args = append(args, t.ID, codec.Encode(&t, 0))
+		} else {
+			args = append(args, "", "")
+		}
 	}
 	return &call{
 		script: b.s.settle,

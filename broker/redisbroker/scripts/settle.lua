@@ -11,9 +11,11 @@
 -- ARGV[6] today (UTC, YYYY-MM-DD) for the processed/failed day counters
 -- ARGV[7] max archived  ARGV[8] archive TTL ms  ARGV[9] this minute (Unix minutes)
 -- ARGV[10] done channel (tasks someone waits for)
--- then 9 per settlement: op, id, token, a, b, c, started ms, server, group
+-- then 11 per settlement: op, id, token, a, b, c, started ms, server, group
 -- ('' for none, '?' when the caller does not know, else the task's group as
--- its record says) where op is
+-- its record says), then the ID and record of a task to store with the
+-- settlement when it applies ('' and '' for none: Settlement.Then, pending
+-- at once; stored once however often the settlement runs) where op is
 --   'd' done:      a, b, c unused                      -> deleted
 --   'c' completed: a = new record, b = expire-at ms, c = completed-at ms -> kept until b
 --   'r' retry:     a = retry-at ms, b = failed-at ms, c = error
@@ -62,7 +64,8 @@ if redis.call('EXISTS', KEYS[22], KEYS[23]) > 0 then
 end
 local now = nil
 if W then now = redis_now() end
-for i = 11, #ARGV, 9 do
+local followed = false
+for i = 11, #ARGV, 11 do
   local op, id, tok, a, b, c = ARGV[i], ARGV[i+1], tonumber(ARGV[i+2]), ARGV[i+3], ARGV[i+4], ARGV[i+5]
   local started, server = tonumber(ARGV[i+6]), ARGV[i+7]
   local rec = redis.call('HGET', KEYS[1], id)
@@ -125,6 +128,10 @@ for i = 11, #ARGV, 9 do
       end
     end
     if g and g_release(G, g, id, true, op == 'd' or op == 'c' or op == 'a', ordered) then woke = true end
+    if ARGV[i+9] ~= '' and redis.call('HSETNX', KEYS[1], ARGV[i+9], ARGV[i+10]) == 1 then
+      redis.call('LPUSH', KEYS[3], ARGV[i+9])
+      followed = true
+    end
     out[#out + 1] = '0'
   end
 end
@@ -133,7 +140,7 @@ count_minute(KEYS[14], ARGV[9], processed, failed)
 if finished > 0 then
   trim(KEYS[6], KEYS[5], KEYS[1], KEYS[7], KEYS[13], redis_now(), tonumber(ARGV[7]), tonumber(ARGV[8]), 2 * finished, G, KEYS[22])
 end
-if woke then
+if woke or followed then
   redis.call('PUBLISH', ARGV[4], 'p' .. ARGV[5])
 end
 if requeued > 0 and redis.call('LLEN', KEYS[3]) == requeued then
