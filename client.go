@@ -288,6 +288,12 @@ func prepare(t *Task, opts []Option, clock time.Time) (*TaskInfo, broker.Enqueue
 			}
 		}
 	}
+	if o.notify != "" {
+		if info.Headers == nil {
+			info.Headers = map[string]string{}
+		}
+		info.Headers[notifyHeader] = o.notify
+	}
 	if o.replace && o.id == "" {
 		return nil, none, fmt.Errorf("%w: Replace needs TaskID: it replaces the waiting task with that ID", ErrInvalidTask)
 	}

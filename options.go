@@ -56,6 +56,7 @@ type enqueueOptions struct {
 	waitFor   time.Duration
 	group     string
 	replace   bool
+	notify    string // NotifyURL
 }
 
 // Group puts the task in group key of its queue: a tenant, a customer, an

@@ -50,6 +50,10 @@ type Config struct {
 	// RetrySchedule and NotificationRetryDelay.
 	RetryDelayFunc RetryDelayFunc
 
+	// NotifySecret signs the POSTs of NotifyURL notifications (see
+	// NotifyURL). Default: empty, the POSTs are not signed.
+	NotifySecret string
+
 	// ErrorHandler, when set, is called with every error a handler returns
 	// (including recovered panics), before the task is retried or archived.
 	// It is called concurrently from worker goroutines.
@@ -316,9 +320,15 @@ func (s *Server) run(ctx context.Context, d *broker.Delivery) (broker.Settlement
 		ctx, cancel = context.WithDeadline(ctx, m.Deadline)
 		defer cancel()
 	}
-	err := s.call(ctx, t)
+	var err error
+	if m.Type == NotifyType {
+		err = s.deliverNotification(ctx, t)
+	} else {
+		err = s.call(ctx, t)
+	}
 	now := s.now()
 	set, why := decide(m, err, context.Cause(ctx), now)
+	set.Then = followup(m, set)
 	attrs := []any{"type", m.Type, "queue", m.Queue, "id", m.ID, "retried", m.Retried}
 	switch set.Kind {
 	case 0:
