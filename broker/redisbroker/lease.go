@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/broker/redisbroker/internal/codec"
 	"github.com/tidequeue/tide/tidetype"
@@ -258,6 +260,14 @@ func (b *Broker) settleCall(p part, ss []broker.Settlement, idx []int) *call {
 
 // SetResult implements broker.Broker.
 func (b *Broker) SetResult(ctx context.Context, lease broker.LeaseRef, data []byte) error {
+	return b.writeLeased(ctx, "set result", b.s.setResult, "result", lease, data)
+}
+
+// writeLeased runs script (setresult.lua, progress.lua: KEYS records, the
+// hash named hash, layout meta; ARGV layout, ID, token, value; replies 0
+// written, 1 lease lost, 3 not here) in the partitions where the leased
+// task may be.
+func (b *Broker) writeLeased(ctx context.Context, op string, script *redis.Script, hash string, lease broker.LeaseRef, value any) error {
 	if err := b.check(); err != nil {
 		return err
 	}
@@ -266,14 +276,14 @@ func (b *Broker) SetResult(ctx context.Context, lease broker.LeaseRef, data []by
 		return err
 	}
 	for _, p := range b.lookup(lease.Queue, l, lease.ID) {
-		c := &call{script: b.s.setResult, keys: p.keys("t", "result", "meta"), args: []any{p.layout, lease.ID, lease.Token, data}, queue: lease.Queue}
+		c := &call{script: script, keys: p.keys("t", hash, "meta"), args: []any{p.layout, lease.ID, lease.Token, value}, queue: lease.Queue}
 		b.run(ctx, []*call{c})
 		if c.err != nil {
-			return callErr("set result", c.err)
+			return callErr(op, c.err)
 		}
 		code, err := c.cmd.Int64()
 		if err != nil {
-			return callErr("set result", fmt.Errorf("unexpected reply: %w", err))
+			return callErr(op, fmt.Errorf("unexpected reply: %w", err))
 		}
 		switch code {
 		case 0:

@@ -14,35 +14,10 @@ import (
 // SetProgress implements broker.ProgressReporter: one script in the task's
 // partition that checks the lease and writes the progress hash.
 func (b *Broker) SetProgress(ctx context.Context, lease broker.LeaseRef, p tidetype.Progress) error {
-	if err := b.check(); err != nil {
-		return err
-	}
 	if p.Percent < 0 || p.Percent > 100 || len(p.Note) > tidetype.MaxProgressNote {
 		return fmt.Errorf("%w: progress %d%% with a %d-byte note (0 to 100%%, at most %d bytes)", broker.ErrInvalidTask, p.Percent, len(p.Note), tidetype.MaxProgressNote)
 	}
-	l, err := b.layoutOf(ctx, lease.Queue)
-	if err != nil {
-		return err
-	}
-	val := encodeProgress(p)
-	for _, pt := range b.lookup(lease.Queue, l, lease.ID) {
-		c := &call{script: b.s.progress, keys: pt.keys("t", "pg", "meta"), args: []any{pt.layout, lease.ID, lease.Token, val}, queue: lease.Queue}
-		b.run(ctx, []*call{c})
-		if c.err != nil {
-			return callErr("set progress", c.err)
-		}
-		code, err := c.cmd.Int64()
-		if err != nil {
-			return callErr("set progress", fmt.Errorf("unexpected reply: %w", err))
-		}
-		switch code {
-		case 0:
-			return nil
-		case 1:
-			return broker.ErrLeaseLost
-		}
-	}
-	return broker.ErrLeaseLost
+	return b.writeLeased(ctx, "set progress", b.s.progress, "pg", lease, encodeProgress(p))
 }
 
 // encodeProgress is the progress hash's value: "<percent>:<ms>:<note>".
