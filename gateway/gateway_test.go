@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -363,5 +364,66 @@ func TestConfigErrors(t *testing.T) {
 	}
 	if _, err := gateway.New(nil, nil, gateway.Config{Tokens: []string{token}}); err == nil || !strings.Contains(err.Error(), "nil *tide.Client") {
 		t.Errorf("New(nil, nil) = %v", err)
+	}
+}
+
+// GET with ?wait= answers when the task ends (a server finishes it while
+// the request waits), answers with the task as it is when the time runs
+// out, and refuses a bad duration naming the parameter; the task's JSON
+// carries its group and progress.
+func TestGetTaskWaits(t *testing.T) {
+	e := setup(t, gateway.Config{})
+	ctx := context.Background()
+	release := make(chan struct{})
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free)
+	srv := tide.NewServer(e.b, tide.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err := srv.Start(tide.HandlerFunc(func(ctx context.Context, _ *tide.Task) error {
+		if err := tide.ReportProgress(ctx, 30, "warming up"); err != nil {
+			return err
+		}
+		<-release
+		return tide.WriteResult(ctx, []byte(`{"url":"https://cdn/x.png"}`))
+	})); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	r := e.do("POST", "/v1/tasks", `{"type":"image:resize","retention":"10m","group":"acme"}`)
+	if r.status != http.StatusCreated {
+		t.Fatalf("POST: %d %s", r.status, r.body)
+	}
+	loc := r.header.Get("Location")
+	id, _ := r.json(t)["id"].(string)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ti, err := e.in.GetTaskInfo(ctx, "default", id)
+		if err == nil && ti.Progress.Percent == 30 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the task never reported progress: %+v %v", ti, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	r = e.do("GET", loc+"?wait=100ms", "")
+	m := r.json(t)
+	if r.status != http.StatusOK || m["state"] != "active" || m["group"] != "acme" || m["progress"].(map[string]any)["percent"] != 30.0 {
+		t.Fatalf("GET ?wait=100ms while it runs: %d %s", r.status, r.body)
+	}
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		free()
+	}()
+	r = e.do("GET", loc+"?wait=30s", "")
+	m = r.json(t)
+	if r.status != http.StatusOK || m["state"] != "completed" || m["result"].(map[string]any)["url"] != "https://cdn/x.png" {
+		t.Fatalf("GET ?wait=30s: %d %s", r.status, r.body)
+	}
+	for _, bad := range []string{"soon", "-1s", "2h"} {
+		r = e.do("GET", loc+"?wait="+bad, "")
+		if code, field, _ := r.errorBody(t); r.status != http.StatusBadRequest || code != "invalid_request" || field != "wait" {
+			t.Fatalf("?wait=%s: %d %s", bad, r.status, r.body)
+		}
 	}
 }
