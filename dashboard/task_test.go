@@ -155,3 +155,37 @@ func TestAttemptRows(t *testing.T) {
 		t.Errorf("control character not shown escaped: %q", rows[2].Err)
 	}
 }
+
+// A running task's progress shows on its page as a bar with the percent
+// and the note (escaped, bidi overrides shown), with its group.
+func TestTaskPageProgress(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, testToken)
+	reported := make(chan struct{}, 1)
+	e.startServer(tide.Config{Queues: map[string]int{"jobs": 1}}, func(ctx context.Context, _ *tide.Task) error {
+		if err := tide.ReportProgress(ctx, 40, "resized <b>4</b> of 10 \u202eevil"); err != nil {
+			return err
+		}
+		reported <- struct{}{}
+		<-ctx.Done()
+		return context.Cause(ctx)
+	})
+	ti := e.enqueue("img:resize", nil, tide.Queue("jobs"), tide.Group("acme"))
+	select {
+	case <-reported:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the task did not report progress")
+	}
+	resp, body := e.get("/task?" + url.Values{"q": {"jobs"}, "id": {ti.ID}}.Encode())
+	wantStatus(t, resp, body, http.StatusOK)
+	checkNoRaw(t, "task page", body)
+	for _, want := range []string{
+		`id="task-progress"><progress max="100" value="40">`,
+		`resized &lt;b&gt;4&lt;/b&gt; of 10 \u202eevil`,
+		`<dt>Group</dt><dd><code>acme</code></dd>`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("task page lacks %s:\n%s", want, body)
+		}
+	}
+}

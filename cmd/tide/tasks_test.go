@@ -204,3 +204,35 @@ func TestTasksSearch(t *testing.T) {
 		t.Errorf("--payload on encrypted tasks, page 2: %q", got)
 	}
 }
+
+// tasks show prints a running task's group and progress (the note escaped
+// for the terminal), and --json carries them.
+func TestTasksShowProgress(t *testing.T) {
+	e := setup(t)
+	reported := make(chan struct{}, 1)
+	srv := tide.NewServer(e.b, tide.Config{Queues: map[string]int{"q": 1}, ShutdownTimeout: time.Second, Logger: quietLogger()})
+	if err := srv.Start(tide.HandlerFunc(func(ctx context.Context, _ *tide.Task) error {
+		if err := tide.ReportProgress(ctx, 40, "resized 4 of 10\x1b[2J"); err != nil {
+			return err
+		}
+		reported <- struct{}{}
+		<-ctx.Done()
+		return context.Cause(ctx)
+	})); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	e.enqueue("resize", "{}", tide.Queue("q"), tide.TaskID("p{acme}"), tide.Group("acme"))
+	select {
+	case <-reported:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the task did not report progress")
+	}
+	r := e.tide("tasks", "show", "q", "p{acme}")
+	r.want(t, exitOK, "Group:", "acme", "Progress:", `40%  resized 4 of 10\x1b[2J  (reported`)
+	if c := rawControls(r.stdout); c != "" {
+		t.Fatalf("raw control characters in the output: %q", c)
+	}
+	r = e.tide("tasks", "show", "q", "p{acme}", "--json")
+	r.want(t, exitOK, `"group": "acme"`, `"percent": 40`, `"note": "resized 4 of 10\u001b[2J"`)
+}

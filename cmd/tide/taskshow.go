@@ -155,6 +155,12 @@ func runTasksShow(ctx context.Context, a *app, _ *cmdOpts, args []string) error 
 	kv("Queue", ti.Queue)
 	kv("Type", ti.Type)
 	kv("State", ti.State.String())
+	if ti.Group != "" {
+		kv("Group", ti.Group)
+	}
+	if p := ti.Progress; !p.At.IsZero() {
+		kv("Progress", strings.TrimSpace(fmt.Sprintf("%d%%  %s", p.Percent, p.Note))+"  (reported "+stamp(p.At, now)+")")
+	}
 	if ti.State == tide.StateActive {
 		if ti.StartedAt.IsZero() {
 			kv("Started at", "- (not reported yet by a server heartbeat)")
