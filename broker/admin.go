@@ -165,37 +165,36 @@ func CheckGroupID(id, g string) error {
 }
 
 // CheckQueueLimits reports limits that make no sense (a negative or huge
-// Concurrency; a Rate with a negative or huge Limit, or whose Per is under a
-// millisecond, not whole milliseconds, over MaxRatePer, or set without a
-// Limit) with an error wrapping ErrInvalidTask that names the field.
+// Concurrency or GroupConcurrency; a Rate or GroupRate with a negative or
+// huge Limit, or whose Per is under a millisecond, not whole milliseconds,
+// over MaxRatePer, or set without a Limit) with an error wrapping
+// ErrInvalidTask that names the field.
 func CheckQueueLimits(l tidetype.QueueLimits) error {
-	if l.Concurrency < 0 || l.Concurrency > MaxQueueConcurrency {
-		return fmt.Errorf("%w: QueueLimits.Concurrency %d must be 0 (no limit) to %d", ErrInvalidTask, l.Concurrency, MaxQueueConcurrency)
+	for _, c := range []struct {
+		name string
+		v    int
+	}{{"Concurrency", l.Concurrency}, {"GroupConcurrency", l.GroupConcurrency}} {
+		if c.v < 0 || c.v > MaxQueueConcurrency {
+			return fmt.Errorf("%w: QueueLimits.%s %d must be 0 (no limit) to %d", ErrInvalidTask, c.name, c.v, MaxQueueConcurrency)
+		}
 	}
-	r := l.Rate
+	if err := checkRate("Rate", l.Rate, MaxQueueRate); err != nil {
+		return err
+	}
+	return checkRate("GroupRate", l.GroupRate, MaxGroupRate)
+}
+
+// checkRate checks the rate QueueLimits.<name> against its largest Limit.
+func checkRate(name string, r tidetype.Rate, maxLimit int) error {
 	switch {
-	case r.Limit < 0 || r.Limit > MaxQueueRate:
-		return fmt.Errorf("%w: QueueLimits.Rate.Limit %d must be 0 (no limit) to %d", ErrInvalidTask, r.Limit, MaxQueueRate)
+	case r.Limit < 0 || r.Limit > maxLimit:
+		return fmt.Errorf("%w: QueueLimits.%s.Limit %d must be 0 (no limit) to %d", ErrInvalidTask, name, r.Limit, maxLimit)
 	case r.Limit == 0 && r.Per != 0:
-		return fmt.Errorf("%w: QueueLimits.Rate.Per %v is set but Rate.Limit is 0; leave both zero for no rate limit", ErrInvalidTask, r.Per)
+		return fmt.Errorf("%w: QueueLimits.%s.Per %v is set but %s.Limit is 0; leave both zero for no limit", ErrInvalidTask, name, r.Per, name)
 	case r.Limit > 0 && (r.Per < time.Millisecond || r.Per > MaxRatePer):
-		return fmt.Errorf("%w: QueueLimits.Rate.Per %v must be 1ms to %v when Rate.Limit is set", ErrInvalidTask, r.Per, MaxRatePer)
+		return fmt.Errorf("%w: QueueLimits.%s.Per %v must be 1ms to %v when %s.Limit is set", ErrInvalidTask, name, r.Per, MaxRatePer, name)
 	case r.Per%time.Millisecond != 0:
-		return fmt.Errorf("%w: QueueLimits.Rate.Per %v must be a whole number of milliseconds", ErrInvalidTask, r.Per)
-	}
-	if l.GroupConcurrency < 0 || l.GroupConcurrency > MaxQueueConcurrency {
-		return fmt.Errorf("%w: QueueLimits.GroupConcurrency %d must be 0 (no limit) to %d", ErrInvalidTask, l.GroupConcurrency, MaxQueueConcurrency)
-	}
-	g := l.GroupRate
-	switch {
-	case g.Limit < 0 || g.Limit > MaxGroupRate:
-		return fmt.Errorf("%w: QueueLimits.GroupRate.Limit %d must be 0 (no limit) to %d", ErrInvalidTask, g.Limit, MaxGroupRate)
-	case g.Limit == 0 && g.Per != 0:
-		return fmt.Errorf("%w: QueueLimits.GroupRate.Per %v is set but GroupRate.Limit is 0; leave both zero for no group rate limit", ErrInvalidTask, g.Per)
-	case g.Limit > 0 && (g.Per < time.Millisecond || g.Per > MaxRatePer):
-		return fmt.Errorf("%w: QueueLimits.GroupRate.Per %v must be 1ms to %v when GroupRate.Limit is set", ErrInvalidTask, g.Per, MaxRatePer)
-	case g.Per%time.Millisecond != 0:
-		return fmt.Errorf("%w: QueueLimits.GroupRate.Per %v must be a whole number of milliseconds", ErrInvalidTask, g.Per)
+		return fmt.Errorf("%w: QueueLimits.%s.Per %v must be a whole number of milliseconds", ErrInvalidTask, name, r.Per)
 	}
 	return nil
 }
