@@ -188,4 +188,10 @@ func TestTaskPageProgress(t *testing.T) {
 			t.Errorf("task page lacks %s:\n%s", want, body)
 		}
 	}
+	// The active tab shows it too.
+	_, body = e.get("/queue?q=jobs&state=active")
+	checkNoRaw(t, "active tab", body)
+	if want := `<td class="progress"><progress max="100" value="40"`; !strings.Contains(body, want) {
+		t.Errorf("active tab lacks %s:\n%s", want, body)
+	}
 }

@@ -113,11 +113,13 @@ func (b *Broker) page(ctx context.Context, queue string, l layout, state tidetyp
 	recs := make([]*redis.StringCmd, len(refs))
 	results := make([]*redis.StringCmd, len(refs))
 	hists := make([]*redis.StringCmd, len(refs))
+	progs := make([]*redis.StringCmd, len(refs))
 	for i, r := range refs {
 		k := b.partAt(queue, l, r.part)
 		recs[i] = pipe.HGet(ctx, k.k("t"), r.id)
 		results[i] = pipe.HGet(ctx, k.k("result"), r.id)
 		hists[i] = pipe.HGet(ctx, k.k("h"), r.id)
+		progs[i] = pipe.HGet(ctx, k.k("pg"), r.id)
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, 0, callErr("list tasks", classify(err))
@@ -137,6 +139,9 @@ func (b *Broker) page(ctx context.Context, queue string, l layout, state tidetyp
 		}
 		if h, err := hists[i].Bytes(); err == nil {
 			m.Attempts = codec.DecodeAttempts(h)
+		}
+		if p, ok := decodeProgress(progs[i].Val()); ok {
+			m.Progress = p
 		}
 		if state == tidetype.StateActive {
 			m.LeaseExpiresAt = time.UnixMilli(int64(r.score))
