@@ -29,7 +29,7 @@ import (
 // group is one group of a queue: its ready tasks and what limits it.
 type group struct {
 	name     string
-	ready    readyHeap   // ready (pending) tasks, by enqueue sequence
+	ready    taskHeap    // ready (pending) tasks, by enqueue sequence (addReady)
 	active   int         // active tasks
 	holder   *task       // Ordered: the started task that holds the group's place until it finishes
 	throttle time.Time   // no task starts before (a throttling settlement)
@@ -38,31 +38,6 @@ type group struct {
 
 	inRot      bool
 	prev, next *group // rotation
-}
-
-// readyHeap is a min-heap of a group's ready tasks by enqueue sequence.
-type readyHeap []*task
-
-func (h readyHeap) Len() int           { return len(h) }
-func (h readyHeap) Less(i, j int) bool { return h[i].eseq < h[j].eseq }
-func (h readyHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].idx = i
-	h[j].idx = j
-}
-func (h *readyHeap) Push(x any) {
-	t := x.(*task)
-	t.idx = len(*h)
-	*h = append(*h, t)
-}
-func (h *readyHeap) Pop() any {
-	old := *h
-	n := len(old)
-	t := old[n-1]
-	old[n-1] = nil
-	t.idx = -1
-	*h = old[:n-1]
-	return t
 }
 
 // ---- rotation ----
@@ -115,6 +90,7 @@ func (q *queue) group(name string) *group {
 // it in q.pending) and reports whether the group joined the rotation.
 func (q *queue) addReady(t *task) bool {
 	g := q.group(t.msg.Group)
+	t.key, t.seq = time.Time{}, t.eseq // a taskHeap of equal keys orders by seq
 	heap.Push(&g.ready, t)
 	if g.inRot || !g.until.IsZero() {
 		return false
