@@ -20,8 +20,10 @@ import (
 //
 // The returned broker implements exactly the optional interfaces b
 // implements: broker.Admin (ListTasks decrypts), broker.Registry,
-// broker.Clock and broker.Repartitioner (passed through). Closing it closes
-// b.
+// broker.Clock and broker.Repartitioner (passed through). It is also always
+// a broker.Waiter, broker.ProgressReporter and broker.EventReader, which
+// pass through (events carry no payload) and fail when b is not one.
+// Closing it closes b.
 //
 // Wrap copies what it needs from keys; it returns an error, naming the key by
 // ID and never showing a secret, when there is no key, a key has ID 0 or a
@@ -373,6 +375,28 @@ func (w *wrapper) SetProgress(ctx context.Context, lease broker.LeaseRef, p tide
 		return errors.New("encrypt: the wrapped broker does not implement broker.ProgressReporter")
 	}
 	return pr.SetProgress(ctx, lease, p)
+}
+
+// ReadEvents implements broker.EventReader: events carry no payload or
+// result, so they pass through as the wrapped broker reads them (an event's
+// Err is the task's error, which is not encrypted). A wrapped broker that
+// records no events gives an error.
+func (w *wrapper) ReadEvents(ctx context.Context, queues []string, after string) (<-chan tidetype.TaskEvent, error) {
+	r, ok := w.b.(broker.EventReader)
+	if !ok {
+		return nil, errors.New("encrypt: the wrapped broker does not implement broker.EventReader")
+	}
+	return r.ReadEvents(ctx, queues, after)
+}
+
+// SetEvents implements broker.EventReader: it passes through. A wrapped
+// broker that records no events gives an error.
+func (w *wrapper) SetEvents(ctx context.Context, queue string, on bool) error {
+	r, ok := w.b.(broker.EventReader)
+	if !ok {
+		return errors.New("encrypt: the wrapped broker does not implement broker.EventReader")
+	}
+	return r.SetEvents(ctx, queue, on)
 }
 
 // Delete implements broker.Broker.

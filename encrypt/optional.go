@@ -14,8 +14,9 @@ import (
 // returns one of sixteen types: the wrapper plus the parts the wrapped broker
 // has. Admin is wrapped (ListTasks returns tasks, which are decrypted); the
 // other parts carry no task data and are the wrapped broker's own. Every
-// returned type is a broker.Waiter (tasks come back decrypted) and a
-// broker.ProgressReporter, which fail when the wrapped broker is not.
+// returned type is a broker.Waiter (tasks come back decrypted), a
+// broker.ProgressReporter and a broker.EventReader (events pass through),
+// which fail when the wrapped broker is not.
 
 // adminWrapper is the broker.Admin part. It embeds the wrapped Admin, so
 // every operator command passes through unchanged, and overrides the two

@@ -241,3 +241,38 @@ func TestQueueLimitsPassThrough(t *testing.T) {
 		}
 	}
 }
+
+// TestEventsPassThrough: task events are turned on and read through the
+// wrapper as the wrapped broker records them (they carry no payload).
+func TestEventsPassThrough(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w := wrap(t, membroker.New(), newKey(t, 1))
+	in := tide.NewInspector(w)
+	if err := in.SetQueueEvents(ctx, "q", true); err != nil {
+		t.Fatal(err)
+	}
+	ch, err := in.Events(ctx, tide.EventsFrom{Queues: []string{"q"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := tide.NewClient(w).Enqueue(ctx, tide.NewTask("t", []byte("secret payload"), tide.Queue("q")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ev := <-ch:
+		if ev.Kind != tide.EventEnqueued || ev.TaskID != info.ID || ev.Type != "t" || ev.ID == "" {
+			t.Errorf("event %+v, want the enqueue of %s", ev, info.ID)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no event through the wrapper")
+	}
+	inner := struct{ broker.Broker }{membroker.New()}
+	if _, err := tide.NewInspector(wrap(t, inner, newKey(t, 1))).Events(ctx, tide.EventsFrom{Queues: []string{"q"}}); err == nil {
+		t.Error("Events through a wrapper of a broker without events: no error")
+	}
+	cancel()
+	for range ch {
+	}
+}

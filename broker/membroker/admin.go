@@ -296,6 +296,7 @@ func (b *Broker) run(name string, q *queue, t *task) error {
 	q.detach(t)
 	t.msg.NextProcessAt = msTime(b.clock.Now())
 	b.pushPending(name, q, t, true)
+	b.event(q, t, tidetype.EventRetrying, "")
 	return nil
 }
 
@@ -318,7 +319,9 @@ func (b *Broker) archiveOne(q *queue, t *task) error {
 	}
 	q.detach(t)
 	now := msTime(b.clock.Now())
-	b.archive(q, t, t.msg.LastErr, now, now)
+	last := t.msg.LastErr
+	b.archive(q, t, "", now, now) // the event says no error: an operator archived it
+	t.msg.LastErr = last
 	b.release(q, t, false, true)
 	return nil
 }
@@ -386,6 +389,7 @@ func (b *Broker) ArchiveTasks(ctx context.Context, name string, state tidetype.T
 // DeleteTasks implements broker.Admin.
 func (b *Broker) DeleteTasks(ctx context.Context, name string, state tidetype.TaskState, limit int) (int, error) {
 	return b.bulk(ctx, name, state, limit, func(q *queue, t *task) error {
+		b.event(q, t, tidetype.EventDeleted, "")
 		b.drop(q, t)
 		return nil
 	})
@@ -402,6 +406,9 @@ func (b *Broker) CancelProcessing(ctx context.Context, name, id string) error {
 	}
 	if t.msg.State != tidetype.StateActive {
 		return fmt.Errorf("tide: cannot cancel task %s: it is %s, not active", id, t.msg.State)
+	}
+	if !t.canceled {
+		b.event(q, t, tidetype.EventCancelled, "")
 	}
 	t.canceled = true
 	b.emit(q, broker.Event{Kind: broker.EventCancel, Queue: name, ID: id})

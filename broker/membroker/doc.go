@@ -63,5 +63,12 @@
 //     Admin.ListTasks lists the pending ungrouped tasks merged with the
 //     grouped ones by due time.
 //   - After Close every method, Close included, returns broker.ErrClosed, and
-//     all Subscribe channels are closed.
+//     all Subscribe channels are closed; ReadEvents readings end within a
+//     second.
+//   - Task events (broker.EventReader): each queue that records them
+//     (SetEvents, or WithEvents for all) keeps them in one in-memory log,
+//     written under the broker's lock in the step that changes the task,
+//     bounded by WithEventRetention (default 10,000 events and 24 hours,
+//     trimmed as events are added). A token holds each queue's event
+//     number; logs outlive DeleteQueue.
 package membroker

@@ -99,6 +99,7 @@ func (b *Broker) enqueue(m *tidetype.TaskInfo, now time.Time, replace bool) erro
 	if m.IdempotencyKey != "" {
 		b.remember(ref, m.ID, now)
 	}
+	b.event(q, t, tidetype.EventEnqueued, "")
 	return nil
 }
 

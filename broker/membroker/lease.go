@@ -49,6 +49,7 @@ func (b *Broker) Dequeue(ctx context.Context, queues []string, n int, lease time
 			t.token, t.canceled = b.tokens, false
 			t.msg.State = tidetype.StateActive
 			b.push(&q.active, t, now.Add(lease))
+			b.event(q, t, tidetype.EventStarted, "")
 			out = append(out, &broker.Delivery{Task: clone(&t.msg), Token: t.token, LeaseFor: lease})
 		}
 		if len(out) == n {
@@ -149,6 +150,17 @@ func (b *Broker) settle(s *broker.Settlement, now time.Time) error {
 		b.throttle(q, t, msTime(until))
 	}
 	b.release(q, t, true, kind == broker.SettleDone || kind == broker.SettleArchive)
+	switch kind {
+	case broker.SettleDone:
+		b.event(q, t, tidetype.EventSucceeded, "")
+	case broker.SettleRetry, broker.SettleArchive:
+		b.event(q, t, tidetype.EventFailed, errMsg)
+		if kind == broker.SettleRetry {
+			b.event(q, t, tidetype.EventRetrying, errMsg)
+		}
+	default: // defer, requeue: it runs again
+		b.event(q, t, tidetype.EventRetrying, errMsg)
+	}
 	switch kind {
 	case broker.SettleDone:
 		q.count(now, 1, 0)

@@ -69,6 +69,7 @@ func (b *Broker) Maintain(ctx context.Context, req broker.MaintainRequest) (brok
 		q.count(now, 1, 1)
 		t.addAttempt(time.Time{}, msTime(now), "", "lease expired", leaseExpiredErr)
 		b.release(q, t, true, t.canceled || t.msg.Retried >= t.msg.MaxRetry)
+		b.event(q, t, tidetype.EventFailed, leaseExpiredErr)
 		switch {
 		case t.canceled:
 			b.archive(q, t, canceledErr+"; "+leaseExpiredErr, msTime(now), now)
@@ -80,6 +81,7 @@ func (b *Broker) Maintain(ctx context.Context, req broker.MaintainRequest) (brok
 			t.msg.LastErr = leaseExpiredErr
 			t.msg.LastFailedAt = msTime(now)
 			t.msg.NextProcessAt = msTime(now.Add(d))
+			b.event(q, t, tidetype.EventRetrying, leaseExpiredErr)
 			if d <= 0 {
 				b.pushPending(req.Queue, q, t, false)
 			} else {

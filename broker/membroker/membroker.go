@@ -91,6 +91,7 @@ type Broker struct {
 	idemWindow time.Duration
 	idem       map[idemRef]idemEntry // idempotency keys in use
 	idemSwept  int                   // len(idem) after the last sweep
+	events     eventLogs             // task lifecycle events, see events.go
 }
 
 // idemRef names an idempotency key: keys are per queue and outlive the
@@ -354,6 +355,7 @@ func (q *queue) releaseLock(t *task) {
 }
 
 func (b *Broker) archive(q *queue, t *task, errMsg string, at, now time.Time) {
+	b.event(q, t, tidetype.EventArchived, errMsg)
 	t.msg.LastErr = errMsg
 	t.msg.LastFailedAt = at
 	t.msg.State = tidetype.StateArchived

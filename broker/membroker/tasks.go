@@ -46,6 +46,7 @@ func (b *Broker) Delete(ctx context.Context, queue, id string) error {
 	if t.msg.State == tidetype.StateActive {
 		return broker.ErrTaskActive
 	}
+	b.event(q, t, tidetype.EventDeleted, "")
 	b.drop(q, t)
 	return nil
 }
@@ -63,10 +64,14 @@ func (b *Broker) Cancel(ctx context.Context, queue, id string) error {
 	}
 	t := q.tasks[id]
 	if t.msg.State == tidetype.StateActive {
+		if !t.canceled {
+			b.event(q, t, tidetype.EventCancelled, "")
+		}
 		t.canceled = true
 		b.emit(q, broker.Event{Kind: broker.EventCancel, Queue: queue, ID: id})
 		return nil
 	}
+	b.event(q, t, tidetype.EventCancelled, "")
 	b.drop(q, t)
 	return nil
 }

@@ -296,8 +296,8 @@ func (b *Broker) adminCall(p part, rid, cache string, exp int64, op string, targ
 	}
 	return &call{
 		script: b.s.admin,
-		keys:   append(append(p.keys("t", "pending", "scheduled", "retry", "archived", "completed", "result", "active", "u", "meta"), cache, p.k("h")), append(p.groupKeys(), p.endKeys()...)...),
-		args:   []any{p.layout, rid, exp, op, target, limit, p.channel, p.idx, b.doneChannel(p.queue)},
+		keys:   append(append(append(p.keys("t", "pending", "scheduled", "retry", "archived", "completed", "result", "active", "u", "meta"), cache, p.k("h")), append(p.groupKeys(), p.endKeys()...)...), p.k(eventsKey)),
+		args:   []any{p.layout, rid, exp, op, target, limit, p.channel, p.idx, b.doneChannel(p.queue), b.eventsArg(p)},
 		queue:  p.queue,
 	}
 }
@@ -431,7 +431,8 @@ func (b *Broker) DeleteQueue(ctx context.Context, queue string) error {
 	b.forgetLayout(queue)
 	for i := range l.total() {
 		p := b.partAt(queue, l, i)
-		n, err := b.s.drop.Run(ctx, b.rdb, b.moveKeys(p), p.layout).Int()
+		// The events stream goes with the partition's other keys.
+		n, err := b.s.drop.Run(ctx, b.rdb, append(b.moveKeys(p), p.k(eventsKey)), p.layout).Int()
 		if err != nil {
 			restore()
 			return callErr("delete queue "+queue, classify(err))

@@ -351,8 +351,8 @@ func (b *Broker) enqueueCall(p part, items []item, idx []int) *call {
 	rid, cache, exp := b.request(p)
 	w := b.idemWindow.Milliseconds()
 	n := b.Now().UnixMilli() / w
-	args := make([]any, 0, 7+8*len(idx))
-	args = append(args, p.layout, rid, exp, p.channel, p.idx, (n+2)*w, b.Now().Add(waitRegistration).UnixMilli())
+	args := make([]any, 0, 8+8*len(idx))
+	args = append(args, p.layout, rid, exp, p.channel, p.idx, (n+2)*w, b.Now().Add(waitRegistration).UnixMilli(), b.eventsArg(p))
 	for _, i := range idx {
 		t := items[i].t
 		kind := "p"
@@ -372,7 +372,7 @@ func (b *Broker) enqueueCall(p part, items []item, idx []int) *call {
 	keys := append(p.keys("t", "pending", "scheduled", "retry", "u", "meta"), cache,
 		p.k("ik:"+strconv.FormatInt(n, 10)), p.k("ik:"+strconv.FormatInt(n-1, 10)))
 	keys = append(append(keys, p.keys("active", "archived", "completed", "result", "h")...), p.groupKeys()...)
-	keys = append(keys, p.k("wt"))
+	keys = append(keys, p.k("wt"), p.k(eventsKey))
 	return &call{
 		script: b.s.enqueue,
 		keys:   keys,

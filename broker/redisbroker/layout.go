@@ -34,6 +34,9 @@ type layout struct {
 	tag string // the value of <prefix>:partitions[queue]: cur's tag, or "<cur><<old>" while migrating
 	cur span
 	old *span
+	// events: the queue records task events (see events.go), as read with
+	// the layout.
+	events bool
 }
 
 // total is the number of partitions to serve and maintain: the current
@@ -73,6 +76,7 @@ func (b *Broker) spanPart(queue string, l layout, s span, p, idx int, old bool) 
 		idx:     idx,
 		old:     old,
 		layout:  l.metaOf(old),
+		events:  l.events,
 		base:    b.prefix + ":{" + tag + "}:",
 		channel: b.channel(queue),
 	}
@@ -156,13 +160,15 @@ func (b *Broker) loadLayout(ctx context.Context, queue string) (layout, error) {
 	pipe.SAdd(ctx, b.prefix+":queues", queue)
 	pipe.HSetNX(ctx, b.prefix+":partitions", queue, want)
 	got := pipe.HGet(ctx, b.prefix+":partitions", queue)
-	if _, err := pipe.Exec(ctx); err != nil {
+	evFlag := pipe.HGet(ctx, b.prefix+":"+eventsKey, queue)
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return layout{}, fmt.Errorf("tide: redisbroker: register queue %q: %w", queue, classify(err))
 	}
 	l, err := parseLayout(got.Val())
 	if err != nil {
 		return layout{}, fmt.Errorf("%w: queue %q: %v", broker.ErrLayout, queue, err)
 	}
+	l.events = b.eventsOn(evFlag.Val())
 	if explicit && (l.cur.n != want || l.old != nil) {
 		return layout{}, fmt.Errorf("%w: queue %q has %s recorded in Redis but this process is configured with %d (WithQueuePartitions); "+
 			"drop the option to adopt the recorded count, or change the queue with `tide queues repartition %s %d`", broker.ErrLayout, queue, l.describe(), want, queue, want)

@@ -39,8 +39,8 @@ func (b *Broker) Dequeue(ctx context.Context, queues []string, n int, lease time
 			rid, cache, exp := b.request(p)
 			c := &call{
 				script: b.s.dequeue,
-				keys:   append(append(p.keys("t", "pending", "active", "paused", "archived", "result", "scheduled", "retry", "seq", "meta"), cache, p.k("lim"), p.k("starts")), p.groupKeys()...),
-				args:   []any{p.layout, rid, exp, n - len(out), lease.Milliseconds(), p.channel, p.idx},
+				keys:   append(append(append(p.keys("t", "pending", "active", "paused", "archived", "result", "scheduled", "retry", "seq", "meta"), cache, p.k("lim"), p.k("starts")), p.groupKeys()...), p.k(eventsKey)),
+				args:   []any{p.layout, rid, exp, n - len(out), lease.Milliseconds(), p.channel, p.idx, b.eventsArg(p)},
 				queue:  q,
 			}
 			b.run(ctx, []*call{c})
@@ -202,8 +202,8 @@ func (b *Broker) Settle(ctx context.Context, ss []broker.Settlement) ([]error, e
 
 func (b *Broker) settleCall(p part, ss []broker.Settlement, idx []int) *call {
 	rid, cache, exp := b.request(p)
-	args := make([]any, 0, 10+11*len(idx))
-	args = append(args, p.layout, rid, exp, p.channel, p.idx, b.today(), b.maxArchived, b.archiveTTL.Milliseconds(), b.minute(), b.doneChannel(p.queue))
+	args := make([]any, 0, 11+11*len(idx))
+	args = append(args, p.layout, rid, exp, p.channel, p.idx, b.today(), b.maxArchived, b.archiveTTL.Milliseconds(), b.minute(), b.doneChannel(p.queue), b.eventsArg(p))
 	for _, i := range idx {
 		s := ss[i]
 		at := s.At
@@ -252,7 +252,7 @@ func (b *Broker) settleCall(p part, ss []broker.Settlement, idx []int) *call {
 	}
 	return &call{
 		script: b.s.settle,
-		keys:   append(append(p.keys("t", "active", "pending", "retry", "archived", "completed", "result", "scheduled", "u", "stat", "meta"), cache, p.k("h"), p.k("m"), p.k("lim")), append(p.groupKeys(), p.endKeys()...)...),
+		keys:   append(append(append(p.keys("t", "active", "pending", "retry", "archived", "completed", "result", "scheduled", "u", "stat", "meta"), cache, p.k("h"), p.k("m"), p.k("lim")), append(p.groupKeys(), p.endKeys()...)...), p.k(eventsKey)),
 		args:   args,
 		queue:  p.queue,
 	}

@@ -435,5 +435,15 @@ func (b *Broker) retire(ctx context.Context, l layout, o part, idx int) (bool, e
 	if err != nil {
 		return false, fmt.Errorf("tide: redisbroker: repartition %s: retire: %w", o.queue, classify(err))
 	}
-	return len(r) == 2 && r[0] == 1, nil
+	if len(r) == 2 && r[0] == 1 {
+		// Nothing writes to a retired partition again: its events stay
+		// for readers that have not reached its end, then expire.
+		if b.eventsAge > 0 {
+			b.rdb.PExpire(ctx, o.k(eventsKey), b.eventsAge)
+		} else {
+			b.rdb.PExpire(ctx, o.k(eventsKey), DefaultEventsMaxAge)
+		}
+		return true, nil
+	}
+	return false, nil
 }

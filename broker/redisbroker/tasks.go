@@ -99,8 +99,8 @@ func (b *Broker) remove(ctx context.Context, queue, id, op string) (string, erro
 		rid, cache, exp := b.request(p)
 		c := &call{
 			script: b.s.remove,
-			keys:   append(append(p.keys("t", "pending", "scheduled", "retry", "archived", "completed", "result", "active", "u", "meta"), cache, p.k("moving"), p.k("h")), append(p.groupKeys(), p.endKeys()...)...),
-			args:   []any{p.layout, rid, exp, id, op, p.channel, b.doneChannel(queue)},
+			keys:   append(append(append(p.keys("t", "pending", "scheduled", "retry", "archived", "completed", "result", "active", "u", "meta"), cache, p.k("moving"), p.k("h")), append(p.groupKeys(), p.endKeys()...)...), p.k(eventsKey)),
+			args:   []any{p.layout, rid, exp, id, op, p.channel, b.doneChannel(queue), b.eventsArg(p)},
 			queue:  queue,
 		}
 		b.run(ctx, []*call{c})

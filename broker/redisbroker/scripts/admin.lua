@@ -4,12 +4,13 @@
 -- KEYS[7] results hash  KEYS[8] active zset   KEYS[9] unique locks hash
 -- KEYS[10] layout meta  KEYS[11] reply cache KEYS[12] attempt histories hash
 -- KEYS[13..18] group keys (groups.lua)  KEYS[19] progress hash
--- KEYS[20..22] waiter keys (w_keys in lib.lua)
+-- KEYS[20..22] waiter keys (w_keys in lib.lua)  KEYS[23] events stream
 -- ARGV[1] layout  ARGV[2] request ID ('' for bulk ops)  ARGV[3] reply cache expiry (ms)
 -- ARGV[4] op: 'run' | 'archive' (one task) or 'runall' | 'archiveall' | 'deleteall'
 -- ARGV[5] task ID (one task) or state number (bulk)
 -- ARGV[6] limit (bulk)  ARGV[7] event channel  ARGV[8] partition
 -- ARGV[9] done channel: archived and deleted tasks tell their waiters
+-- ARGV[10] events stream MAXLEN ('' or '0': no events)
 -- Returns, for one task: 1 done, 0 not found, -state when the task's state
 -- does not allow the action, -98 while a repartition moves it, -99 when its
 -- record is unreadable (answered from the reply cache when run again);
@@ -20,6 +21,8 @@
 -- released); 'deleteall' deletes tasks that are not active. A grouped task
 -- made pending joins its group's ready tasks; the bulk operations on
 -- pending tasks take the ungrouped ones first, then the grouped ones.
+-- The events stream gets 'r' for a task run, 'a' for one archived and 'x'
+-- for one deleted.
 local bad = layout_error(KEYS[10], ARGV[1])
 if bad then return bad end
 local cached = req_get(KEYS[11], ARGV[2], tonumber(ARGV[3]))
@@ -29,6 +32,7 @@ local was_empty = redis.call('LLEN', KEYS[2]) == 0
 local G = g_keys(13)
 local W = w_keys(20)
 local woke = false
+local E = ev_new(KEYS[23], ARGV[10])
 
 local function run(id, rec, st)
   redis.call('ZREM', zset_of(st, KEYS), id)
@@ -40,6 +44,7 @@ local function run(id, rec, st)
   else
     redis.call('RPUSH', KEYS[2], id)
   end
+  if E then ev_add(E, 'r', id, rec_type(rec)) end
 end
 
 -- archive moves a task to the archive; in_list says the caller removes a
@@ -54,6 +59,7 @@ local function archive(id, rec, st, in_list)
   redis.call('HSET', KEYS[1], id, rec_patch(rec, 5, nil, nil, nil, now, nil))
   redis.call('ZADD', KEYS[5], now, id)
   w_ended(W, id, 'a' .. string.format('%d', now), now, ARGV[9])
+  if E then ev_add(E, 'a', id, rec_type(rec)) end
 end
 
 local function remove(id, rec)
@@ -64,9 +70,11 @@ local function remove(id, rec)
   redis.call('HDEL', KEYS[19], id)
   g_forget(G, id)
   w_ended(W, id, 'x', now, ARGV[9])
+  if E then ev_add(E, 'x', id, rec_type(rec)) end
 end
 
 local function done(n)
+  ev_flush(E)
   if woke or (was_empty and redis.call('LLEN', KEYS[2]) > 0) then
     redis.call('PUBLISH', ARGV[7], 'p' .. ARGV[8])
   end
@@ -126,6 +134,7 @@ if st == 1 then
       redis.call('HSET', KEYS[7], id, rec)
       redis.call('HSET', KEYS[1], id, rec_corrupt(now, 'tide: undecodable task record; archived by an operator'))
       redis.call('ZADD', KEYS[5], now, id)
+      ev_add(E, 'a', id, '', 'tide: undecodable task record')
     end
     n = n + 1
   end

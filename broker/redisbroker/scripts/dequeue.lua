@@ -4,8 +4,10 @@
 -- KEYS[7] scheduled zset KEYS[8] retry zset  KEYS[9] token sequence
 -- KEYS[10] layout meta  KEYS[11] reply cache  KEYS[12] limits hash (see share.lua)
 -- KEYS[13] starts zset (token -> start ms)  KEYS[14..19] group keys (groups.lua)
+-- KEYS[20] events stream
 -- ARGV[1] layout  ARGV[2] request ID  ARGV[3] reply cache expiry (ms)
 -- ARGV[4] n  ARGV[5] lease ms  ARGV[6] event channel  ARGV[7] partition
+-- ARGV[8] events stream MAXLEN ('' or '0': no events)
 -- Returns a flat array id1, record1, id2, record2, ... of the leased tasks with
 -- state set to active and a fresh token each. Pending tasks come first
 -- (oldest first); when fewer than n are pending, scheduled and retry tasks
@@ -31,6 +33,8 @@
 -- and while it is over its rate (these two return it at a time, announced
 -- with a "p<partition>:<ms>" event). While a repartition runs, a queue with
 -- group limits starts no grouped task (field gh of the limits hash).
+-- Each task leased is an 's' event in the events stream, each archived
+-- record an 'a' event.
 local bad = layout_error(KEYS[10], ARGV[1])
 if bad then return bad end
 local cached = req_get(KEYS[11], ARGV[2], tonumber(ARGV[3]))
@@ -198,6 +202,7 @@ end
 if #ids == 0 then return {} end
 local exp = now + tonumber(ARGV[5])
 local tok = next_tokens(KEYS[9], #ids)
+local E = ev_new(KEYS[20], ARGV[8])
 local out, leased = {}, {}
 for _, id in ipairs(ids) do
   local rec = redis.call('HGET', KEYS[1], id)
@@ -209,12 +214,14 @@ for _, id in ipairs(ids) do
     out[#out + 1] = rec
     leased[#leased + 1] = id
     leased[#leased + 1] = tok
+    if E then ev_add(E, 's', id, rec_type(rec)) end
     tok = tok + 1
   else
     if rec then
       redis.call('HSET', KEYS[6], id, rec)
       redis.call('HSET', KEYS[1], id, rec_corrupt(now, 'tide: undecodable task record (' .. #rec .. ' bytes, bad header); original bytes kept as the result'))
       redis.call('ZADD', KEYS[5], now, id)
+      ev_add(E, 'a', id, '', 'tide: undecodable task record')
     end
     if taken[id] then
       -- Not leased after all: the group gets its slot (and place) back.
@@ -232,5 +239,6 @@ if per and #leased > 0 then
   redis.call('ZADD', KEYS[13], unpack(starts))
   redis.call('PEXPIRE', KEYS[13], per)
 end
+ev_flush(E)
 req_put(KEYS[11], ARGV[2], cmsgpack.pack(leased), tonumber(ARGV[3]))
 return out

@@ -6,10 +6,12 @@
 -- KEYS[10] active zset  KEYS[11] archived zset  KEYS[12] completed zset
 -- KEYS[13] results hash  KEYS[14] attempt histories hash
 -- KEYS[15..20] group keys (groups.lua)  KEYS[21] waiters hash
+-- KEYS[22] events stream
 -- ARGV[1] layout  ARGV[2] request ID  ARGV[3] reply cache expiry (ms)
 -- ARGV[4] event channel  ARGV[5] partition
 -- ARGV[6] expiry of this window's idempotency keys (ms)
 -- ARGV[7] expiry of the waiter registered for a task with the 'w' flag (ms)
+-- ARGV[8] events stream MAXLEN ('' or '0': no events)
 -- then 8 per task: id, record, kind, due ms, unique key ('' for none),
 --   unique TTL ms, idempotency key ('' for none), group ('' for none). kind
 --   is 'p' (pending) or 's' (scheduled); upper case when the broker chose
@@ -27,7 +29,8 @@
 -- enqueue sequence and, when pending, joins its group's ready tasks. A task
 -- to replace another one takes the place of a waiting task with its ID
 -- (keeping its enqueue sequence) or of a finished one; an active one (or
--- one a repartition moves) is an ID conflict.
+-- one a repartition moves) is an ID conflict. Each task stored is an 'e'
+-- event in the events stream (ev_add in lib.lua).
 local bad = layout_error(KEYS[6], ARGV[1])
 if bad then return bad end
 local cached = req_get(KEYS[7], ARGV[2], tonumber(ARGV[3]))
@@ -38,6 +41,7 @@ local looked = false
 local now = nil
 local hits = {}
 local G = g_keys(15)
+local E = ev_new(KEYS[22], ARGV[8])
 -- unplace takes task id, whose record is rec, out of where it waits or
 -- lies finished, for Replace; it returns false when the task is active or
 -- being moved.
@@ -59,7 +63,7 @@ local function unplace(id, rec)
   release_uniq(rec, KEYS[5], id)
   return true
 end
-for i = 8, #ARGV, 8 do
+for i = 9, #ARGV, 8 do
   local id, rec, kind, u, ik, g = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+4], ARGV[i+6], ARGV[i+7]
   local replace = string.find(kind, 'r', 2, true) ~= nil
   local watch = string.find(kind, 'w', 2, true) ~= nil
@@ -118,6 +122,7 @@ for i = 8, #ARGV, 8 do
       redis.call('ZADD', KEYS[3], due, id)
       if not first_due or due < first_due then first_due = due end
     end
+    if E and code == '0' then ev_add(E, 'e', id, rec_type(rec)) end
     if code == '0' and watch then redis.call('HSET', KEYS[21], id, ARGV[7]) end
     if code == '0' and ik ~= '' then
       redis.call('HSET', KEYS[8], ik, id)
@@ -132,6 +137,7 @@ end
 if first_due and (not before or first_due < before) then
   redis.call('PUBLISH', ARGV[4], 's' .. ARGV[5] .. ':' .. string.format('%d', first_due))
 end
+ev_flush(E)
 local reply = table.concat(out)
 if #hits > 0 then reply = reply .. '\n' .. table.concat(hits, '\n') end
 req_put(KEYS[7], ARGV[2], reply, tonumber(ARGV[3]))

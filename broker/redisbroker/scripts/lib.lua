@@ -254,3 +254,75 @@ local function zset_of(st, keys)
   elseif st == 5 then return keys[5] elseif st == 6 then return keys[6] end
   return nil
 end
+
+-- ev_new returns the event log of one script run for the partition's events
+-- stream key (see events.go): nil when events are off (max '' or '0'),
+-- else a table collecting events until ev_flush writes them, trimmed to
+-- about max entries (MAXLEN ~).
+local function ev_new(key, max)
+  if max == '' or max == '0' then return nil end
+  return {key = key, max = max, b = {}, n = 0}
+end
+
+-- ev_flush writes the collected events as one stream entry with ID
+-- 0-<n>, n counting the stream's entries from 1 ('0-*': Redis 7), so that a
+-- reader tells a trimmed entry from one that never was. Field 'e', value
+-- '\1', the Redis time in ms (6 bytes), then per event a kind byte, the
+-- lengths of ID, type and error (2 bytes each) and the three strings.
+local function ev_flush(E)
+  if not E or E.n == 0 then return end
+  redis.call('XADD', E.key, 'MAXLEN', '~', E.max, '0-*', 'e', '\1' .. struct.pack('>I6', redis_now()) .. table.concat(E.b))
+  E.b, E.n = {}, 0
+end
+
+-- ev_trim_age deletes the entries of events stream key recorded before
+-- cutoff (ms): the entries' numbers are consecutive, so a binary search
+-- over them finds the first one to keep in a few reads.
+local function ev_trim_age(key, cutoff)
+  local first = redis.call('XRANGE', key, '-', '+', 'COUNT', 1)[1]
+  if not first or struct.unpack('>I6', first[2][2], 2) >= cutoff then return end
+  local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)[1]
+  local lo = tonumber(string.sub(first[1], 3)) -- an old one
+  local hi = tonumber(string.sub(last[1], 3)) + 1 -- the first to keep is at most this
+  while hi - lo > 1 do
+    local mid = math.floor((lo + hi) / 2)
+    local e = redis.call('XRANGE', key, '0-' .. mid, '+', 'COUNT', 1)[1]
+    if e and struct.unpack('>I6', e[2][2], 2) < cutoff then
+      lo = tonumber(string.sub(e[1], 3))
+    else
+      hi = mid
+    end
+  end
+  redis.call('XTRIM', key, 'MINID', '0-' .. hi)
+end
+
+-- ev_add records one event of task id (of type typ): kind is 'e' enqueued,
+-- 's' started, 'd' succeeded, 'f' failed, 'r' retrying, 'a' archived,
+-- 'x' deleted, 'c' cancelled; err (or nil) is cut to 256 bytes. An entry
+-- holds at most 64 events; the script calls ev_flush at its end.
+local function ev_add(E, kind, id, typ, err)
+  if not E then return end
+  err = err or ''
+  if #err > 256 then err = string.sub(err, 1, 256) end
+  if #typ > 1024 then typ = string.sub(typ, 1, 1024) end
+  if #id > 65535 then id = string.sub(id, 1, 65535) end
+  E.b[#E.b + 1] = kind .. struct.pack('>I2>I2>I2', #id, #typ, #err) .. id .. typ .. err
+  E.n = E.n + 1
+  if E.n >= 64 then ev_flush(E) end
+end
+
+-- rec_type returns the task type of record rec (the start of its body: a
+-- uvarint length and the bytes), or '' when rec cannot be read.
+local function rec_type(rec)
+  if not rec_ok(rec) then return '' end
+  local n, mul, pos = 0, 1, 25
+  while true do
+    local c = string.byte(rec, pos)
+    if not c then return '' end
+    n = n + (c % 128) * mul
+    pos = pos + 1
+    if c < 128 then break end
+    mul = mul * 128
+  end
+  return string.sub(rec, pos, pos + n - 1)
+end

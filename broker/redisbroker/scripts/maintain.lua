@@ -6,6 +6,7 @@
 -- KEYS[13] attempt histories hash  KEYS[14] minute counters hash
 -- KEYS[15..20] group keys (groups.lua)  KEYS[21] progress hash
 -- KEYS[22..24] waiter keys (w_keys in lib.lua)  KEYS[25] limits hash
+-- KEYS[26] events stream
 -- ARGV[1] layout  ARGV[2] owner  ARGV[3] owner TTL ms  ARGV[4] event channel
 -- ARGV[5] partition  ARGV[6] max archived  ARGV[7] archive TTL ms
 -- ARGV[8] per-step limit  ARGV[9] today (UTC, YYYY-MM-DD)
@@ -14,6 +15,8 @@
 --          0: pending at once)
 -- ARGV[12] this minute (Unix minutes): the pending count is sampled under it
 -- ARGV[13] done channel (tasks someone waits for)
+-- ARGV[14] events stream MAXLEN ('' or '0': no events)
+-- ARGV[15] events kept at most this long, ms (0: no age bound)
 -- Returns {owned, retry-in ms, pending, forwarded, recovered, trimmed, more,
 --          next due ms or -1, next lease expiry in ms or -1}.
 -- All times are the Redis clock's. When owned it forwards scheduled and
@@ -28,7 +31,9 @@
 -- another server claims the partition at once. A grouped task that becomes
 -- due joins its group's ready tasks; one whose lease expired gives its
 -- group's slot back (and its ordered place when it is archived); one that
--- is archived tells its waiters (w_ended).
+-- is archived tells its waiters (w_ended). A recovered task is recorded in
+-- the events stream as 'f' (lease expired) then 'r' or 'a'; events older
+-- than ARGV[15] are trimmed (ev_trim_age).
 local bad = layout_error(KEYS[12], ARGV[1])
 if bad then return bad end
 local cur = redis.call('GET', KEYS[1])
@@ -51,6 +56,7 @@ local G = g_keys(15)
 if redis.call('EXISTS', G.id) == 0 then G = nil end
 local woke = false
 local W = w_keys(22)
+local E = ev_new(KEYS[26], ARGV[14])
 
 local due = earliest(KEYS[5], KEYS[6])
 if due and due <= now then
@@ -93,15 +99,19 @@ if first[2] and tonumber(first[2]) <= now then
     if rec_ok(rec) then
       hist_add(KEYS[13], id, 0, now, 'l', '', err)
       local n = rec_retried(rec)
+      local typ = E and rec_type(rec)
+      if E then ev_add(E, 'f', id, typ, err) end
       if rec_canceled(rec) then
         release_uniq(rec, KEYS[10], id)
         redis.call('HSET', KEYS[2], id, rec_patch(rec, 5, nil, nil, nil, now, 'tide: task cancelled; ' .. err))
         redis.call('ZADD', KEYS[7], now, id)
+        ev_add(E, 'a', id, typ, 'tide: task cancelled; ' .. err)
       elseif n < rec_maxretry(rec) then
         -- Back off like a failed attempt: a task that kills its worker must
         -- not hit the fleet again at once.
         local d = math.min(base * 2 ^ math.min(n, 20), 3600000)
         finished = false
+        ev_add(E, 'r', id, typ, err)
         if d <= 0 then
           redis.call('HSET', KEYS[2], id, rec_patch(rec, 1, nil, n + 1, now, now, err))
           if g then
@@ -122,11 +132,13 @@ if first[2] and tonumber(first[2]) <= now then
         release_uniq(rec, KEYS[10], id)
         redis.call('HSET', KEYS[2], id, rec_patch(rec, 5, nil, nil, nil, now, err .. '; no retries left'))
         redis.call('ZADD', KEYS[7], now, id)
+        ev_add(E, 'a', id, typ, err .. '; no retries left')
       end
     elseif rec then
       redis.call('HSET', KEYS[9], id, rec)
       redis.call('HSET', KEYS[2], id, rec_corrupt(now, 'tide: undecodable task record (' .. #rec .. ' bytes, bad header), found when its lease expired; original bytes kept as the result'))
       redis.call('ZADD', KEYS[7], now, id)
+      ev_add(E, 'a', id, '', 'tide: undecodable task record')
     end
     if g and g_release(G, g, id, true, finished) then woke = true end
     if finished then w_ended(W, id, 'a' .. string.format('%d', now), now, ARGV[13]) end
@@ -136,6 +148,9 @@ if first[2] and tonumber(first[2]) <= now then
   count_minute(KEYS[14], ARGV[12], recovered, recovered)
   first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
 end
+ev_flush(E)
+local ev_age = tonumber(ARGV[15]) or 0
+if ev_age > 0 then ev_trim_age(KEYS[26], now - ev_age) end
 
 -- Groups' rate windows: forget those whose newest start left the window, a
 -- few at a time from a cursor, so that groups gone idle leave nothing.

@@ -5,8 +5,10 @@
 -- KEYS[10] layout meta  KEYS[11] reply cache KEYS[12] moving zset (repartition)
 -- KEYS[13] attempt histories hash  KEYS[14..19] group keys (groups.lua)
 -- KEYS[20] progress hash  KEYS[21..23] waiter keys (w_keys in lib.lua)
+-- KEYS[24] events stream
 -- ARGV[1] layout  ARGV[2] request ID  ARGV[3] reply cache expiry (ms)
 -- ARGV[4] id  ARGV[5] op  ARGV[6] event channel  ARGV[7] done channel
+-- ARGV[8] events stream MAXLEN ('' or '0': no events)
 -- op 'delete': delete a task that is not active.
 -- op 'cancel': delete a task that is not active, or record the cancellation
 --   of an active one (flag in its record, read by Extend and Settle) and
@@ -17,13 +19,15 @@
 -- '5' the task was about to move in here from the old span of a repartition:
 -- its placeholder is removed, the caller removes it there too.
 -- A deleted task's waiters are told (w_ended). A request run again answers
--- from the reply cache.
+-- from the reply cache. The events stream gets 'x' for a task deleted by
+-- 'delete', 'c' for one deleted by 'cancel' and for a cancellation recorded.
 local bad = layout_error(KEYS[10], ARGV[1])
 if bad then return bad end
 local cached = req_get(KEYS[11], ARGV[2], tonumber(ARGV[3]))
 if cached then return cached end
 local id, op = ARGV[4], ARGV[5]
 local G = g_keys(14)
+local E = ev_new(KEYS[24], ARGV[8])
 
 local function answer(code)
   req_put(KEYS[11], ARGV[2], code, tonumber(ARGV[3]))
@@ -44,6 +48,10 @@ if st == 2 then
   if op == 'delete' then return answer('2') end
   if rec_ok(rec) and not rec_canceled(rec) then
     redis.call('HSET', KEYS[1], id, rec_mark_canceled(rec))
+    if E then
+      ev_add(E, 'c', id, rec_type(rec))
+      ev_flush(E)
+    end
   end
   redis.call('PUBLISH', ARGV[6], 'c' .. id)
   return answer('3')
@@ -70,4 +78,8 @@ redis.call('HDEL', KEYS[13], id)
 redis.call('HDEL', KEYS[20], id)
 g_forget(G, id)
 w_ended(w_keys(21), id, 'x', redis_now(), ARGV[7])
+if E then
+  ev_add(E, op == 'delete' and 'x' or 'c', id, rec_type(rec))
+  ev_flush(E)
+end
 return answer('1')

@@ -6,11 +6,13 @@
 -- KEYS[13] attempt histories hash  KEYS[14] minute counters hash
 -- KEYS[15] limits hash (c: concurrency share)  KEYS[16..21] group keys (groups.lua)
 -- KEYS[22] progress hash  KEYS[23..25] waiter keys (w_keys in lib.lua)
+-- KEYS[26] events stream
 -- ARGV[1] layout  ARGV[2] request ID  ARGV[3] reply cache expiry (ms)
 -- ARGV[4] event channel  ARGV[5] partition
 -- ARGV[6] today (UTC, YYYY-MM-DD) for the processed/failed day counters
 -- ARGV[7] max archived  ARGV[8] archive TTL ms  ARGV[9] this minute (Unix minutes)
 -- ARGV[10] done channel (tasks someone waits for)
+-- ARGV[11] events stream MAXLEN ('' or '0': no events)
 -- then 11 per settlement: op, id, token, a, b, c, started ms, server, group
 -- ('' for none, '?' when the caller does not know, else the task's group as
 -- its record says), then the ID and record of a task to store with the
@@ -40,7 +42,9 @@
 -- leaving active gives its group's slot back; done and archive also free
 -- an ordered group's place, which retry and defer keep. Done, completed and
 -- archive tell the task's waiters (w_ended). A request run again answers
--- from the reply cache.
+-- from the reply cache. Each settlement applied is recorded in the events
+-- stream: done and completed 'd'; retry 'f' then 'r'; archive 'f' then 'a';
+-- defer and requeue 'r'; a follow-up task stored 'e'.
 local bad = layout_error(KEYS[11], ARGV[1])
 if bad then return bad end
 local cached = req_get(KEYS[12], ARGV[2], tonumber(ARGV[3]))
@@ -65,7 +69,8 @@ end
 local now = nil
 if W then now = redis_now() end
 local followed = false
-for i = 11, #ARGV, 11 do
+local E = ev_new(KEYS[26], ARGV[11])
+for i = 12, #ARGV, 11 do
   local op, id, tok, a, b, c = ARGV[i], ARGV[i+1], tonumber(ARGV[i+2]), ARGV[i+3], ARGV[i+4], ARGV[i+5]
   local started, server = tonumber(ARGV[i+6]), ARGV[i+7]
   local rec = redis.call('HGET', KEYS[1], id)
@@ -79,6 +84,12 @@ for i = 11, #ARGV, 11 do
       c = 'tide: task cancelled' .. (c ~= '' and ('; last error: ' .. c) or '')
     end
     redis.call('ZREM', KEYS[2], id)
+    if E then
+      local typ = rec_type(rec)
+      if op == 'd' or op == 'c' then ev_add(E, 'd', id, typ)
+      elseif op == 'r' or op == 'a' then ev_add(E, 'f', id, typ, c); ev_add(E, op, id, typ, c)
+      else ev_add(E, 'r', id, typ, c) end
+    end
     local g, seq = nil, nil
     if G and ARGV[i+8] ~= '' then
       g = ARGV[i+8]
@@ -131,6 +142,7 @@ for i = 11, #ARGV, 11 do
     if ARGV[i+9] ~= '' and redis.call('HSETNX', KEYS[1], ARGV[i+9], ARGV[i+10]) == 1 then
       redis.call('LPUSH', KEYS[3], ARGV[i+9])
       followed = true
+      if E then ev_add(E, 'e', ARGV[i+9], rec_type(ARGV[i+10])) end
     end
     out[#out + 1] = '0'
   end
@@ -152,6 +164,7 @@ end
 if first_retry and (not before or first_retry < before) then
   redis.call('PUBLISH', ARGV[4], 's' .. ARGV[5] .. ':' .. string.format('%d', first_retry))
 end
+ev_flush(E)
 local reply = table.concat(out)
 req_put(KEYS[12], ARGV[2], reply, tonumber(ARGV[3]))
 return reply
