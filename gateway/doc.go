@@ -74,6 +74,27 @@
 // active task to cancel it: 202. The task is archived if its handler then
 // fails.
 //
+// GET /v1/events?queue=orders&queue=emails streams the queues' task events
+// (tide.Inspector.Events) as server-sent events (text/event-stream), so a
+// browser's EventSource or any HTTP client follows them. Each event's id
+// line is its resume token and its data line is Event as JSON:
+//
+//	id: e1AQZvcmRlcnMB...
+//	data: {"id":"e1AQZvcmRlcnMB...","queue":"orders","task_id":"order-cancel:42",
+//	       "type":"order:cancel","kind":"failed","at":"2030-01-02T15:04:05.123Z","error":"card declined"}
+//
+// kind is one of enqueued, started, succeeded, failed, retrying, archived,
+// deleted, cancelled. The stream starts with the events recorded after the
+// request; with a Last-Event-ID header (sent by EventSource when it
+// reconnects) or an after= parameter it resumes right after that event,
+// with no gap and no repeat; after=0 starts with the oldest event kept.
+// A comment line (": keep-alive") comes every Config.EventsHeartbeat while
+// no event does. Queues must be allowed (Config.AllowedQueues) and must
+// record events (tide.Inspector.SetQueueEvents); a bad resume token is 400,
+// one whose next events were dropped 410 events_gap, queues that record no
+// events 409 events_off. The stream ends when the client goes away, or
+// when the reading cannot go on without a gap (reconnecting says so).
+//
 // GET /healthz answers 200 {"status": "ok"} without authentication, for load
 // balancers. It does not contact Redis.
 //
@@ -101,6 +122,8 @@
 //	409 duplicate_task          "unique" refused the task
 //	409 task_active             DELETE of a running task: cancel it first
 //	409 task_not_active         cancel of a task that is not running
+//	409 events_off              GET /v1/events of queues that record no events
+//	410 events_gap              GET /v1/events resuming after events that were dropped
 //	413 request_too_large       the body is over Config.MaxBodyBytes
 //	415 unsupported_media_type  the body is not sent as application/json
 //	503 unavailable             Redis could not be reached; retry later

@@ -48,6 +48,11 @@ type Config struct {
 	// client errors at Debug). Payloads and tokens are never logged.
 	// Default slog.Default().
 	Logger *slog.Logger
+
+	// EventsHeartbeat is how often GET /v1/events sends a comment line
+	// while no event comes, so that proxies and clients keep the stream
+	// open and notice a dead one. Default DefaultEventsHeartbeat (15s).
+	EventsHeartbeat time.Duration
 }
 
 type gateway struct {
@@ -59,6 +64,7 @@ type gateway struct {
 	log     *slog.Logger
 	mux     *http.ServeMux
 	now     func() time.Time
+	beat    time.Duration // EventsHeartbeat
 }
 
 // New returns the gateway's HTTP handler (see the package documentation for
@@ -75,7 +81,7 @@ func New(c *tide.Client, in *tide.Inspector, cfg Config) (http.Handler, error) {
 	if len(cfg.Tokens) == 0 {
 		errs = append(errs, errors.New("no Tokens: clients authenticate with a bearer token; configure at least one (openssl rand -hex 32)"))
 	}
-	g := &gateway{c: c, in: in, maxBody: cfg.MaxBodyBytes, log: cfg.Logger, now: time.Now}
+	g := &gateway{c: c, in: in, maxBody: cfg.MaxBodyBytes, log: cfg.Logger, now: time.Now, beat: cfg.EventsHeartbeat}
 	for i, tok := range cfg.Tokens {
 		if len(tok) < MinTokenLength {
 			errs = append(errs, fmt.Errorf("Tokens[%d] is %d bytes; at least %d are required", i, len(tok), MinTokenLength))
@@ -92,6 +98,12 @@ func New(c *tide.Client, in *tide.Inspector, cfg Config) (http.Handler, error) {
 		g.maxBody = DefaultMaxBodyBytes
 	case g.maxBody < 0:
 		errs = append(errs, fmt.Errorf("MaxBodyBytes %d is negative", g.maxBody))
+	}
+	switch {
+	case g.beat == 0:
+		g.beat = DefaultEventsHeartbeat
+	case g.beat < 0:
+		errs = append(errs, fmt.Errorf("EventsHeartbeat %v is negative", g.beat))
 	}
 	if len(cfg.AllowedQueues) > 0 {
 		g.queues = map[string]bool{}
@@ -113,9 +125,10 @@ func New(c *tide.Client, in *tide.Inspector, cfg Config) (http.Handler, error) {
 	g.mux.HandleFunc("/v1/tasks", g.handleTasks)
 	g.mux.HandleFunc("/v1/queues/{queue}/tasks/{id}", g.handleTask)
 	g.mux.HandleFunc("/v1/queues/{queue}/tasks/{id}/cancel", g.handleCancel)
+	g.mux.HandleFunc("/v1/events", g.handleEvents)
 	g.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		g.fail(w, r, &apiError{status: http.StatusNotFound, code: "not_found",
-			message: "no such endpoint; see POST /v1/tasks, GET and DELETE /v1/queues/{queue}/tasks/{id}, POST /v1/queues/{queue}/tasks/{id}/cancel"})
+			message: "no such endpoint; see POST /v1/tasks, GET and DELETE /v1/queues/{queue}/tasks/{id}, POST /v1/queues/{queue}/tasks/{id}/cancel, GET /v1/events"})
 	})
 	return g, nil
 }
