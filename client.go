@@ -226,6 +226,11 @@ func prepare(t *Task, opts []Option, clock time.Time) (*TaskInfo, broker.Enqueue
 		return nil, none, fmt.Errorf("%w: %s payload is %d bytes, over the %d-byte limit (MaxPayloadSize)", ErrInvalidTask, t.typ, len(t.payload), MaxPayloadSize)
 	}
 	hsize := 0
+	for _, k := range []string{flowHeader, stepHeader} {
+		if _, ok := t.headers[k]; ok {
+			return nil, none, fmt.Errorf("%w: header %q is tide's own (workflow steps and batch tasks)", ErrInvalidTask, k)
+		}
+	}
 	for k, v := range t.headers {
 		hsize += len(k) + len(v)
 	}
