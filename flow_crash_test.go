@@ -46,7 +46,8 @@ func killSelf() {
 }
 
 // runFlowWorker serves workflow steps and dies at the point its
-// environment names: "handler" (step b's handler running), "advance" (a's
+// environment names: "handler" (step b's handler running; "last-attempt"
+// when b has no retries left), "advance" (a's
 // end about to be recorded), "ended" (a's end recorded, its dependents not
 // enqueued), "enqueued" (b and c enqueued, not confirmed).
 func runFlowWorker() {
@@ -60,7 +61,7 @@ func runFlowWorker() {
 		}
 	})
 	var kill func(string)
-	if point == "handler" {
+	if point == "handler" || point == "last-attempt" {
 		kill = func(step string) {
 			if step == "b" {
 				killSelf()
@@ -80,7 +81,7 @@ func runFlowWorker() {
 // its dependencies ended.
 func TestWorkflowSurvivesKilledWorker(t *testing.T) {
 	t.Parallel()
-	for _, point := range []string{"handler", "advance", "ended", "enqueued"} {
+	for _, point := range []string{"handler", "last-attempt", "advance", "ended", "enqueued"} {
 		t.Run(point, func(t *testing.T) {
 			t.Parallel()
 			e := setup(t)
@@ -94,9 +95,13 @@ func TestWorkflowSurvivesKilledWorker(t *testing.T) {
 			died := make(chan error, 1)
 			go func() { died <- cmd.Wait() }()
 			t.Cleanup(func() { _ = cmd.Process.Kill(); <-died })
+			var bOpts []tide.Option
+			if point == "last-attempt" {
+				bOpts = append(bOpts, tide.MaxRetry(0))
+			}
 			wf := tide.NewWorkflow("crash-"+point).
 				Add("a", tide.NewTask("step", nil)).
-				Add("b", tide.NewTask("step", nil), tide.After("a")).
+				Add("b", tide.NewTask("step", nil, bOpts...), tide.After("a")).
 				Add("c", tide.NewTask("step", nil), tide.After("a")).
 				Add("d", tide.NewTask("step", nil), tide.After("b", "c"))
 			if _, err := e.c.EnqueueWorkflow(ctx, wf); err != nil {
@@ -113,6 +118,19 @@ func TestWorkflowSurvivesKilledWorker(t *testing.T) {
 			}
 			e.server(tide.Config{LeaseDuration: time.Second}, flowHandler(e.rdb, e.prefix, nil))
 			got := waitFlow(t, tide.NewInspector(e.b), "crash-"+point)
+			if point == "last-attempt" {
+				// b died on its last attempt: it fails (its lease expired
+				// with no retries left) and d is cancelled; the workflow
+				// still ends.
+				states := stepStates(got)
+				if got.State != tide.FlowFailed || states["b"] != "failed" || states["d"] != "cancelled" || states["c"] != "succeeded" {
+					t.Fatalf("workflow after b's last attempt died: %+v", got)
+				}
+				if b := e.info("default", "crash-last-attempt.b"); b.State != tide.StateArchived || !strings.Contains(b.LastErr, "lease expired") {
+					t.Fatalf("b = %v %q", b.State, b.LastErr)
+				}
+				return
+			}
 			if got.State != tide.FlowSucceeded || got.Succeeded != 4 {
 				t.Fatalf("workflow after the crash: %+v", got)
 			}

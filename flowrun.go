@@ -30,7 +30,7 @@ const FlowMaxRetry = 50
 // Headers that make a task a step: the flow ("w:<id>" or "b:<id>") and the
 // step's name. Enqueue refuses them from users.
 const (
-	flowHeader = "tide-flow"
+	flowHeader = broker.FlowHeader
 	stepHeader = "tide-step"
 )
 

@@ -327,8 +327,15 @@ func (s *Server) run(ctx context.Context, d *broker.Delivery) (broker.Settlement
 	case FlowType:
 		err = s.advanceFlow(ctx, t)
 	default:
-		if err = loadBatch(ctx); err == nil {
-			err = s.call(ctx, t)
+		switch {
+		case m.Retried > m.MaxRetry:
+			// Handed out to be archived by a worker (broker.FlowHeader):
+			// its retries are used up, or it was cancelled.
+			err = fmt.Errorf("%s: %w", m.LastErr, SkipRetry)
+		default:
+			if err = loadBatch(ctx); err == nil {
+				err = s.call(ctx, t)
+			}
 		}
 	}
 	now := s.now()

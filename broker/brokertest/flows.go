@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,6 +26,7 @@ var flowTests = []struct {
 	{"FlowCancel", testFlowCancel},
 	{"FlowBatch", testFlowBatch},
 	{"FlowRetention", testFlowRetention},
+	{"FlowStepNotArchivedByRecovery", testFlowStepRecovery},
 }
 
 // flowOf builds a flow: steps "name" or "name<-dep,dep" ("name<~dep" runs
@@ -370,4 +372,45 @@ func testFlowRetention(t *testing.T, b broker.Broker) {
 		_, err := fl.GetFlow(context.Background(), "short", false)
 		return errors.Is(err, broker.ErrFlowNotFound)
 	})
+}
+
+// testFlowStepRecovery: a flow's step whose lease expires with no retries
+// left, or after it was cancelled, is not archived by Maintain but handed
+// out once more past its retries, with the reason, for a worker to archive
+// (broker.FlowHeader); a task without the header is archived as usual
+// (RecoveryExhausted).
+func testFlowStepRecovery(t *testing.T, b broker.Broker) {
+	for _, canceled := range []bool{false, true} {
+		q := fmt.Sprint("flow-recovery-", canceled)
+		m := newMsg(q, "step")
+		m.MaxRetry = 0
+		m.Headers = map[string]string{broker.FlowHeader: "w:x", "tide-step": "a"}
+		enqueue(t, b, m)
+		dequeueOne(t, b, q, 50*time.Millisecond)
+		if canceled {
+			if err := b.Cancel(t.Context(), q, "step"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		awaitRecovered(t, b, q, 1)
+		awaitState(t, b, q, "step", tidetype.StatePending)
+		got := get(t, b, q, "step")
+		want := "no retries left"
+		if canceled {
+			want = "cancelled"
+		}
+		if got.Retried != 1 || !strings.Contains(got.LastErr, want) || got.Headers[broker.FlowHeader] != "w:x" {
+			t.Fatalf("cancelled %v: Retried %d LastErr %q headers %v, want 1 and %q", canceled, got.Retried, got.LastErr, got.Headers, want)
+		}
+		d := dequeueOne(t, b, q, time.Minute)
+		if d.Task.Retried != 1 || d.Task.MaxRetry != 0 {
+			t.Fatalf("handed out with Retried %d MaxRetry %d", d.Task.Retried, d.Task.MaxRetry)
+		}
+		s := outcomeOf(d, broker.SettleArchive)
+		s.Err, s.At = got.LastErr, time.Now()
+		settleOK(t, b, s)
+		if a := get(t, b, q, "step"); a.State != tidetype.StateArchived {
+			t.Fatalf("settled archive: state %v", a.State)
+		}
+	}
 }
