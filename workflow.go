@@ -338,7 +338,13 @@ func (c *Client) CancelWorkflow(ctx context.Context, id string) error {
 	}
 	var errs []error
 	for _, s := range running {
-		if err := c.b.Cancel(ctx, s.Queue, s.TaskID); err != nil && !errors.Is(err, ErrTaskNotFound) {
+		err := c.b.Cancel(ctx, s.Queue, s.TaskID)
+		if errors.Is(err, ErrTaskNotFound) {
+			// The task is gone (deleted in bulk, trimmed): nothing will
+			// report its end, so record it here.
+			_, err = fl.EndStep(ctx, id, s.Name, s.TaskID, false, "tide: workflow cancelled; the step's task was gone")
+		}
+		if err != nil {
 			errs = append(errs, fmt.Errorf("step %s (task %s): %w", s.Name, s.TaskID, err))
 		}
 	}

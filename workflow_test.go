@@ -275,3 +275,51 @@ func headerTask(k, v string) *tide.Task {
 	t.Headers()[k] = v
 	return t
 }
+
+// Deleting a waiting step fails it instead: its workflow learns, cancels
+// the steps after it and ends. CancelWorkflow ends a workflow whose
+// running step's task is gone.
+func TestDeleteWorkflowStep(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	e.server(tide.Config{}, tide.HandlerFunc(func(ctx context.Context, task *tide.Task) error { return nil }))
+	wf := tide.NewWorkflow("del-1").
+		Add("later", tide.NewTask("step", nil, tide.ProcessIn(time.Hour))).
+		Add("after", tide.NewTask("step", nil), tide.After("later"))
+	if _, err := e.c.EnqueueWorkflow(ctx, wf); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.c.Delete(ctx, "default", "del-1.later"); err != nil {
+		t.Fatal(err)
+	}
+	got := waitFlow(t, tide.NewInspector(e.b), "del-1")
+	if s := stepStates(got); got.State != tide.FlowFailed || s["later"] != "failed" || s["after"] != "cancelled" {
+		t.Fatalf("workflow after deleting a step: %v %v", got.State, s)
+	}
+	if ti := e.info("default", "del-1.later"); ti.State != tide.StateArchived || !strings.Contains(ti.LastErr, "deleted by an operator") {
+		t.Fatalf("deleted step's task: %v %q", ti.State, ti.LastErr)
+	}
+
+	// A step whose task vanished (removed behind tide's back) is ended by
+	// CancelWorkflow.
+	wf = tide.NewWorkflow("gone-1").Add("a", tide.NewTask("step", nil, tide.ProcessIn(time.Hour)))
+	if _, err := e.c.EnqueueWorkflow(ctx, wf); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := e.rdb.Keys(ctx, e.prefix+":{default:*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		e.rdb.HDel(ctx, k, "gone-1.a")
+		e.rdb.ZRem(ctx, k, "gone-1.a")
+	}
+	if err := e.c.CancelWorkflow(ctx, "gone-1"); err != nil {
+		t.Fatal(err)
+	}
+	g, err := tide.NewInspector(e.b).GetWorkflow(ctx, "gone-1")
+	if err != nil || g.State != tide.FlowCanceled || g.FinishedAt.IsZero() {
+		t.Fatalf("after CancelWorkflow: %+v, %v", g, err)
+	}
+}

@@ -27,6 +27,7 @@ var flowTests = []struct {
 	{"FlowBatch", testFlowBatch},
 	{"FlowRetention", testFlowRetention},
 	{"FlowStepNotArchivedByRecovery", testFlowStepRecovery},
+	{"FlowStepDeleteFails", testFlowStepDelete},
 }
 
 // flowOf builds a flow: steps "name" or "name<-dep,dep" ("name<~dep" runs
@@ -412,5 +413,60 @@ func testFlowStepRecovery(t *testing.T, b broker.Broker) {
 		if a := get(t, b, q, "step"); a.State != tidetype.StateArchived {
 			t.Fatalf("settled archive: state %v", a.State)
 		}
+	}
+}
+
+// testFlowStepDelete: Delete or Cancel of a flow's step that has not
+// finished does not delete it but hands it out past its retries for a
+// worker to archive (broker.FlowHeader); a finished step is deleted.
+func testFlowStepDelete(t *testing.T, b broker.Broker) {
+	ctx := t.Context()
+	step := func(q, id string, st tidetype.TaskState) {
+		m := newMsg(q, id)
+		m.Headers = map[string]string{broker.FlowHeader: "w:x"}
+		m.Retention = time.Hour
+		if st == tidetype.StateScheduled {
+			m.State, m.NextProcessAt = st, time.Now().Add(time.Hour)
+		}
+		enqueue(t, b, m)
+	}
+	step("fdel", "pending", tidetype.StatePending)
+	step("fdel", "later", tidetype.StateScheduled)
+	step("fdel", "cancelled", tidetype.StateScheduled)
+	if err := b.Delete(ctx, "fdel", "pending"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Delete(ctx, "fdel", "later"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Cancel(ctx, "fdel", "cancelled"); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]string{"pending": "deleted", "later": "deleted", "cancelled": "cancelled"} {
+		got := get(t, b, "fdel", id)
+		if got.State != tidetype.StatePending || got.Retried != got.MaxRetry+1 || !strings.Contains(got.LastErr, want) {
+			t.Fatalf("%s after Delete/Cancel: state %v Retried %d/%d LastErr %q", id, got.State, got.Retried, got.MaxRetry, got.LastErr)
+		}
+	}
+	// All three are handed out (the scheduled ones at once).
+	ds := dequeue(t, b, []string{"fdel"}, 10, time.Minute)
+	if len(ds) != 3 {
+		t.Fatalf("dequeued %d, want the 3 failed steps", len(ds))
+	}
+	for _, d := range ds {
+		settleOK(t, b, outcomeOf(d, broker.SettleDone))
+	}
+	// A finished step is deleted as any task.
+	step("fdel", "done", tidetype.StatePending)
+	d := dequeueOne(t, b, "fdel", time.Minute)
+	settleOK(t, b, outcomeOf(d, broker.SettleDone))
+	if got := get(t, b, "fdel", "done"); got.State != tidetype.StateCompleted {
+		t.Fatalf("finished step: %v", got.State)
+	}
+	if err := b.Delete(ctx, "fdel", "done"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.GetTask(ctx, "fdel", "done"); !errors.Is(err, broker.ErrTaskNotFound) {
+		t.Fatalf("a finished step was not deleted: %v", err)
 	}
 }
