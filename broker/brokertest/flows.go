@@ -373,6 +373,9 @@ func testFlowRetention(t *testing.T, b broker.Broker) {
 		_, err := fl.GetFlow(context.Background(), "short", false)
 		return errors.Is(err, broker.ErrFlowNotFound)
 	})
+	if list, total, err := fl.ListFlows(t.Context(), tidetype.KindWorkflow, 0, 10); err != nil || len(list) != 0 || total != 0 {
+		t.Fatalf("ListFlows after the flow expired: %v, %d, %v", list, total, err)
+	}
 }
 
 // testFlowStepRecovery: a flow's step whose lease expires with no retries

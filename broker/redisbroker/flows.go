@@ -18,9 +18,9 @@ import (
 // A flow (workflow or batch) keeps its bookkeeping in three keys that share
 // the hash tag {f:<id>}, apart from its tasks (which live in their queues'
 // partitions): one script (flow.lua) changes them atomically, on Redis
-// Cluster too. The flows index (<prefix>:flows, a sorted set by creation
-// time) is what ListFlows reads; it is kept apart and cleaned as flows
-// expire.
+// Cluster too. The flows indexes (<prefix>:flows:w and :b, sorted sets by
+// creation time) are what ListFlows pages through; they are kept apart and
+// swept of flows that expired a few entries per creation.
 
 // flowKeys returns the hash, the failed-IDs list and the step-names list of
 // flow id.
@@ -29,7 +29,7 @@ func (b *Broker) flowKeys(id string) []string {
 	return []string{base, base + ":failed", base + ":names"}
 }
 
-func (b *Broker) flowIndex() string { return b.prefix + ":flows" }
+func (b *Broker) flowIndex(k tidetype.FlowKind) string { return b.prefix + ":flows:" + kindChar(k) }
 
 // flowChunk bounds the steps of one append call, so that no script runs long
 // enough to stall Redis for the others.
@@ -79,10 +79,10 @@ func (b *Broker) CreateFlow(ctx context.Context, f *broker.Flow) ([]broker.Ready
 	case "exists":
 		return nil, fmt.Errorf("%w: %q", broker.ErrFlowExists, f.ID)
 	case "new":
-		if err := b.rdb.ZAdd(ctx, b.flowIndex(), redis.Z{Score: float64(f.CreatedAt.UnixMilli()), Member: kindChar(f.Kind) + ":" + f.ID}).Err(); err != nil {
+		if err := b.rdb.ZAdd(ctx, b.flowIndex(f.Kind), redis.Z{Score: float64(f.CreatedAt.UnixMilli()), Member: f.ID}).Err(); err != nil {
 			return nil, callErr("index flow "+f.ID, classify(err))
 		}
-		b.sweepFlowIndex(ctx)
+		b.sweepFlowIndex(ctx, f.Kind)
 	}
 	var calls []*call
 	for start := 0; start < len(f.Steps); start += flowChunk {
@@ -120,22 +120,36 @@ func (b *Broker) CreateFlow(ctx context.Context, f *broker.Flow) ([]broker.Ready
 	return readySteps(cmd)
 }
 
-// sweepFlowIndex drops the index entries of a few of the oldest flows that
-// expired, so the index stays as large as the flows kept.
-func (b *Broker) sweepFlowIndex(ctx context.Context) {
-	old, err := b.rdb.ZRange(ctx, b.flowIndex(), 0, 9).Result()
-	if err != nil || len(old) == 0 {
+// sweepFlowIndex looks at the next few entries of the index after the
+// process's cursor and drops those whose flow expired, so the index stays
+// about as large as the flows kept, whatever their order of expiry.
+func (b *Broker) sweepFlowIndex(ctx context.Context, kind tidetype.FlowKind) {
+	b.flowSweepMu.Lock()
+	from := b.flowSweep[kind]
+	b.flowSweepMu.Unlock()
+	zs, err := b.rdb.ZRangeByScoreWithScores(ctx, b.flowIndex(kind), &redis.ZRangeBy{Min: "(" + strconv.FormatFloat(from, 'f', -1, 64), Max: "+inf", Count: 10}).Result()
+	if err != nil {
 		return
 	}
+	next := 0.0 // back to the start once the end is reached
+	if len(zs) == 10 {
+		next = zs[len(zs)-1].Score
+	}
+	b.flowSweepMu.Lock()
+	if b.flowSweep == nil {
+		b.flowSweep = map[tidetype.FlowKind]float64{}
+	}
+	b.flowSweep[kind] = next
+	b.flowSweepMu.Unlock()
 	pipe := b.rdb.Pipeline()
-	exists := make([]*redis.IntCmd, len(old))
-	for i, m := range old {
-		exists[i] = pipe.Exists(ctx, b.flowKeys(m[2:])[0])
+	exists := make([]*redis.IntCmd, len(zs))
+	for i, z := range zs {
+		exists[i] = pipe.Exists(ctx, b.flowKeys(z.Member.(string))[0])
 	}
 	_, _ = pipe.Exec(ctx)
 	for i, e := range exists {
 		if e.Err() == nil && e.Val() == 0 {
-			b.rdb.ZRem(ctx, b.flowIndex(), old[i])
+			b.rdb.ZRem(ctx, b.flowIndex(kind), zs[i].Member)
 		}
 	}
 }
@@ -336,29 +350,21 @@ func (b *Broker) GetStep(ctx context.Context, flow, step string) (*tidetype.Step
 	return &s, nil
 }
 
-// ListFlows implements broker.Flows: the index, newest first, filtered by
-// kind; entries of flows that expired are dropped as they are met.
+// ListFlows implements broker.Flows: a page of the kind's index, newest
+// first; entries of flows that expired are dropped as they are met.
 func (b *Broker) ListFlows(ctx context.Context, kind tidetype.FlowKind, offset, limit int) ([]*tidetype.WorkflowInfo, int, error) {
 	if err := b.check(); err != nil {
 		return nil, 0, err
 	}
-	members, err := b.rdb.ZRevRange(ctx, b.flowIndex(), 0, -1).Result()
-	if err != nil {
+	idx := b.flowIndex(kind)
+	pipe := b.rdb.Pipeline()
+	card := pipe.ZCard(ctx, idx)
+	page := pipe.ZRevRange(ctx, idx, int64(offset), int64(offset+limit-1))
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, 0, callErr("list flows", classify(err))
 	}
-	want := kindChar(kind) + ":"
-	var ids []string
-	for _, m := range members {
-		if strings.HasPrefix(m, want) {
-			ids = append(ids, m[2:])
-		}
-	}
-	total := len(ids)
-	if offset >= len(ids) {
-		return nil, total, nil
-	}
-	ids = ids[offset:min(offset+limit, len(ids))]
-	pipe := b.rdb.Pipeline()
+	ids, total := page.Val(), int(card.Val())
+	pipe = b.rdb.Pipeline()
 	metas := make([]*redis.SliceCmd, len(ids))
 	for i, id := range ids {
 		metas[i] = pipe.HMGet(ctx, b.flowKeys(id)[0], flowMeta...)
@@ -370,7 +376,7 @@ func (b *Broker) ListFlows(ctx context.Context, kind tidetype.FlowKind, offset, 
 	for i, id := range ids {
 		f, ok := parseFlowMeta(id, metas[i].Val())
 		if !ok {
-			b.rdb.ZRem(ctx, b.flowIndex(), want+id)
+			b.rdb.ZRem(ctx, idx, id)
 			total--
 			continue
 		}
