@@ -403,6 +403,11 @@ func (in *Inspector) listFlows(ctx context.Context, kind tidetype.FlowKind, offs
 	return fl.ListFlows(ctx, kind, offset, limit)
 }
 
+// ValidateWorkflowID reports whether id can name a workflow or batch (or a
+// step): 1 to broker.MaxFlowIDLength bytes of ASCII letters, digits and
+// . _ - : The error wraps ErrInvalidTask.
+func ValidateWorkflowID(id string) error { return checkFlowName("workflow ID", id) }
+
 // checkFlowName checks a workflow ID, batch ID or step name.
 func checkFlowName(what, s string) error {
 	if s == "" || len(s) > broker.MaxFlowIDLength {
