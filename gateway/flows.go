@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -204,17 +205,28 @@ func (g *gateway) handleWorkflows(w http.ResponseWriter, r *http.Request) {
 
 // handleWorkflow serves GET /v1/workflows/{id}.
 func (g *gateway) handleWorkflow(w http.ResponseWriter, r *http.Request) {
+	g.getFlow(w, r, func(ctx context.Context, id string) (any, error) {
+		info, err := g.in.GetWorkflow(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		return WorkflowFromInfo(info), nil
+	})
+}
+
+// getFlow serves a GET of one workflow or batch, read by get.
+func (g *gateway) getFlow(w http.ResponseWriter, r *http.Request, get func(ctx context.Context, id string) (any, error)) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		g.methodNotAllowed(w, r, "GET, HEAD")
 		return
 	}
 	id := r.PathValue("id")
-	info, err := g.in.GetWorkflow(r.Context(), id)
+	out, err := get(r.Context(), id)
 	if err != nil {
 		g.fail(w, r, g.flowError(err, id))
 		return
 	}
-	writeJSON(w, http.StatusOK, WorkflowFromInfo(info))
+	writeJSON(w, http.StatusOK, out)
 }
 
 // handleWorkflowCancel serves POST /v1/workflows/{id}/cancel.
@@ -284,17 +296,13 @@ func (g *gateway) handleBatches(w http.ResponseWriter, r *http.Request) {
 
 // handleBatch serves GET /v1/batches/{id}.
 func (g *gateway) handleBatch(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		g.methodNotAllowed(w, r, "GET, HEAD")
-		return
-	}
-	id := r.PathValue("id")
-	info, err := g.in.GetBatch(r.Context(), id)
-	if err != nil {
-		g.fail(w, r, g.flowError(err, id))
-		return
-	}
-	writeJSON(w, http.StatusOK, BatchFromInfo(info))
+	g.getFlow(w, r, func(ctx context.Context, id string) (any, error) {
+		info, err := g.in.GetBatch(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		return BatchFromInfo(info), nil
+	})
 }
 
 // flowError maps an error of a workflow or batch call to a response.
