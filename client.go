@@ -176,7 +176,9 @@ func (c *Client) EnqueueMany(ctx context.Context, ts []*Task, opts ...Option) ([
 // Delete removes a pending, scheduled, retry, archived or completed task. It
 // returns ErrTaskNotFound when there is no such task and ErrTaskActive when
 // the task is being processed (use Cancel, which stops it whatever its
-// state).
+// state). A workflow step or batch task that has not finished is not
+// deleted but failed: a server archives it at once ("deleted by an
+// operator"), so that its workflow learns and cancels the steps after it.
 func (c *Client) Delete(ctx context.Context, queue, id string) error {
 	if c.closed.Load() {
 		return ErrClientClosed
@@ -193,8 +195,10 @@ func (c *Client) Delete(ctx context.Context, queue, id string) error {
 // recorded: its handler's context is cancelled with the cause
 // ErrTaskCanceled (at once, and at its server's next lease renewal at the
 // latest if the notice is lost), and unless the handler still succeeds the
-// task is archived as cancelled, never retried. Cancel returns
-// ErrTaskNotFound when there is no such task.
+// task is archived as cancelled, never retried. A waiting workflow step or
+// batch task is archived as cancelled instead of deleted, so that its
+// workflow learns (see Delete; CancelWorkflow stops a whole workflow).
+// Cancel returns ErrTaskNotFound when there is no such task.
 func (c *Client) Cancel(ctx context.Context, queue, id string) error {
 	if c.closed.Load() {
 		return ErrClientClosed
@@ -226,6 +230,11 @@ func prepare(t *Task, opts []Option, clock time.Time) (*TaskInfo, broker.Enqueue
 		return nil, none, fmt.Errorf("%w: %s payload is %d bytes, over the %d-byte limit (MaxPayloadSize)", ErrInvalidTask, t.typ, len(t.payload), MaxPayloadSize)
 	}
 	hsize := 0
+	for _, k := range []string{flowHeader, stepHeader} {
+		if _, ok := t.headers[k]; ok {
+			return nil, none, fmt.Errorf("%w: header %q is tide's own (workflow steps and batch tasks)", ErrInvalidTask, k)
+		}
+	}
 	for k, v := range t.headers {
 		hsize += len(k) + len(v)
 	}

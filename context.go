@@ -17,6 +17,8 @@ type taskMeta struct {
 	due               time.Time
 	lease             broker.LeaseRef
 	b                 broker.Broker
+	flow, step        string     // the flow and step headers of a workflow step or batch task
+	batch             *BatchInfo // a batch's callback: its batch, loaded before the handler runs
 }
 
 func withTaskMeta(ctx context.Context, m *taskMeta) context.Context {

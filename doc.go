@@ -102,4 +102,16 @@
 // ThrottleGroup(d) to hold its task's whole group back for d. Replace with
 // TaskID debounces: a waiting task with the ID takes the new payload and
 // due time. Inspector.Groups lists the largest backlogs.
+//
+// # Composition
+//
+// A Workflow is a DAG of named steps (Add, After); EnqueueWorkflow stores
+// it and each step starts when the steps it depends on have succeeded,
+// reading their results with StepResult. EnqueueBatch enqueues tasks whose
+// OnBatchDone callback runs once, when all have finished (GetBatch in the
+// callback). A step's end is recorded in the same atomic step as its
+// outcome (a FlowType follow-up task), so a crash never strands a workflow.
+// Client.Wait and EnqueueAndWait wait for a task's outcome without polling;
+// ReportProgress records a running task's progress; NotifyURL POSTs the
+// outcome to a URL; ServeMux.HandleBatch hands a handler many tasks at once.
 package tide

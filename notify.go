@@ -85,18 +85,18 @@ type notifyPayload struct {
 	Body notification `json:"body"`
 }
 
-// followup returns the notification task of m's settlement set, or nil when
-// m asked for none or the settlement is not final.
+// followup returns the task to store with m's settlement set
+// (broker.Settlement.Then): a workflow step's FlowType task (which also
+// carries its notification), else the notification, or nil.
 func followup(m *TaskInfo, set broker.Settlement) *TaskInfo {
-	u := m.Headers[notifyHeader]
-	if u == "" || m.Type == NotifyType || (set.Kind != broker.SettleDone && set.Kind != broker.SettleArchive) {
+	if m.Headers[flowHeader] != "" && m.Type != FlowType && m.Type != NotifyType {
+		return flowFollowup(m, set)
+	}
+	n := notificationOf(m, set)
+	if n == nil {
 		return nil
 	}
-	n := notification{TaskID: m.ID, Queue: m.Queue, Type: m.Type, State: StateCompleted.String(), FinishedAt: set.At.UTC(), Retried: m.Retried}
-	if set.Kind == broker.SettleArchive {
-		n.State, n.Error = StateArchived.String(), set.Err
-	}
-	payload, err := json.Marshal(notifyPayload{URL: u, Body: n})
+	payload, err := json.Marshal(n)
 	if err != nil {
 		return nil // cannot happen: plain strings and a time
 	}
@@ -106,13 +106,35 @@ func followup(m *TaskInfo, set broker.Settlement) *TaskInfo {
 	}
 }
 
+// notificationOf returns the notification of m's settlement set, or nil
+// when m asked for none or the settlement is not final.
+func notificationOf(m *TaskInfo, set broker.Settlement) *notifyPayload {
+	u := m.Headers[notifyHeader]
+	if u == "" || m.Type == NotifyType || (set.Kind != broker.SettleDone && set.Kind != broker.SettleArchive) {
+		return nil
+	}
+	n := notification{TaskID: m.ID, Queue: m.Queue, Type: m.Type, State: StateCompleted.String(), FinishedAt: set.At.UTC(), Retried: m.Retried}
+	if set.Kind == broker.SettleArchive {
+		n.State, n.Error = StateArchived.String(), set.Err
+	}
+	return &notifyPayload{URL: u, Body: n}
+}
+
 // notifyClient sends notifications; each POST is bounded by its own timeout.
 var notifyClient = &http.Client{Timeout: 10 * time.Second}
 
 // deliverNotification runs a NotifyType task: one POST.
 func (s *Server) deliverNotification(ctx context.Context, t *Task) error {
 	var p notifyPayload
-	if err := json.Unmarshal(t.Payload(), &p); err != nil || checkNotifyURL(p.URL) != nil {
+	if err := json.Unmarshal(t.Payload(), &p); err != nil {
+		return fmt.Errorf("tide: notification payload is not one tide wrote: %w", SkipRetry)
+	}
+	return s.post(ctx, p)
+}
+
+// post sends one notification.
+func (s *Server) post(ctx context.Context, p notifyPayload) error {
+	if checkNotifyURL(p.URL) != nil {
 		return fmt.Errorf("tide: notification payload is not one tide wrote: %w", SkipRetry)
 	}
 	body, err := json.Marshal(p.Body)

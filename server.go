@@ -308,7 +308,7 @@ func (s *Server) run(ctx context.Context, d *broker.Delivery) (broker.Settlement
 	t := &Task{typ: m.Type, payload: m.Payload, headers: m.Headers}
 	ctx = withTaskMeta(ctx, &taskMeta{
 		id: m.ID, queue: m.Queue, group: m.Group, retried: m.Retried, maxRetry: m.MaxRetry, due: m.NextProcessAt, b: s.b,
-		lease: d.Lease(),
+		lease: d.Lease(), flow: m.Headers[flowHeader], step: m.Headers[stepHeader],
 	})
 	if m.Timeout > 0 {
 		var cancel context.CancelFunc
@@ -321,10 +321,22 @@ func (s *Server) run(ctx context.Context, d *broker.Delivery) (broker.Settlement
 		defer cancel()
 	}
 	var err error
-	if m.Type == NotifyType {
+	switch m.Type {
+	case NotifyType:
 		err = s.deliverNotification(ctx, t)
-	} else {
-		err = s.call(ctx, t)
+	case FlowType:
+		err = s.advanceFlow(ctx, t)
+	default:
+		switch {
+		case m.Retried > m.MaxRetry:
+			// Handed out to be archived by a worker (broker.FlowHeader):
+			// its retries are used up, or it was cancelled.
+			err = fmt.Errorf("%s: %w", m.LastErr, SkipRetry)
+		default:
+			if err = loadBatch(ctx); err == nil {
+				err = s.call(ctx, t)
+			}
+		}
 	}
 	now := s.now()
 	set, why := decide(m, err, context.Cause(ctx), now)

@@ -21,6 +21,10 @@ func TestMain(m *testing.M) {
 		runCrashWorker()
 		return
 	}
+	if os.Getenv(flowWorkerEnv) != "" {
+		runFlowWorker()
+		return
+	}
 	if os.Getenv(groupWorkerEnv) != "" {
 		runGroupWorker()
 		return

@@ -75,7 +75,11 @@ func runFloor(ctx context.Context, e *env, _ string) (results, error) {
 //
 //	"test","rps","avg_latency_ms",...
 //	"EVAL ...","17714.79","0.053",...
-func parseBenchCSV(b []byte) (float64, error) {
+func parseBenchCSV(b []byte) (float64, error) { return benchCSVField(b, "rps") }
+
+// benchCSVField reads the named column (rps, p50_latency_ms, ...) of the
+// first figure of redis-benchmark --csv output.
+func benchCSVField(b []byte, name string) (float64, error) {
 	r := csv.NewReader(bytes.NewReader(b))
 	r.FieldsPerRecord = -1
 	recs, err := r.ReadAll()
@@ -86,7 +90,7 @@ func parseBenchCSV(b []byte) (float64, error) {
 	for _, rec := range recs {
 		if col < 0 {
 			for i, f := range rec {
-				if f == "rps" {
+				if f == name {
 					col = i
 				}
 			}
@@ -96,7 +100,7 @@ func parseBenchCSV(b []byte) (float64, error) {
 			return strconv.ParseFloat(rec[col], 64)
 		}
 	}
-	return 0, fmt.Errorf("no rps figure in the output")
+	return 0, fmt.Errorf("no %s figure in the output", name)
 }
 
 // deleteMatching deletes the keys that match pattern.

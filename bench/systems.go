@@ -46,6 +46,9 @@ type serverConfig struct {
 	concurrency int
 	queues      []string      // nil: the default queue
 	lease       time.Duration // tide only; 0: tide's default
+	// taskCheck is asynq's TaskCheckInterval (how long its processor sleeps
+	// after finding every queue empty); asynq only; 0: asynq's default (1s).
+	taskCheck time.Duration
 }
 
 // server is a running server; stop shuts it down, giving up after limit.
@@ -221,9 +224,10 @@ func (a asynqServer) stop(limit time.Duration) error {
 
 func (s *asynqSystem) startServer(cfg serverConfig, h func(ctx context.Context, payload []byte) error) (server, error) {
 	ac := asynq.Config{
-		Concurrency: cfg.concurrency,
-		Logger:      nopLogger{},
-		LogLevel:    asynq.FatalLevel,
+		Concurrency:       cfg.concurrency,
+		TaskCheckInterval: cfg.taskCheck,
+		Logger:            nopLogger{},
+		LogLevel:          asynq.FatalLevel,
 	}
 	if len(cfg.queues) > 0 {
 		ac.Queues = map[string]int{}

@@ -18,6 +18,11 @@ type figure struct {
 	unit  string // tasks/s, dur, bytes, rate, count
 	lower bool   // lower is better
 	ratio bool   // print a ratio
+
+	// only, when set, is the one system that has this figure; the other
+	// column shows absent (a feature it does not have).
+	only   string
+	absent string
 }
 
 // val is one measured value. atLeast marks a lower bound (the measurement
@@ -71,6 +76,11 @@ type sizes struct {
 	grpRounds                int
 	fairBigN, fairSmallN     int
 	fairConcurrency          int
+	chainN                   int
+	chainCap                 time.Duration
+	fanN                     int
+	waitN, waitFloorN        int
+	waitCap                  time.Duration
 }
 
 func fullSizes() sizes {
@@ -91,6 +101,9 @@ func fullSizes() sizes {
 		rollGap: time.Second, rollWait: time.Minute,
 		grpN: 100000, grpGroups: 10000, grpRounds: 3,
 		fairBigN: 50000, fairSmallN: 50, fairConcurrency: 10,
+		chainN: 1000, chainCap: 15 * time.Second,
+		fanN:  10000,
+		waitN: 2000, waitFloorN: 20000, waitCap: 10 * time.Second,
 	}
 }
 
@@ -109,6 +122,9 @@ func quickSizes() sizes {
 	s.rollBaseline, s.rollBudget, s.rollTail = 4*time.Second, 8*time.Second, 2*time.Second
 	s.grpN, s.grpGroups, s.grpRounds = 20000, 2000, 1
 	s.fairBigN = 10000
+	s.chainN, s.chainCap = 200, 5*time.Second
+	s.fanN = 2000
+	s.waitN, s.waitFloorN, s.waitCap = 300, 5000, 5*time.Second
 	return s
 }
 
@@ -260,6 +276,9 @@ func workloads(sz sizes) []workload {
 		},
 		groupsWorkload(sz),
 		fairnessWorkload(sz),
+		chainWorkload(sz),
+		fanoutWorkload(sz),
+		waitWorkload(sz),
 	}
 }
 

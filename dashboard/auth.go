@@ -464,6 +464,10 @@ func (f *flash) Message() string {
 		return fmt.Sprintf("%d selected tasks of queue %s were archived.", f.N, f.Queue)
 	case "sel-delete":
 		return fmt.Sprintf("%d selected tasks of queue %s were deleted.", f.N, f.Queue)
+	case "workflow-cancel":
+		return fmt.Sprintf("Workflow %s was cancelled: its steps that had not started never will.", f.ID)
+	case "batch-cancel":
+		return fmt.Sprintf("Batch %s was cancelled: its tasks that had not finished were cancelled.", f.ID)
 	case "login":
 		return "Logged in: you can now change tasks and queues."
 	case "login-read":

@@ -1,6 +1,7 @@
 // Package dashboard is tide's web dashboard: an http.Handler that shows
-// queues, tasks, servers and a processed/failed history, and lets an operator
-// run, archive, delete and cancel tasks and pause queues.
+// queues, tasks, workflows, batches, servers and a processed/failed history,
+// and lets an operator run, archive, delete and cancel tasks, cancel
+// workflows and batches, and pause queues.
 //
 // Besides the daily history, the overview and each queue's page have a live
 // view of the last hour (processed and failed per second, pending tasks,
@@ -15,6 +16,22 @@
 // how long a throttled group is held back. The servers page shows the Redis server's version, memory and
 // eviction policy (warning about any policy but noeviction) and each periodic
 // task's latest runs.
+//
+// The Workflows page lists workflows (tide.NewWorkflow), newest first, with
+// their state and how many steps succeeded, failed and were cancelled. A
+// workflow's page draws it as a graph: a box per step in columns by depth
+// (the longest path from a step without dependencies), an arrow from each
+// step to each step that waits for it, every box coloured by its state
+// (waiting; enqueued, with its task's state: pending, active, retry...;
+// succeeded; failed; cancelled) and linking to its task. The graph is
+// inline SVG laid out on the server; it draws at most 300 steps, those
+// nearest the start, and says so. Below it a table lists every step, 100
+// per page, with its dependencies and error. The Batches page lists
+// batches (Client.EnqueueBatch); a batch's page shows a bar of its tasks
+// succeeded, failed and pending, its state, its callback's task and the
+// first 100 failed tasks. Both are kept tide.WorkflowRetention after they
+// end; an unknown ID is a 404. With Options.Client, a running workflow or
+// batch has a Cancel button (Client.CancelWorkflow).
 //
 // The pages are rendered on the server with html/template; a small script
 // and a stylesheet are embedded in the binary, so the dashboard needs no
@@ -88,6 +105,11 @@
 //	GET  /servers           live servers, their active tasks, schedulers and
 //	                        their latest runs, the Redis server's facts
 //	GET  /cron?id=E[&s=S]   the latest 30 runs of a periodic entry
+//	GET  /workflows         workflows, newest first (&page=&size=)
+//	GET  /workflows/{id}    a workflow's graph and steps (&page= pages the
+//	                        step table)
+//	GET  /batches           batches, newest first (&page=&size=)
+//	GET  /batches/{id}      a batch's progress, callback and failed tasks
 //	GET  /api/live[?q=Q]    JSON: a queue's (or all queues') activity per
 //	                        minute over the last hour and its sizes now
 //	GET  /login             login form; POST /login logs in; POST /logout
@@ -96,6 +118,8 @@
 //	POST /queue/{run-all,archive-all,delete-all} form fields q, state
 //	POST /selection/{run,archive,delete}       form fields q, id (repeated,
 //	                                           at most 100 per request)
+//	POST /workflows/{id}/cancel                cancel a running workflow
+//	POST /batches/{id}/cancel                  cancel a running batch
 //	GET  /static/...        the stylesheet and script
 //
 // GET /api/live answers {"queue":...,"now":...,"points":[{"t":ms,
@@ -118,8 +142,10 @@
 // and return (the dashboard path to go back to, answered with 303 See
 // Other); a bearer client gets {"ok":true,"message":...,"count":n} or
 // {"ok":false,"error":...} with the status: 400 bad input, 401 wrong token,
-// 403 read-only or refused, 404 no such task, 409 the task's state does not
-// allow it, 429 too many failed tokens, 503 Redis unavailable.
+// 403 read-only or refused, 404 no such task (or workflow or batch), 409
+// the task's state does not allow it (or the workflow or batch has ended),
+// 429 too many failed tokens, 501 cancelling without Options.Client, 503
+// Redis unavailable.
 // A selection action changes each task on its own and answers
 // {"ok":...,"count":n,"failed":[{"id":...,"status":...,"error":...}]}, with
 // 200 when at least one task was changed; a browser gets the failures
@@ -188,6 +214,11 @@ type Options struct {
 	// request context (bounded to 15 seconds) and must be safe for
 	// concurrent use. Default nil: no recorded history.
 	History func(ctx context.Context, queue, id string) ([]tide.Attempt, error)
+	// Client, when set, lets an operator cancel a running workflow or
+	// batch from its page (Client.CancelWorkflow). It must use the broker
+	// the Inspector reads. Default nil: the workflow and batch pages show
+	// no Cancel button and their cancel routes answer 501.
+	Client *tide.Client
 }
 
 // Limits on what one request may cost.
@@ -223,6 +254,7 @@ type handler struct {
 	static  http.Handler
 	nowFunc func() time.Time
 	history func(ctx context.Context, queue, id string) ([]tide.Attempt, error) // nil when unset
+	client  *tide.Client                                                        // nil when unset
 }
 
 // New returns the dashboard of in. The handler is safe for concurrent use.
@@ -239,6 +271,7 @@ func New(in *tide.Inspector, opts Options) (http.Handler, error) {
 		cop:     http.NewCrossOriginProtection(),
 		nowFunc: time.Now,
 		history: opts.History,
+		client:  opts.Client,
 	}
 	if h.title == "" {
 		h.title = "tide"
@@ -277,6 +310,10 @@ func New(in *tide.Inspector, opts Options) (http.Handler, error) {
 	m.HandleFunc("GET /task", h.readable(h.taskPage))
 	m.HandleFunc("GET /servers", h.readable(h.serversPage))
 	m.HandleFunc("GET /cron", h.readable(h.cronPage))
+	m.HandleFunc("GET /workflows", h.readable(h.workflowsPage))
+	m.HandleFunc("GET /workflows/{id}", h.readable(h.workflowPage))
+	m.HandleFunc("GET /batches", h.readable(h.batchesPage))
+	m.HandleFunc("GET /batches/{id}", h.readable(h.batchPage))
 	m.HandleFunc("GET /api/live", h.readable(h.liveAPI))
 	m.HandleFunc("GET /login", h.loginPage)
 	m.HandleFunc("POST /login", h.login)
@@ -286,6 +323,8 @@ func New(in *tide.Inspector, opts Options) (http.Handler, error) {
 	m.HandleFunc("/task/{op}", postOnly(h.taskAction))
 	m.HandleFunc("/queue/{op}", postOnly(h.queueAction))
 	m.HandleFunc("/selection/{op}", postOnly(h.selectionAction))
+	m.HandleFunc("/workflows/{id}/{op}", postOnly(h.flowAction("workflow")))
+	m.HandleFunc("/batches/{id}/{op}", postOnly(h.flowAction("batch")))
 	m.HandleFunc("GET /static/", h.serveStatic)
 	m.HandleFunc("/", h.readable(h.notFound))
 	h.mux = m
@@ -451,6 +490,8 @@ func classify(err error, mutation bool) (int, string) {
 	switch {
 	case errors.Is(err, tide.ErrTaskNotFound):
 		return http.StatusNotFound, "Task not found"
+	case errors.Is(err, tide.ErrWorkflowNotFound):
+		return http.StatusNotFound, "Workflow or batch not found"
 	case errors.Is(err, tide.ErrInvalidTask):
 		return http.StatusBadRequest, "Bad request"
 	case errors.Is(err, tide.ErrTaskActive):

@@ -145,16 +145,20 @@ var funcs = template.FuncMap{
 	"cronURL": func(id, scheduler string) string {
 		return "/cron?" + url.Values{"id": {id}, "s": {scheduler}}.Encode()
 	},
-	"taskURL": func(q, id string) string {
-		return "/task?" + url.Values{"q": {q}, "id": {id}}.Encode()
-	},
+	"taskURL":     taskLink,
+	"workflowURL": workflowPath,
+	"batchURL":    batchPath,
+	// flowRetention is how long workflows and batches are kept after they
+	// end.
+	"flowRetention": flowRetention,
 }
 
 // parsePages parses every page template together with the layout and the
 // shared partials.
 func parsePages() (map[string]*template.Template, error) {
 	pages := map[string]*template.Template{}
-	for _, p := range []string{"overview", "queue", "task", "servers", "login", "error", "selection", "cron"} {
+	for _, p := range []string{"overview", "queue", "task", "servers", "login", "error", "selection", "cron",
+		"workflows", "workflow", "batches", "batch"} {
 		t, err := template.New(p).Funcs(funcs).ParseFS(templateFS,
 			"templates/layout.html", "templates/partials.html", "templates/"+p+".html")
 		if err != nil {

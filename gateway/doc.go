@@ -95,6 +95,36 @@
 // events 409 events_off. The stream ends when the client goes away, or
 // when the reading cannot go on without a gap (reconnecting says so).
 //
+// # Workflows and batches
+//
+// POST /v1/workflows enqueues a workflow (see tide.NewWorkflow): a DAG of
+// named steps, each a task object as POST /v1/tasks takes (without
+// "task_id": a step's task ID is "<id>.<name>"):
+//
+//	{"id": "fulfil-order-42", "steps": [
+//	  {"name": "charge",  "task": {"type": "order:charge", "payload": {"order": 42}}},
+//	  {"name": "reserve", "task": {"type": "stock:reserve", "queue": "stock"}},
+//	  {"name": "ship",    "task": {"type": "order:ship"}, "after": ["charge", "reserve"]},
+//	  {"name": "report",  "task": {"type": "order:report"}, "after": ["ship"],
+//	   "on_dependency_failure": "run"}]}   // "cancel" (the default) or "run"
+//
+// It answers 201 with the workflow (see Workflow) and a Location header.
+// The same request again is answered 201 as well (the ID is an
+// idempotency key); other steps under an ID in use are 409
+// workflow_exists. GET /v1/workflows/{id} returns the workflow with each
+// step's state ("waiting", "enqueued" with the task's "task_state",
+// "succeeded", "failed", "cancelled"); POST /v1/workflows/{id}/cancel
+// cancels it (202); an unknown ID is 404 workflow_not_found.
+//
+// POST /v1/batches enqueues a batch (tide.Client.EnqueueBatch): {"tasks":
+// [task, ...], "on_done": task}, where "on_done", optional, is the callback
+// that runs once when every task has finished. It answers 201 with the batch
+// (see Batch: "id", "total", "succeeded", "failed", "failed_ids",
+// "callback_id"); GET /v1/batches/{id} returns it as it is now, and POST
+// /v1/workflows/{id}/cancel cancels a batch too. Errors inside a step or
+// task name the field by its path: "steps[2].task.delay", "tasks[7].queue".
+// A large batch needs a MaxBodyBytes to match.
+//
 // GET /healthz answers 200 {"status": "ok"} without authentication, for load
 // balancers. It does not contact Redis.
 //
@@ -116,6 +146,7 @@
 //	401 invalid_token           a token that is not configured
 //	403 queue_not_allowed       the queue is not in Config.AllowedQueues
 //	404 task_not_found          no such task (it may have finished)
+//	404 workflow_not_found      no such workflow or batch (or it ended over a day ago)
 //	404 not_found               no such endpoint
 //	405 method_not_allowed      see the Allow header
 //	409 task_id_conflict        the queue already has a task with this task_id
@@ -124,6 +155,7 @@
 //	409 task_not_active         cancel of a task that is not running
 //	409 events_off              GET /v1/events of queues that record no events
 //	410 events_gap              GET /v1/events resuming after events that were dropped
+//	409 workflow_exists         a workflow with other steps has this id
 //	413 request_too_large       the body is over Config.MaxBodyBytes
 //	415 unsupported_media_type  the body is not sent as application/json
 //	503 unavailable             Redis could not be reached; retry later

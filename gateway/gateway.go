@@ -126,9 +126,14 @@ func New(c *tide.Client, in *tide.Inspector, cfg Config) (http.Handler, error) {
 	g.mux.HandleFunc("/v1/queues/{queue}/tasks/{id}", g.handleTask)
 	g.mux.HandleFunc("/v1/queues/{queue}/tasks/{id}/cancel", g.handleCancel)
 	g.mux.HandleFunc("/v1/events", g.handleEvents)
+	g.mux.HandleFunc("/v1/workflows", g.handleWorkflows)
+	g.mux.HandleFunc("/v1/workflows/{id}", g.handleWorkflow)
+	g.mux.HandleFunc("/v1/workflows/{id}/cancel", g.handleWorkflowCancel)
+	g.mux.HandleFunc("/v1/batches", g.handleBatches)
+	g.mux.HandleFunc("/v1/batches/{id}", g.handleBatch)
 	g.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		g.fail(w, r, &apiError{status: http.StatusNotFound, code: "not_found",
-			message: "no such endpoint; see POST /v1/tasks, GET and DELETE /v1/queues/{queue}/tasks/{id}, POST /v1/queues/{queue}/tasks/{id}/cancel, GET /v1/events"})
+			message: "no such endpoint; see POST /v1/tasks, GET and DELETE /v1/queues/{queue}/tasks/{id}, POST /v1/queues/{queue}/tasks/{id}/cancel, POST /v1/workflows, GET /v1/workflows/{id}, POST /v1/workflows/{id}/cancel, POST /v1/batches, GET /v1/batches/{id}, GET /v1/events"})
 	})
 	return g, nil
 }

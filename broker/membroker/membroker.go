@@ -92,6 +92,9 @@ type Broker struct {
 	idem       map[idemRef]idemEntry // idempotency keys in use
 	idemSwept  int                   // len(idem) after the last sweep
 	events     eventLogs             // task lifecycle events, see events.go
+
+	flowsMu sync.Mutex
+	flows   map[string]*flow // workflows and batches, see flows.go
 }
 
 // idemRef names an idempotency key: keys are per queue and outlive the
@@ -110,6 +113,7 @@ var (
 	_ broker.Admin    = (*Broker)(nil)
 	_ broker.Registry = (*Broker)(nil)
 	_ broker.Clock    = (*Broker)(nil)
+	_ broker.Flows    = (*Broker)(nil)
 )
 
 // New returns an empty broker.
@@ -122,6 +126,7 @@ func New(opts ...Option) *Broker {
 		subs:        make(map[*subscription]struct{}),
 		idemWindow:  24 * time.Hour,
 		idem:        make(map[idemRef]idemEntry),
+		flows:       make(map[string]*flow),
 	}
 	for _, o := range opts {
 		if o != nil {

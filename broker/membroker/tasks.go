@@ -46,9 +46,32 @@ func (b *Broker) Delete(ctx context.Context, queue, id string) error {
 	if t.msg.State == tidetype.StateActive {
 		return broker.ErrTaskActive
 	}
-	b.event(q, t, tidetype.EventDeleted, "")
-	b.drop(q, t)
+	b.dropOrFail(queue, q, t, deletedErr, tidetype.EventDeleted)
 	return nil
+}
+
+// deletedErr is the last error of a flow's step that was deleted.
+const deletedErr = "tide: deleted by an operator"
+
+// dropOrFail deletes t, which is not active, unless it is a flow's step
+// that has not finished (broker.FlowHeader): that one is made pending once
+// more past its retries, with why, for a worker to archive it and tell
+// its flow. A task deleted is recorded as the event kind.
+func (b *Broker) dropOrFail(qn string, q *queue, t *task, why string, kind tidetype.TaskEventKind) {
+	st := t.msg.State
+	if t.msg.Headers[broker.FlowHeader] == "" || (st != tidetype.StatePending && st != tidetype.StateScheduled && st != tidetype.StateRetry) {
+		b.event(q, t, kind, "")
+		b.drop(q, t)
+		return
+	}
+	now := msTime(b.clock.Now())
+	t.msg.Retried, t.msg.LastErr, t.msg.LastFailedAt = t.msg.MaxRetry+1, why, now
+	if st == tidetype.StatePending {
+		return // it stays in its place
+	}
+	q.detach(t)
+	t.msg.NextProcessAt = now
+	b.pushPending(qn, q, t, false)
 }
 
 // Cancel implements broker.Broker.
@@ -71,8 +94,7 @@ func (b *Broker) Cancel(ctx context.Context, queue, id string) error {
 		b.emit(q, broker.Event{Kind: broker.EventCancel, Queue: queue, ID: id})
 		return nil
 	}
-	b.event(q, t, tidetype.EventCancelled, "")
-	b.drop(q, t)
+	b.dropOrFail(queue, q, t, canceledErr, tidetype.EventCancelled)
 	return nil
 }
 

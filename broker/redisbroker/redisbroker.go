@@ -140,6 +140,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/tidetype"
 )
 
 // Defaults of the options.
@@ -290,6 +291,8 @@ var ErrEvictionPolicy = errors.New("tide: redisbroker: Redis maxmemory-policy ma
 type Broker struct {
 	rdb            redis.UniversalClient
 	prefix         string
+	flowSweepMu    sync.Mutex
+	flowSweep      map[tidetype.FlowKind]float64 // where sweepFlowIndex goes on, per index
 	defaultParts   int
 	parts          map[string]int
 	maxArchived    int

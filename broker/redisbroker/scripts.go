@@ -13,7 +13,7 @@ var scriptFS embed.FS
 // scripts holds every state-changing script, each prefixed with the helpers
 // of lib.lua and groups.lua it uses.
 type scripts struct {
-	enqueue, dequeue, extend, settle, setResult, remove, maintain, admin, move, registry, drop, limits, share, wait, progress *redis.Script
+	enqueue, dequeue, extend, settle, setResult, remove, maintain, admin, move, registry, drop, limits, share, wait, progress, flow *redis.Script
 }
 
 func loadScripts() *scripts {
@@ -38,6 +38,7 @@ func loadScripts() *scripts {
 		share:     s("share.lua"),
 		wait:      s("wait.lua"),
 		progress:  s("progress.lua"),
+		flow:      s("flow.lua"),
 	}
 }
 

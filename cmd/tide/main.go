@@ -5,7 +5,8 @@
 //
 // Exit codes: 0 success, 1 the operation failed (Redis unreachable, a task
 // in the wrong state, ...), 2 usage error (bad flags or arguments), 3 the
-// task or queue was not found.
+// task, queue, workflow or batch was not found, 4 the task waited for
+// ('tasks wait') failed: it was archived, 5 the wait timed out.
 package main
 
 import (
@@ -31,6 +32,8 @@ const (
 	exitError    = 1
 	exitUsage    = 2
 	exitNotFound = 3
+	exitArchived = 4 // tasks wait: the task was archived
+	exitTimeout  = 5 // tasks wait: --timeout passed first
 )
 
 func main() {
@@ -57,6 +60,15 @@ type notFoundError struct{ msg string }
 
 func (e *notFoundError) Error() string { return e.msg }
 
+// codedError is a failure with an exit code of its own (exitArchived,
+// exitTimeout).
+type codedError struct {
+	code int
+	msg  string
+}
+
+func (e *codedError) Error() string { return e.msg }
+
 // run is the whole program: it parses args, runs the command and returns the
 // exit code. ctx ends long-running commands (watch, dash, serve); env reads
 // the environment.
@@ -74,14 +86,17 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, st
 	code, msg, hint := exitError, err.Error(), ""
 	var ue *usageError
 	var nf *notFoundError
+	var ce *codedError
 	switch {
 	case errors.As(err, &ue):
 		code, msg, hint = exitUsage, ue.msg, "Run 'tide --help' for usage."
 		if ue.cmd != nil {
 			hint = fmt.Sprintf("Run 'tide %s --help' for usage.", ue.cmd.name)
 		}
-	case errors.As(err, &nf) || errors.Is(err, tide.ErrTaskNotFound):
+	case errors.As(err, &nf) || errors.Is(err, tide.ErrTaskNotFound) || errors.Is(err, tide.ErrWorkflowNotFound):
 		code = exitNotFound
+	case errors.As(err, &ce):
+		code = ce.code
 	}
 	msg = strings.TrimPrefix(msg, "tide: ")
 	if a.jsonErrors() {
@@ -189,6 +204,9 @@ type cmdOpts struct {
 	histDSN     string          // --history-dsn
 	histTable   string          // --history-table
 	lim         limitsOpts      // limits set
+	offset      int             // workflows ls, batches ls
+	limit       int             // workflows ls, batches ls
+	timeout     durationFlag    // tasks wait
 }
 
 var commands []*command
@@ -217,14 +235,16 @@ func findCommand(name string) *command {
 
 // groups are commands that take a subcommand.
 var groups = map[string]string{
-	"queues": "list and change queues",
-	"tasks":  "inspect and act on the tasks of a queue",
-	"cron":   "inspect periodic tasks",
-	"limits": "show and change a queue's flow-control limits",
+	"queues":    "list and change queues",
+	"tasks":     "inspect and act on the tasks of a queue",
+	"cron":      "inspect periodic tasks",
+	"limits":    "show and change a queue's flow-control limits",
+	"workflows": "inspect and cancel workflows, DAGs of tasks",
+	"batches":   "inspect and cancel batches of tasks",
 }
 
 // groupDefaults are the subcommands a group runs when none is given.
-var groupDefaults = map[string]string{"queues": "ls", "limits": "get"}
+var groupDefaults = map[string]string{"queues": "ls", "limits": "get", "workflows": "ls", "batches": "ls"}
 
 // dispatch parses the global flags, finds the command and runs it.
 func (a *app) dispatch(ctx context.Context, args []string) error {
@@ -319,19 +339,23 @@ func (a *app) dispatch(ctx context.Context, args []string) error {
 }
 
 var aliases = map[string]string{
-	"tasks list":    "tasks ls",
-	"tasks get":     "tasks show",
-	"tasks rm":      "tasks delete",
-	"cron list":     "cron ls",
-	"queue":         "queues ls",
-	"queues list":   "queues ls",
-	"server":        "servers",
-	"dashboard":     "dash",
-	"gateway":       "serve",
-	"tasks remove":  "tasks delete",
-	"queues delete": "queues rm",
-	"queues remove": "queues rm",
-	"limits show":   "limits get",
+	"tasks list":     "tasks ls",
+	"tasks get":      "tasks show",
+	"tasks rm":       "tasks delete",
+	"cron list":      "cron ls",
+	"queue":          "queues ls",
+	"queues list":    "queues ls",
+	"server":         "servers",
+	"dashboard":      "dash",
+	"gateway":        "serve",
+	"tasks remove":   "tasks delete",
+	"queues delete":  "queues rm",
+	"queues remove":  "queues rm",
+	"limits show":    "limits get",
+	"workflows list": "workflows ls",
+	"workflows get":  "workflows show",
+	"batches list":   "batches ls",
+	"batches get":    "batches show",
 }
 
 func (a *app) help(args []string) error {
@@ -379,9 +403,11 @@ Exit codes:
   0  success
   1  the operation failed (Redis unreachable, task in the wrong state, ...)
   2  usage error (unknown command, bad flag or argument)
-  3  the task or queue was not found (pause, unpause, limits set and queues
-     rm: the queue never had a task; pause, unpause and limits set --force
-     act anyway)
+  3  the task, queue, workflow or batch was not found (pause, unpause,
+     limits set and queues rm: the queue never had a task; pause, unpause
+     and limits set --force act anyway)
+  4  tasks wait: the task failed (it was archived)
+  5  tasks wait: --timeout passed before the task finished
 
 Examples:
   tide queues                                   # every queue, its sizes and today's counts
@@ -395,12 +421,17 @@ Examples:
   tide limits set orders --concurrency 10 --rate 100/1s   # at most 10 running, 100 starts a second
   tide limits set emails --group-concurrency 2  # at most 2 running per group (tide.Group)
   tide groups emails                            # the groups with the largest backlogs
+  tide tasks wait images resize:42 --timeout 5m # until it is completed (exit 0) or archived (4)
+  tide workflows                                # workflows, newest first, with their progress
+  tide workflows show fulfil-order-42           # its steps: state, task, what they run after, errors
+  tide workflows cancel fulfil-order-42         # start no more of its steps, stop the running ones
+  tide batches show b01J0Q3ZP6W5X8K2N4M7R9T1V3  # succeeded, failed, pending, the failed task IDs
   tide dash                                     # the web dashboard, on 127.0.0.1:8080
   TIDE_DASH_TOKEN=... tide dash --addr :8080    # ... on every interface, with a login for changes
   TIDE_GATEWAY_TOKENS=... tide serve            # the HTTP gateway for other languages
   tide version                                  # the version of tide and Go
 
-Commands that show or write payloads (tasks ls and show, dash, serve) take
+Commands that show or write payloads (tasks ls, show and wait, dash, serve) take
 --encryption-keys, default $TIDE_ENCRYPTION_KEYS, for payloads encrypted
 with encrypt.Wrap. dash and serve log at $TIDE_LOG_LEVEL (default info).
 
@@ -477,7 +508,8 @@ func upperFirst(s string) string {
 
 func init() {
 	commands = []*command{
-		cmdQueues, cmdQueuesRepartition, cmdQueuesRm, cmdTasksLs, cmdTasksShow, cmdTasksDelete, cmdTasksRun, cmdTasksArchive, cmdTasksCancel,
+		cmdQueues, cmdQueuesRepartition, cmdQueuesRm, cmdTasksLs, cmdTasksShow, cmdTasksDelete, cmdTasksRun, cmdTasksArchive, cmdTasksCancel, cmdTasksWait,
+		cmdWorkflowsLs, cmdWorkflowsShow, cmdWorkflowsCancel, cmdBatchesLs, cmdBatchesShow, cmdBatchesCancel,
 		cmdPause, cmdUnpause, cmdLimitsGet, cmdLimitsSet, cmdGroups, cmdServers, cmdStats, cmdCronLs, cmdDash, cmdServe, cmdVersion,
 	}
 }

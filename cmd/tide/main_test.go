@@ -114,7 +114,7 @@ func closedPort(t *testing.T) string {
 
 func TestHelp(t *testing.T) {
 	r := noEnv("--help")
-	r.want(t, exitOK, "Usage:", "Commands:", "Exit codes:", "3  the task or queue was not found", "Examples:", "tasks", "TIDE_REDIS_ADDR")
+	r.want(t, exitOK, "Usage:", "Commands:", "Exit codes:", "3  the task, queue, workflow or batch was not found", "Examples:", "tasks", "TIDE_REDIS_ADDR")
 	if r.stderr != "" {
 		t.Errorf("stderr: %s", r.stderr)
 	}

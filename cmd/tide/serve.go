@@ -306,6 +306,7 @@ func runDash(ctx context.Context, a *app, o *cmdOpts, _ []string) error {
 	if a.hist != nil {
 		opts.History = a.dashHistory
 	}
+	opts.Client = a.c // cancels workflows and batches
 	dash, err := dashboard.New(a.in, opts)
 	if err != nil {
 		return fmt.Errorf("tide: dashboard: %w", err)

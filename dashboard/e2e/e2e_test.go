@@ -44,7 +44,7 @@ func newEnv(t *testing.T, token string) *env {
 	rdb := redistest.Client(t, redistest.Addr(t))
 	b := redisbroker.New(rdb, redisbroker.WithPrefix(redistest.Prefix(t)))
 	e := &env{t: t, b: b, c: tide.NewClient(b), in: tide.NewInspector(b)}
-	h, err := dashboard.New(e.in, dashboard.Options{Token: token, Logger: testLogger(t)})
+	h, err := dashboard.New(e.in, dashboard.Options{Token: token, Logger: testLogger(t), Client: e.c})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -216,6 +216,99 @@ func seedGroups(t *testing.T, e *env) {
 	t.Cleanup(srv.Shutdown)
 }
 
+// demoWorkflow is the workflow seedFlows runs: an order's fulfilment, with
+// a step of every state once it settles (see seedFlows).
+const demoWorkflow = "fulfil-order-1042"
+
+// demoSteps are demoWorkflow's steps in the states seedFlows brings them
+// to: their payload says how the handler treats them.
+var demoSteps = []struct {
+	name, payload, want string
+	after               []string
+}{
+	{"validate", "ok", "succeeded", nil},
+	{"charge-card", "ok", "succeeded", []string{"validate"}},
+	{"reserve-stock", "ok", "succeeded", []string{"validate"}},
+	{"fraud-check", "flaky", "retry", []string{"validate"}},
+	{"pack", "hold", "active", []string{"charge-card", "reserve-stock"}},
+	{"invoice", "ok", "succeeded", []string{"charge-card"}},
+	{"ship", "ok", "waiting", []string{"pack", "fraud-check"}},
+	{"notify-customer", "ok", "waiting", []string{"ship"}},
+	{"sync-crm", "fail", "failed", []string{"invoice"}},
+	{"crm-report", "ok", "cancelled", []string{"sync-crm"}},
+}
+
+// seedFlows serves queue "orders" and enqueues demoWorkflow and a batch of
+// 40 rows (3 fail, 5 run until the test ends, a callback waits for them).
+// It waits until every step is in the state demoSteps gives and the batch
+// has 35 tasks finished, and returns the batch's ID.
+func seedFlows(t *testing.T, e *env) string {
+	t.Helper()
+	srv := tide.NewServer(e.b, tide.Config{
+		Concurrency: 12, Queues: map[string]int{"orders": 1}, ShutdownTimeout: time.Second, Logger: testLogger(t),
+		RetryDelayFunc: func(int, error, *tide.Task) time.Duration { return 10 * time.Minute },
+	})
+	if err := srv.Start(tide.HandlerFunc(func(ctx context.Context, task *tide.Task) error {
+		switch string(task.Payload()) {
+		case "hold":
+			<-ctx.Done()
+			return context.Cause(ctx)
+		case "flaky":
+			return errors.New("fraud API: 503 Service Unavailable")
+		case "fail":
+			return fmt.Errorf("crm: 422 Unprocessable Entity: account <acme> is locked: %w", tide.SkipRetry)
+		}
+		return nil
+	})); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	wf := tide.NewWorkflow(demoWorkflow)
+	for _, s := range demoSteps {
+		wf.Add(s.name, tide.NewTask("order:"+s.name, []byte(s.payload)), tide.After(s.after...))
+	}
+	if _, err := e.c.EnqueueWorkflow(e.ctx(), wf, tide.Queue("orders")); err != nil {
+		t.Fatal(err)
+	}
+	var rows []*tide.Task
+	for i := range 40 {
+		p := "ok"
+		switch {
+		case i%13 == 5:
+			p = "fail"
+		case i >= 35:
+			p = "hold"
+		}
+		rows = append(rows, tide.NewTask("import:row", []byte(p)))
+	}
+	b, err := e.c.EnqueueBatch(e.ctx(), rows, tide.Queue("orders"), tide.OnBatchDone(tide.NewTask("import:report", nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		f, err1 := e.in.GetWorkflow(e.ctx(), demoWorkflow)
+		bi, err2 := e.in.GetBatch(e.ctx(), b.ID)
+		settled := err1 == nil && err2 == nil && bi.Succeeded+bi.Failed == 35
+		if settled {
+			for i, s := range f.Steps {
+				got := s.State.String()
+				if s.State == tide.StepEnqueued {
+					got = s.TaskState.String()
+				}
+				settled = settled && got == demoSteps[i].want
+			}
+		}
+		if settled {
+			return b.ID
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the workflow and the batch did not settle: %+v %v / %+v %v", f, err1, bi, err2)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // TestE2EBrowser drives the dashboard in headless Chromium: it logs in,
 // runs a scheduled task with its button, deletes another one (accepting the
 // confirmation), checks the pages and the Inspector, and takes screenshots
@@ -226,6 +319,9 @@ func seedGroups(t *testing.T, e *env) {
 // history and a running task (-search, -live, -task-history, -task-running),
 // a queue's limits and groups, one running and one throttled (-groups), dark
 // mode with a contrast check (-dark) and a phone-sized screen (-narrow).
+// Last it opens a workflow's graph from the list and follows a box to its
+// task (-workflow), shows a batch's progress (-batch) and cancels a
+// workflow with its button.
 func TestE2EBrowser(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -573,6 +669,94 @@ func TestE2EBrowser(t *testing.T) {
 		t.Errorf("globex is not shown throttled (%v badges)", n)
 	}
 
+	// A workflow's graph: opened from the list, a box per step coloured
+	// by its state, an edge per dependency, boxes that do not overlap and
+	// link to their tasks.
+	batchID := seedFlows(t, e)
+	run("open the workflows",
+		chromedp.Navigate(e.srv.URL+"/workflows"),
+		chromedp.WaitVisible(chromedp.CSS(fmt.Sprintf(`tr[data-workflow=%q] a`, demoWorkflow))),
+		chromedp.Click(chromedp.CSS(fmt.Sprintf(`tr[data-workflow=%q] a`, demoWorkflow))),
+		chromedp.WaitVisible(chromedp.ID("workflow-graph")),
+	)
+	save("workflow", 800)
+	edges := 0
+	for _, s := range demoSteps {
+		edges += len(s.after)
+		look := s.want
+		if got := eval(fmt.Sprintf(`(function(){var g=document.querySelector('#workflow-graph g.node[data-step=%q]');return g ? g.getAttribute('class') : ''})()`, s.name)); got != "node n-"+look {
+			t.Errorf("box of %s: class %q, want node n-%s", s.name, got, look)
+		}
+	}
+	if n := eval(`document.querySelectorAll('#workflow-graph g.node').length`); n != float64(len(demoSteps)) {
+		t.Errorf("%v boxes, want %d", n, len(demoSteps))
+	}
+	if n := eval(`document.querySelectorAll('#workflow-graph path.edge').length`); n != float64(edges) {
+		t.Errorf("%v edges, want %d", n, edges)
+	}
+	if ok := eval(`(function(){var r=Array.from(document.querySelectorAll('#workflow-graph g.node rect')).map(function(e){return e.getBoundingClientRect()});
+		for(var i=0;i<r.length;i++){if(r[i].width<100||r[i].height<30)return false;for(var j=i+1;j<r.length;j++){var a=r[i],b=r[j];
+		if(a.left<b.right&&b.left<a.right&&a.top<b.bottom&&b.top<a.bottom)return false}}return true})()`); ok != true {
+		t.Error("the graph's boxes overlap or are not drawn")
+	}
+	if ok := eval(`(function(){var f=function(s){return getComputedStyle(document.querySelector('#workflow-graph g.'+s+' rect')).fill};
+		var seen={};['n-succeeded','n-failed','n-active','n-retry','n-waiting'].forEach(function(s){seen[f(s)]=1});return Object.keys(seen).length===5})()`); ok != true {
+		t.Error("the graph's states are not told apart by colour")
+	}
+	if n := eval(`document.querySelectorAll('#steps-table .errtext').length`); n != float64(len(demoSteps)) {
+		t.Errorf("step table: %v error cells", n)
+	}
+	if got := eval(`document.querySelector('#steps-table tr[data-step="sync-crm"] .errtext').textContent`); !strings.Contains(fmt.Sprint(got), "account <acme> is locked") {
+		t.Errorf("sync-crm's error in the table: %q", got)
+	}
+	run("follow a box to its task",
+		chromedp.Click(chromedp.CSS(`#workflow-graph g.node[data-step="pack"] a rect`)),
+		chromedp.WaitVisible(chromedp.ID("payload")),
+	)
+	if loc, _ := chromedp.Run(bctx, chromedp.Location()); !strings.Contains(loc, "id="+demoWorkflow+".pack") {
+		t.Errorf("the pack box leads to %s", loc)
+	}
+
+	// A batch: its progress bar, counts, callback and failed tasks.
+	run("open the batch",
+		chromedp.Navigate(e.srv.URL+"/batches"),
+		chromedp.Click(chromedp.CSS(fmt.Sprintf(`tr[data-batch=%q] a`, batchID))),
+		chromedp.WaitVisible(chromedp.ID("batch-progress")),
+	)
+	save("batch", 800)
+	if got := eval(`document.getElementById('batch-counts').textContent`); got != "32 succeeded, 3 failed, 5 pending of 40" {
+		t.Errorf("batch counts %q", got)
+	}
+	if got := eval(`Array.from(document.querySelectorAll('#batch-progress svg.pbar rect')).map(function(r){return r.getAttribute('class')+':'+Math.round(r.getBBox().width)}).join(' ')`); got != "track:1000 ok:800 failed:75" {
+		t.Errorf("batch bar %q", got)
+	}
+	if n := eval(`document.querySelectorAll('#failed-ids li a').length`); n != float64(3) {
+		t.Errorf("%v failed task links, want 3", n)
+	}
+	if got := eval(`document.querySelector('#batch-callback .badge').textContent`); got != "waiting" {
+		t.Errorf("callback state %q", got)
+	}
+
+	// Cancel a workflow with its button, accepting the confirmation.
+	cancelMe := tide.NewWorkflow("cancel-me").
+		Add("wait", tide.NewTask("order:wait", []byte("hold"))).
+		Add("then", tide.NewTask("order:then", nil), tide.After("wait"))
+	if _, err := e.c.EnqueueWorkflow(e.ctx(), cancelMe, tide.Queue("orders")); err != nil {
+		t.Fatal(err)
+	}
+	run("cancel a workflow",
+		chromedp.Navigate(e.srv.URL+"/workflows/cancel-me"),
+		chromedp.WaitVisible(chromedp.ID("cancel-workflow")),
+		chromedp.Click(chromedp.ID("cancel-workflow")),
+	)
+	waitFlash("cancel a workflow", "Workflow cancel-me was cancelled")
+	if got := eval(`document.querySelector('#workflow-state .badge').textContent`); got != "cancelled" {
+		t.Errorf("after cancel the page says %q", got)
+	}
+	if f, err := e.in.GetWorkflow(e.ctx(), "cancel-me"); err != nil || f.State != tide.FlowCanceled {
+		t.Errorf("Inspector: cancel-me is %+v %v", f, err)
+	}
+
 	// Dark mode follows the browser's preference, with enough contrast.
 	if _, err := chromedp.Call(bctx, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{
 		Features: []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: "dark"}}}); err != nil {
@@ -597,6 +781,14 @@ func TestE2EBrowser(t *testing.T) {
 			t.Errorf("dark mode: %s has contrast %.2f, want at least 4.5", sel, ratio)
 		}
 	}
+	run("open the workflow in dark mode", chromedp.Navigate(e.srv.URL+"/workflows/"+demoWorkflow), chromedp.WaitVisible(chromedp.ID("workflow-graph")))
+	for _, sel := range []string{".badge.fl-running", "#steps-table .badge.n-active", "#steps-table .badge.n-retry", "#steps-table .badge.n-failed",
+		"#steps-table .badge.n-waiting", "#steps-table .badge.n-succeeded", "#steps-table .errtext"} {
+		ratio, _ := chromedp.Run(bctx, chromedp.Evaluate[float64](contrastJS+fmt.Sprintf(`contrast(document.querySelector(%q))`, sel)))
+		if ratio < 4.5 {
+			t.Errorf("dark mode: %s has contrast %.2f, want at least 4.5", sel, ratio)
+		}
+	}
 	if _, err := chromedp.Call(bctx, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{
 		Features: []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: ""}}}); err != nil {
 		t.Fatal(err)
@@ -616,6 +808,10 @@ func TestE2EBrowser(t *testing.T) {
 	run("open the groups on a narrow screen", chromedp.Navigate(e.srv.URL+"/queue?q=exports"), chromedp.WaitVisible(chromedp.ID("groups-table")))
 	if ok := eval(`document.documentElement.scrollWidth <= window.innerWidth + 1`); ok != true {
 		t.Errorf("the narrow groups page scrolls sideways: %v > %v", eval(`document.documentElement.scrollWidth`), eval(`window.innerWidth`))
+	}
+	run("open the workflow on a narrow screen", chromedp.Navigate(e.srv.URL+"/workflows/"+demoWorkflow), chromedp.WaitVisible(chromedp.ID("workflow-graph")))
+	if ok := eval(`document.documentElement.scrollWidth <= window.innerWidth + 1`); ok != true {
+		t.Errorf("the narrow workflow page scrolls sideways: %v > %v", eval(`document.documentElement.scrollWidth`), eval(`window.innerWidth`))
 	}
 	run("reset the viewport", chromedp.EmulateReset())
 }

@@ -101,7 +101,19 @@ if first[2] and tonumber(first[2]) <= now then
       local n = rec_retried(rec)
       local typ = E and rec_type(rec)
       if E then ev_add(E, 'f', id, typ, err) end
-      if rec_canceled(rec) then
+      if rec_flow(rec) and (rec_canceled(rec) or n >= rec_maxretry(rec)) then
+        -- A flow's step is archived by a worker, whose settlement tells
+        -- the flow: pending once more, past its retries.
+        local why = rec_canceled(rec) and ('tide: task cancelled; ' .. err) or (err .. '; no retries left')
+        finished = false
+        redis.call('HSET', KEYS[2], id, rec_patch(rec, 1, nil, rec_maxretry(rec) + 1, now, now, why))
+        if g then
+          g_ready(G, g, seq, id)
+        else
+          redis.call('RPUSH', KEYS[3], id)
+          if was_empty == nil then was_empty = redis.call('LLEN', KEYS[3]) == 1 end
+        end
+      elseif rec_canceled(rec) then
         release_uniq(rec, KEYS[10], id)
         redis.call('HSET', KEYS[2], id, rec_patch(rec, 5, nil, nil, nil, now, 'tide: task cancelled; ' .. err))
         redis.call('ZADD', KEYS[7], now, id)

@@ -18,9 +18,11 @@
 -- '3' cancellation recorded, '4<state>' not active (cancelactive refused),
 -- '5' the task was about to move in here from the old span of a repartition:
 -- its placeholder is removed, the caller removes it there too.
--- A deleted task's waiters are told (w_ended). A request run again answers
--- from the reply cache. The events stream gets 'x' for a task deleted by
--- 'delete', 'c' for one deleted by 'cancel' and for a cancellation recorded.
+-- A flow's step that has not finished is failed instead of deleted (see
+-- below). A deleted task's waiters are told (w_ended). A request run again
+-- answers from the reply cache. The events stream gets 'x' for a task
+-- deleted by 'delete', 'c' for one deleted by 'cancel' and for a
+-- cancellation recorded.
 local bad = layout_error(KEYS[10], ARGV[1])
 if bad then return bad end
 local cached = req_get(KEYS[11], ARGV[2], tonumber(ARGV[3]))
@@ -57,6 +59,20 @@ if st == 2 then
   return answer('3')
 end
 if op == 'cancelactive' then return answer('4' .. (st or 0)) end
+if st and st ~= 5 and st ~= 6 and rec_flow(rec) and not rec_moving(rec) then
+  -- A flow's step that has not finished is not deleted: it is made pending
+  -- once more past its retries, for a worker to archive it and tell its
+  -- flow (broker.FlowHeader).
+  local now = redis_now()
+  local why = op == 'delete' and 'tide: deleted by an operator' or 'tide: task cancelled'
+  redis.call('HSET', KEYS[1], id, rec_patch(rec, 1, nil, rec_maxretry(rec) + 1, now, now, why))
+  if st ~= 1 then
+    redis.call('ZREM', zset_of(st, KEYS), id)
+    local g, seq = g_of(G, id)
+    if g then g_ready(G, g, seq, id) else redis.call('RPUSH', KEYS[2], id) end
+  end
+  return answer('1')
+end
 if st and rec_moving(rec) then
   -- Taken out of its structure by a repartition: only the record is left.
   redis.call('ZREM', KEYS[12], id)

@@ -6,7 +6,9 @@
 //	off len field
 //	0   1   version (2)
 //	1   1   state (tidetype.TaskState) in the low 4 bits; bit 7 is set when
-//	        the task's cancellation was requested while it was active
+//	        the task's cancellation was requested while it was active, bit 6
+//	        while a repartition moves it, bit 5 when it is a step of a flow
+//	        (broker.FlowHeader)
 //	2   8   token: the fencing token of the current (or last) lease, 0 before
 //	        the first delivery; drawn from a per-partition sequence that
 //	        never repeats, so a re-created task ID never reuses a token
@@ -43,6 +45,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/tidetype"
 )
 
@@ -60,6 +63,7 @@ const (
 	offUniqLen   = 23
 
 	stateMask  = 0x0f
+	flagFlow   = 0x20
 	flagCancel = 0x80
 
 	// MaxBody is the largest body a record holds (24-bit length).
@@ -162,6 +166,9 @@ func Encode(m *tidetype.TaskInfo, token uint64) []byte {
 	out := make([]byte, HeaderSize, size)
 	out[0] = Version
 	out[offState] = byte(m.State)
+	if m.Headers[broker.FlowHeader] != "" {
+		out[offState] |= flagFlow
+	}
 	binary.BigEndian.PutUint64(out[offToken:], token)
 	binary.BigEndian.PutUint16(out[offRetried:], clampU16(m.Retried))
 	binary.BigEndian.PutUint16(out[offMaxRetry:], clampU16(m.MaxRetry))

@@ -1,0 +1,124 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/tidequeue/tide/tidetype"
+)
+
+// Errors of workflows and batches.
+var (
+	// ErrFlowExists is returned by CreateFlow for an ID that another flow
+	// (other steps or tasks) already uses.
+	ErrFlowExists = errors.New("tide: workflow ID already in use by another workflow")
+	// ErrFlowNotFound is returned for a workflow or batch ID that names
+	// nothing stored (never created, or its retention passed).
+	ErrFlowNotFound = errors.New("tide: workflow or batch not found")
+)
+
+// FlowHeader is the task header that makes a task a step of a flow (its
+// value names the flow). Brokers never archive such a task without a
+// worker: where they would (its lease expired with no retries left, or
+// after it was cancelled), they make it pending once more with Retried
+// above MaxRetry and the reason as LastErr, so that a worker archives it
+// with its settlement, whose follow-up tells the flow.
+const FlowHeader = "tide-flow"
+
+// Limits of flows.
+const (
+	// MaxFlowSteps is the most steps a workflow (tasks a batch) may have.
+	MaxFlowSteps = 100_000
+	// MaxFlowIDLength bounds workflow IDs and step names, in bytes.
+	MaxFlowIDLength = 128
+)
+
+// FlowStep is one step of a flow as the client builds it.
+type FlowStep struct {
+	Name string
+	// Task is the step's task, ready to enqueue: Queue and ID set, and the
+	// flow's headers (the root package's). Brokers store it for steps that
+	// have dependencies and hand it back when they are ready; a step without
+	// dependencies is enqueued by the client itself, which keeps it.
+	Task *tidetype.TaskInfo
+	// After names the steps it depends on; Dependents the steps that
+	// depend on it (the client computes both).
+	After, Dependents []string
+	// RunOnFailure: the step runs when a step it depends on fails.
+	RunOnFailure bool
+}
+
+// Flow is a workflow or batch to create.
+type Flow struct {
+	ID   string
+	Kind tidetype.FlowKind
+	// Digest identifies the steps: creating a flow again with the same ID
+	// and Digest resumes the first creation; another Digest is
+	// ErrFlowExists.
+	Digest string
+	Steps  []FlowStep
+	// Callback names a batch's callback step, or "". It is not counted
+	// with the others (WorkflowInfo's counts are of the batch's tasks).
+	Callback string
+	// Retention is how long the flow is kept after it ends.
+	Retention time.Duration
+	CreatedAt time.Time
+}
+
+// ReadyStep is a step whose dependencies have finished: its task is to be
+// enqueued, then confirmed with ReleaseSteps. Task is nil for a step without
+// dependencies (the client holds its task).
+type ReadyStep struct {
+	Name string
+	Task *tidetype.TaskInfo
+}
+
+// Flows is implemented by brokers that keep workflows and batches; both
+// shipped brokers do. A flow's bookkeeping lives in one place (one hash slot
+// of Redis Cluster) apart from its tasks; every method is safe to run twice:
+// a second run changes nothing and answers like the first, so a caller that
+// lost an answer calls again.
+//
+// The protocol: CreateFlow stores the flow and names the steps without
+// dependencies; the caller enqueues their tasks and confirms with
+// ReleaseSteps. When a step's task finishes, EndStep records it and returns
+// the dependents now ready, which are enqueued and released the same way.
+// A caller that dies between EndStep and ReleaseSteps leaves the steps
+// ready: EndStep run again for the same step returns them again.
+type Flows interface {
+	// CreateFlow stores f and returns the steps without dependencies that
+	// are not released yet. A flow with f's ID and Digest is not stored
+	// again: its unreleased ready steps are returned. Another flow with the
+	// ID gives ErrFlowExists.
+	CreateFlow(ctx context.Context, f *Flow) ([]ReadyStep, error)
+
+	// EndStep records that the task taskID of the flow's step ended:
+	// succeeded, or failed with reason. It returns the steps that are
+	// ready because of it (and not released yet). A failed step cancels
+	// the dependents that do not run on failure, and theirs in turn. A step
+	// that already ended keeps its first outcome. A taskID that is not the
+	// step's gives ErrFlowNotFound.
+	EndStep(ctx context.Context, flow, step, taskID string, succeeded bool, reason string) ([]ReadyStep, error)
+
+	// ReleaseSteps confirms that the tasks of ready steps are stored. It
+	// returns those among steps that were cancelled meanwhile (their tasks
+	// are to be cancelled).
+	ReleaseSteps(ctx context.Context, flow string, steps []string) ([]string, error)
+
+	// CancelFlow cancels the flow: steps not started are cancelled, and
+	// the enqueued ones are returned for the caller to cancel their tasks.
+	// A flow that ended is left as it is (nothing is returned).
+	CancelFlow(ctx context.Context, flow string) ([]tidetype.StepInfo, error)
+
+	// GetFlow returns the flow; with steps false, without its Steps.
+	GetFlow(ctx context.Context, flow string, steps bool) (*tidetype.WorkflowInfo, error)
+
+	// GetStep returns one step of the flow; ErrFlowNotFound when the flow
+	// or the step does not exist.
+	GetStep(ctx context.Context, flow, step string) (*tidetype.StepInfo, error)
+
+	// ListFlows returns up to limit flows of kind, newest first, from
+	// offset, without their steps, and how many there are.
+	ListFlows(ctx context.Context, kind tidetype.FlowKind, offset, limit int) ([]*tidetype.WorkflowInfo, int, error)
+}

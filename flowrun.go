@@ -1,0 +1,331 @@
+package tide
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"strings"
+	"time"
+
+	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/tidetype"
+)
+
+// FlowType is the type of the tasks that carry a workflow step's or batch
+// member's end to its workflow: stored in the same atomic step as the
+// step's outcome (in the step's queue), they record the end and enqueue the
+// steps it makes ready. Servers run them themselves, whatever their
+// handler; they are retried FlowMaxRetry times with back-off while the
+// store cannot be reached.
+const FlowType = "tide:flow"
+
+// FlowMaxRetry is how often a FlowType task that could not reach the store
+// is retried.
+const FlowMaxRetry = 50
+
+// Headers that make a task a step: the flow ("w:<id>" or "b:<id>") and the
+// step's name. Enqueue refuses them from users.
+const (
+	flowHeader = broker.FlowHeader
+	stepHeader = "tide-step"
+)
+
+// flowRef splits a flow header into its kind and ID.
+func flowRef(h string) (tidetype.FlowKind, string, bool) {
+	switch {
+	case strings.HasPrefix(h, "w:") && len(h) > 2:
+		return tidetype.KindWorkflow, h[2:], true
+	case strings.HasPrefix(h, "b:") && len(h) > 2:
+		return tidetype.KindBatch, h[2:], true
+	}
+	return 0, "", false
+}
+
+// stepTask builds the task of a step: t with the flow's default options
+// under its own, the step's ID (idBase.name, with the group's tag) unless
+// allowID lets t's TaskID stand, and the flow's headers.
+func stepTask(t *Task, defaults []Option, now time.Time, idBase, name, header string, dependent, allowID bool) (*TaskInfo, error) {
+	if t == nil {
+		return nil, fmt.Errorf("%w: nil task", ErrInvalidTask)
+	}
+	merged := &Task{typ: t.typ, payload: t.payload, headers: t.headers, opts: append(append([]Option(nil), defaults...), t.opts...)}
+	info, eo, err := prepare(merged, nil, now)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case eo.Replace:
+		return nil, fmt.Errorf("%w: Replace does not apply to a workflow step or batch task", ErrInvalidTask)
+	case eo.WaitReplicas > 0:
+		return nil, fmt.Errorf("%w: WaitForReplicas does not apply to a workflow step or batch task", ErrInvalidTask)
+	case info.ID != "" && !allowID:
+		return nil, fmt.Errorf("%w: TaskID does not apply to a workflow step: its ID is %s.%s", ErrInvalidTask, idBase, name)
+	case dependent && info.State == StateScheduled:
+		return nil, fmt.Errorf("%w: ProcessIn/ProcessAt do not apply to a step with dependencies: it starts when they succeed", ErrInvalidTask)
+	}
+	if info.ID == "" {
+		info.ID = idBase + "." + name
+		if info.Group != "" {
+			info.ID += "{" + info.Group + "}"
+		}
+		if err := validateName("task ID", info.ID); err != nil {
+			return nil, err
+		}
+	}
+	info.Headers = maps.Clone(info.Headers)
+	if info.Headers == nil {
+		info.Headers = map[string]string{}
+	}
+	info.Headers[flowHeader] = header
+	info.Headers[stepHeader] = name
+	return info, nil
+}
+
+// digest identifies a flow's steps: what they run and how they depend on
+// each other, not when they were built.
+func digest(f *broker.Flow) string {
+	type step struct {
+		Name, ID, Queue, Type, Group, Unique string
+		After                                []string
+		RunOnFailure                         bool
+		Payload                              []byte
+		Headers                              map[string]string
+		MaxRetry                             int
+		Timeout, Retention, UniqueTTL        time.Duration
+		Deadline                             time.Time
+	}
+	steps := make([]step, len(f.Steps))
+	for i, s := range f.Steps {
+		t := s.Task
+		steps[i] = step{s.Name, t.ID, t.Queue, t.Type, t.Group, t.UniqueKey, s.After, s.RunOnFailure, t.Payload, t.Headers, t.MaxRetry, t.Timeout, t.Retention, t.UniqueTTL, t.Deadline}
+	}
+	b, _ := json.Marshal(struct {
+		Kind     tidetype.FlowKind
+		Callback string
+		Steps    []step
+	}{f.Kind, f.Callback, steps})
+	sum := sha256.Sum256(b)
+	return base64.RawURLEncoding.EncodeToString(sum[:18])
+}
+
+// releaseReady enqueues the tasks of ready steps and confirms them
+// (broker.Flows protocol). held gives the tasks of steps without
+// dependencies, which the store does not keep. A step whose task ID is
+// taken is already released (its task stays kept: WorkflowRetention), unless
+// foreign says the IDs were never ours before. A step whose task cannot be
+// stored (uniqueness lock held, ID of someone else's task) fails, which
+// may release or cancel others in turn. Steps cancelled meanwhile have
+// their tasks cancelled.
+func releaseReady(ctx context.Context, b broker.Broker, fl broker.Flows, flow string, ready []broker.ReadyStep, held map[string]*TaskInfo, now time.Time, foreign bool) error {
+	now = now.Truncate(time.Millisecond)
+	for len(ready) > 0 {
+		chunk := ready[:min(len(ready), 1000)]
+		ready = ready[len(chunk):]
+		tasks := make([]*TaskInfo, 0, len(chunk))
+		names := make([]string, 0, len(chunk))
+		for _, r := range chunk {
+			t := r.Task
+			if t == nil {
+				t = held[r.Name]
+			} else {
+				t.State, t.EnqueuedAt, t.NextProcessAt = StatePending, now, now
+			}
+			if t == nil {
+				return fmt.Errorf("tide: workflow %s: step %s is ready but its task is not known here; enqueue the workflow again with the same steps", flow, r.Name)
+			}
+			tasks = append(tasks, t)
+			names = append(names, r.Name)
+		}
+		errs, err := b.Enqueue(ctx, tasks, broker.EnqueueOptions{})
+		if err != nil {
+			return err
+		}
+		released := names[:0:0]
+		for i, e := range errs {
+			switch {
+			case e == nil, errors.Is(e, ErrNotReplicated), errors.Is(e, ErrTaskIDConflict) && !foreign:
+				released = append(released, names[i])
+			case errors.Is(e, ErrTaskIDConflict), errors.Is(e, ErrDuplicateTask):
+				more, err := fl.EndStep(ctx, flow, names[i], tasks[i].ID, false, "tide: step not enqueued: "+e.Error())
+				if err != nil {
+					return err
+				}
+				ready = append(ready, more...)
+			default:
+				return fmt.Errorf("step %s: %w", names[i], e)
+			}
+		}
+		hook("enqueued", strings.Join(released, ","))
+		canceled, err := fl.ReleaseSteps(ctx, flow, released)
+		if err != nil {
+			return err
+		}
+		byName := make(map[string]*TaskInfo, len(tasks))
+		for i, n := range names {
+			byName[n] = tasks[i]
+		}
+		for _, n := range canceled {
+			if t := byName[n]; t != nil {
+				if err := b.Cancel(ctx, t.Queue, t.ID); err != nil && !errors.Is(err, ErrTaskNotFound) {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// flowPayload is what a FlowType task carries.
+type flowPayload struct {
+	Flow    string         `json:"flow"`
+	Step    string         `json:"step"`
+	Queue   string         `json:"queue"`
+	TaskID  string         `json:"task_id"`
+	Outcome string         `json:"outcome"` // "completed", "archived", or "check": look at the task
+	Err     string         `json:"error,omitempty"`
+	Notify  *notifyPayload `json:"notify,omitempty"`
+}
+
+// flowFollowup is the FlowType task of a step's settlement. Every
+// settlement of a step has one: a retry or requeue may be turned into an
+// archive by the store (the task was cancelled meanwhile), so for those the
+// follow-up looks at the task before recording anything.
+func flowFollowup(m *TaskInfo, set broker.Settlement) *TaskInfo {
+	p := flowPayload{Flow: m.Headers[flowHeader], Step: m.Headers[stepHeader], Queue: m.Queue, TaskID: m.ID, Outcome: "check"}
+	switch set.Kind {
+	case broker.SettleDone:
+		p.Outcome = StateCompleted.String()
+	case broker.SettleArchive:
+		p.Outcome, p.Err = StateArchived.String(), set.Err
+	}
+	if p.Outcome != "check" {
+		p.Notify = notificationOf(m, set)
+	}
+	payload, err := json.Marshal(p)
+	if err != nil {
+		return nil // cannot happen: plain strings
+	}
+	return &TaskInfo{
+		Type: FlowType, Payload: payload, Queue: m.Queue, MaxRetry: FlowMaxRetry,
+		EnqueuedAt: set.At, NextProcessAt: set.At, State: StatePending,
+	}
+}
+
+// flowHook, when set (tests only), is called at each point of advancing a
+// flow, so a test can kill the process there.
+var flowHook func(point, step string)
+
+func hook(point, step string) {
+	if flowHook != nil {
+		flowHook(point, step)
+	}
+}
+
+// advanceFlow runs a FlowType task: it records the step's end and enqueues
+// the steps that became ready, then sends the step's notification if it
+// asked for one. Each part is safe to run again.
+func (s *Server) advanceFlow(ctx context.Context, t *Task) error {
+	var p flowPayload
+	if err := json.Unmarshal(t.Payload(), &p); err != nil || p.Step == "" || p.TaskID == "" {
+		return fmt.Errorf("tide: workflow follow-up payload is not one tide wrote: %w", SkipRetry)
+	}
+	_, id, ok := flowRef(p.Flow)
+	fl, isFlows := s.b.(broker.Flows)
+	if !ok || !isFlows {
+		return fmt.Errorf("tide: workflow follow-up for %q cannot be applied here: %w", p.Flow, SkipRetry)
+	}
+	hook("advance", p.Step)
+	succeeded, reason := p.Outcome == StateCompleted.String(), p.Err
+	if p.Outcome == "check" {
+		info, err := s.b.GetTask(ctx, p.Queue, p.TaskID)
+		switch {
+		case errors.Is(err, ErrTaskNotFound):
+			reason = "tide: the step's task was deleted"
+		case err != nil:
+			return err
+		case info.State == StateCompleted:
+			succeeded = true
+		case info.State == StateArchived:
+			reason = info.LastErr
+		default:
+			return nil // it runs again: its next settlement has its own follow-up
+		}
+	}
+	ready, err := fl.EndStep(ctx, id, p.Step, p.TaskID, succeeded, reason)
+	if errors.Is(err, ErrWorkflowNotFound) {
+		return fmt.Errorf("%w: %w", err, SkipRetry)
+	}
+	if err != nil {
+		return err
+	}
+	hook("ended", p.Step)
+	if err := releaseReady(ctx, s.b, fl, id, ready, nil, s.now(), false); err != nil {
+		return err
+	}
+	if p.Notify != nil {
+		return s.post(ctx, *p.Notify)
+	}
+	return nil
+}
+
+// StepResult returns what the named dependency of the running workflow
+// step stored with WriteResult. It returns ErrNotInWorkflow outside a
+// step's handler, ErrWorkflowNotFound for a name that is not a step of the
+// workflow, an error wrapping ErrStepFailed for a dependency that failed or
+// was cancelled (a step that runs on failure sees those), and
+// ErrTaskNotFound when the dependency's task is no longer kept
+// (WorkflowRetention). A dependency that wrote no result gives nil, nil.
+func StepResult(ctx context.Context, step string) ([]byte, error) {
+	m, ok := metaFrom(ctx)
+	if !ok || m.flow == "" {
+		return nil, ErrNotInWorkflow
+	}
+	kind, id, _ := flowRef(m.flow)
+	fl, isFlows := m.b.(broker.Flows)
+	if kind != tidetype.KindWorkflow || !isFlows {
+		return nil, ErrNotInWorkflow
+	}
+	si, err := fl.GetStep(ctx, id, step)
+	if err != nil {
+		return nil, err
+	}
+	if si.State != StepSucceeded {
+		why := si.State.String()
+		if si.Err != "" {
+			why += ": " + si.Err
+		}
+		return nil, fmt.Errorf("%w: step %q is %s", ErrStepFailed, step, why)
+	}
+	info, err := m.b.GetTask(ctx, si.Queue, si.TaskID)
+	if err != nil {
+		return nil, fmt.Errorf("tide: result of step %q: %w", step, err)
+	}
+	return info.Result, nil
+}
+
+// GetStepName returns the name of the workflow step (or the index of the
+// batch task, "callback" for a batch's callback) a handler is running; ok
+// is false when ctx is not a handler's context or the task is not part of
+// a workflow or batch.
+func GetStepName(ctx context.Context) (name string, ok bool) {
+	m, ok := metaFrom(ctx)
+	if !ok || m.flow == "" {
+		return "", false
+	}
+	return m.step, true
+}
+
+// GetWorkflowID returns the ID of the workflow or batch the running task
+// belongs to; ok is false otherwise.
+func GetWorkflowID(ctx context.Context) (id string, ok bool) {
+	m, ok := metaFrom(ctx)
+	if !ok || m.flow == "" {
+		return "", false
+	}
+	_, id, ok = flowRef(m.flow)
+	return id, ok
+}

@@ -1,0 +1,149 @@
+package gateway_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/gateway"
+)
+
+// serve runs a tide server on the env's broker that succeeds every task
+// but those of type "fail".
+func (e *env) serve() {
+	e.t.Helper()
+	s := tide.NewServer(e.b, tide.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err := s.Start(tide.HandlerFunc(func(ctx context.Context, t *tide.Task) error {
+		if t.Type() == "fail" {
+			return fmt.Errorf("no: %w", tide.SkipRetry)
+		}
+		return nil
+	})); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(s.Shutdown)
+}
+
+func (e *env) until(what string, cond func() bool) {
+	e.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A workflow enqueued over HTTP runs, and GET shows its steps; the same
+// request again is accepted, other steps under the ID are a conflict.
+func TestWorkflowEndpoints(t *testing.T) {
+	t.Parallel()
+	e := setup(t, gateway.Config{})
+	e.serve()
+	body := `{"id": "order-42", "steps": [
+		{"name": "charge", "task": {"type": "pay", "payload": {"order": 42}}},
+		{"name": "reserve", "task": {"type": "fail"}},
+		{"name": "ship", "task": {"type": "ship"}, "after": ["charge", "reserve"]},
+		{"name": "report", "task": {"type": "report"}, "after": ["ship"], "on_dependency_failure": "run"}]}`
+	r := e.do("POST", "/v1/workflows", body)
+	if r.status != 201 || r.header.Get("Location") != "/v1/workflows/order-42" {
+		t.Fatalf("POST: %d %s", r.status, r.body)
+	}
+	var wf gateway.Workflow
+	if err := json.Unmarshal(r.body, &wf); err != nil || wf.ID != "order-42" || len(wf.Steps) != 4 || wf.Steps[2].State != "waiting" {
+		t.Fatalf("POST answer: %s (%v)", r.body, err)
+	}
+	e.until("the workflow to end", func() bool {
+		r = e.do("GET", "/v1/workflows/order-42", "")
+		wf = gateway.Workflow{}
+		return r.status == 200 && json.Unmarshal(r.body, &wf) == nil && wf.State != "running"
+	})
+	states := map[string]string{}
+	for _, s := range wf.Steps {
+		states[s.Name] = s.State
+	}
+	if wf.State != "failed" || states["charge"] != "succeeded" || states["reserve"] != "failed" || states["ship"] != "cancelled" || states["report"] != "succeeded" {
+		t.Fatalf("workflow: %s", r.body)
+	}
+	if r := e.do("POST", "/v1/workflows", body); r.status != 201 {
+		t.Errorf("the same workflow again: %d %s", r.status, r.body)
+	}
+	other := `{"id": "order-42", "steps": [{"name": "x", "task": {"type": "t"}}]}`
+	if r := e.do("POST", "/v1/workflows", other); r.status != 409 {
+		t.Errorf("other steps under the ID: %d %s", r.status, r.body)
+	} else if code, _, _ := r.errorBody(t); code != "workflow_exists" {
+		t.Errorf("code %q", code)
+	}
+	if r := e.do("GET", "/v1/workflows/nope", ""); r.status != 404 {
+		t.Errorf("unknown workflow: %d %s", r.status, r.body)
+	}
+	if r := e.do("DELETE", "/v1/workflows/order-42", ""); r.status != 405 {
+		t.Errorf("DELETE: %d", r.status)
+	}
+}
+
+// Bad workflow and batch requests are refused with the field at fault, and
+// store nothing.
+func TestFlowRequestErrors(t *testing.T) {
+	t.Parallel()
+	e := setup(t, gateway.Config{AllowedQueues: []string{"default"}})
+	for _, tc := range []struct{ path, body, field string }{
+		{"/v1/workflows", `{"steps": [{"name": "a", "task": {"type": "t"}}]}`, "id"},
+		{"/v1/workflows", `{"id": "w", "steps": [{"name": "a", "task": {"type": "t", "delay": "soon"}}]}`, "steps[0].task.delay"},
+		{"/v1/workflows", `{"id": "w", "steps": [{"name": "a"}]}`, "steps[0].task"},
+		{"/v1/workflows", `{"id": "w", "steps": [{"name": "a", "task": {"type": "t", "queue": "secret"}}]}`, "steps[0].task.queue"},
+		{"/v1/workflows", `{"id": "w", "steps": [{"name": "a", "task": {"type": "t"}, "on_dependency_failure": "maybe"}]}`, "steps[0].on_dependency_failure"},
+		{"/v1/workflows", `{"id": "w", "steps": [{"name": "a", "task": {"type": "t"}, "after": ["b"]}]}`, ""},
+		{"/v1/workflows", `{"id": "w", "stepz": []}`, ""},
+		{"/v1/batches", `{"tasks": []}`, "tasks"},
+		{"/v1/batches", `{"tasks": [{"type": "t"}, {"typo": "t"}]}`, "tasks[1].typo"},
+		{"/v1/batches", `{"tasks": [{"type": "t"}], "on_done": {"type": "t", "task_id": "x"}}`, ""},
+	} {
+		r := e.do("POST", tc.path, tc.body)
+		if r.status != 400 && r.status != 403 {
+			t.Errorf("%s %s: %d %s", tc.path, tc.body, r.status, r.body)
+			continue
+		}
+		if _, field, _ := r.errorBody(t); field != tc.field {
+			t.Errorf("%s %s: field %q, want %q (%s)", tc.path, tc.body, field, tc.field, r.body)
+		}
+	}
+	if _, err := e.in.GetWorkflow(context.Background(), "w"); err == nil {
+		t.Error("a refused workflow was stored")
+	}
+}
+
+// A batch enqueued over HTTP runs its callback once; GET shows the counts.
+func TestBatchEndpoints(t *testing.T) {
+	t.Parallel()
+	e := setup(t, gateway.Config{})
+	e.serve()
+	r := e.do("POST", "/v1/batches", `{"tasks": [{"type": "a"}, {"type": "fail"}, {"type": "b", "task_id": "mine"}], "on_done": {"type": "done"}}`)
+	if r.status != 201 {
+		t.Fatalf("POST: %d %s", r.status, r.body)
+	}
+	var b gateway.Batch
+	if err := json.Unmarshal(r.body, &b); err != nil || b.Total != 3 || b.CallbackID != b.ID+".callback" {
+		t.Fatalf("POST answer: %s", r.body)
+	}
+	e.until("the batch to end", func() bool {
+		r = e.do("GET", "/v1/batches/"+b.ID, "")
+		b = gateway.Batch{}
+		return r.status == 200 && json.Unmarshal(r.body, &b) == nil && b.FinishedAt != nil
+	})
+	if b.Succeeded != 2 || b.Failed != 1 || len(b.FailedIDs) != 1 || b.State != "failed" {
+		t.Fatalf("batch: %s", r.body)
+	}
+	if r := e.do("POST", "/v1/workflows/"+b.ID+"/cancel", ""); r.status != 202 {
+		t.Errorf("cancelling an ended batch: %d %s", r.status, r.body)
+	}
+	if r := e.do("POST", "/v1/workflows/nope/cancel", ""); r.status != 404 {
+		t.Errorf("cancelling an unknown workflow: %d %s", r.status, r.body)
+	}
+}
