@@ -36,6 +36,10 @@
 //	<prefix>:partitions               hash: queue -> partition count
 //	<prefix>:limits                   hash: queue -> "<version>:<concurrency>:<rate>:<per ms>" (Admin.SetQueueLimits)
 //	<prefix>:events                   hash: queue -> "1" or "0": whether it records task events (SetEvents)
+//	<prefix>:{f:<id>}                 hash: a workflow's or batch's steps and counts (see flow.lua)
+//	<prefix>:{f:<id>}:failed          list: task IDs of its steps that failed
+//	<prefix>:{f:<id>}:names           list: its step names, in the order they were added
+//	<prefix>:flows:w, :b              zset: workflow / batch ID -> creation time (ms), for listing
 //
 // All times are the Redis server's clock (TIME): a process whose own clock
 // runs fast or slow neither starts a task before it is due nor misjudges a
