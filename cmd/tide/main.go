@@ -206,7 +206,10 @@ type cmdOpts struct {
 	lim         limitsOpts      // limits set
 	offset      int             // workflows ls, batches ls
 	limit       int             // workflows ls, batches ls
-	timeout     durationFlag    // tasks wait
+	timeout     durationFlag    // tasks wait, events tail
+	after       string          // events tail --after
+	afterSet    bool            // --after was given
+	oldest      bool            // events tail --oldest
 }
 
 var commands []*command
@@ -241,6 +244,7 @@ var groups = map[string]string{
 	"limits":    "show and change a queue's flow-control limits",
 	"workflows": "inspect and cancel workflows, DAGs of tasks",
 	"batches":   "inspect and cancel batches of tasks",
+	"events":    "record task events and follow them",
 }
 
 // groupDefaults are the subcommands a group runs when none is given.
@@ -404,8 +408,9 @@ Exit codes:
   1  the operation failed (Redis unreachable, task in the wrong state, ...)
   2  usage error (unknown command, bad flag or argument)
   3  the task, queue, workflow or batch was not found (pause, unpause,
-     limits set and queues rm: the queue never had a task; pause, unpause
-     and limits set --force act anyway)
+     limits set, events on and off, and queues rm: the queue never had a
+     task; pause, unpause, limits set and events on and off --force act
+     anyway)
   4  tasks wait: the task failed (it was archived)
   5  tasks wait: --timeout passed before the task finished
 
@@ -426,6 +431,8 @@ Examples:
   tide workflows show fulfil-order-42           # its steps: state, task, what they run after, errors
   tide workflows cancel fulfil-order-42         # start no more of its steps, stop the running ones
   tide batches show b01J0Q3ZP6W5X8K2N4M7R9T1V3  # succeeded, failed, pending, the failed task IDs
+  tide events on orders                         # record its tasks' events (off by default)
+  tide events tail orders --json                # each event as it happens, until Ctrl-C
   tide dash                                     # the web dashboard, on 127.0.0.1:8080
   TIDE_DASH_TOKEN=... tide dash --addr :8080    # ... on every interface, with a login for changes
   TIDE_GATEWAY_TOKENS=... tide serve            # the HTTP gateway for other languages
@@ -510,6 +517,6 @@ func init() {
 	commands = []*command{
 		cmdQueues, cmdQueuesRepartition, cmdQueuesRm, cmdTasksLs, cmdTasksShow, cmdTasksDelete, cmdTasksRun, cmdTasksArchive, cmdTasksCancel, cmdTasksWait,
 		cmdWorkflowsLs, cmdWorkflowsShow, cmdWorkflowsCancel, cmdBatchesLs, cmdBatchesShow, cmdBatchesCancel,
-		cmdPause, cmdUnpause, cmdLimitsGet, cmdLimitsSet, cmdGroups, cmdServers, cmdStats, cmdCronLs, cmdDash, cmdServe, cmdVersion,
+		cmdPause, cmdUnpause, cmdLimitsGet, cmdLimitsSet, cmdEventsOn, cmdEventsOff, cmdEventsTail, cmdGroups, cmdServers, cmdStats, cmdCronLs, cmdDash, cmdServe, cmdVersion,
 	}
 }
