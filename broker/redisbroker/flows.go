@@ -79,10 +79,13 @@ func (b *Broker) CreateFlow(ctx context.Context, f *broker.Flow) ([]broker.Ready
 	case "exists":
 		return nil, fmt.Errorf("%w: %q", broker.ErrFlowExists, f.ID)
 	case "new":
-		if err := b.rdb.ZAdd(ctx, b.flowIndex(f.Kind), redis.Z{Score: float64(f.CreatedAt.UnixMilli()), Member: f.ID}).Err(); err != nil {
-			return nil, callErr("index flow "+f.ID, classify(err))
-		}
 		b.sweepFlowIndex(ctx, f.Kind)
+	}
+	// Indexed whether this call or an earlier one created the flow: a
+	// create re-sent after its reply was lost answers "ok", and the index
+	// must not miss it. ZADD NX keeps the first creation time.
+	if err := b.rdb.ZAddNX(ctx, b.flowIndex(f.Kind), redis.Z{Score: float64(f.CreatedAt.UnixMilli()), Member: f.ID}).Err(); err != nil {
+		return nil, callErr("index flow "+f.ID, classify(err))
 	}
 	var calls []*call
 	for start := 0; start < len(f.Steps); start += flowChunk {
