@@ -2,6 +2,7 @@ package membroker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -48,6 +49,21 @@ func (b *Broker) flowLocked(id string) *flow {
 		return nil
 	}
 	return f
+}
+
+// onFlow runs fn on flow id under flowsMu; ErrFlowNotFound when there is
+// no such flow (or its retention passed).
+func (b *Broker) onFlow(ctx context.Context, id string, fn func(f *flow) error) error {
+	if err := b.check(ctx); err != nil {
+		return err
+	}
+	b.flowsMu.Lock()
+	defer b.flowsMu.Unlock()
+	f := b.flowLocked(id)
+	if f == nil {
+		return fmt.Errorf("%w: %q", broker.ErrFlowNotFound, id)
+	}
+	return fn(f)
 }
 
 // CreateFlow implements broker.Flows.
@@ -179,107 +195,101 @@ func (f *flow) end(now time.Time) {
 
 // EndStep implements broker.Flows.
 func (b *Broker) EndStep(ctx context.Context, id, step, taskID string, succeeded bool, reason string) ([]broker.ReadyStep, error) {
-	if err := b.check(ctx); err != nil {
-		return nil, err
-	}
-	b.flowsMu.Lock()
-	defer b.flowsMu.Unlock()
-	f := b.flowLocked(id)
-	var s *flowStep
-	if f != nil {
-		s = f.steps[step]
-	}
-	if s == nil || s.id != taskID {
-		return nil, fmt.Errorf("%w: %q has no step %q with task %q", broker.ErrFlowNotFound, id, step, taskID)
-	}
-	if s.state == 'r' || s.state == 'e' {
-		switch {
-		case succeeded:
-			f.tally(s, 'S', "")
-		case f.state == tidetype.FlowCanceled:
-			f.tally(s, 'C', reason)
-		default:
-			if f.tally(s, 'F', reason) {
-				f.failed = append(f.failed, s.id)
-			}
+	var ready []broker.ReadyStep
+	err := b.onFlow(ctx, id, func(f *flow) error {
+		s := f.steps[step]
+		if s == nil || s.id != taskID {
+			return fmt.Errorf("%w: %q has no step %q with task %q", broker.ErrFlowNotFound, id, step, taskID)
 		}
-		type work struct {
-			name string
-			ok   bool
+		if s.state == 'r' || s.state == 'e' {
+			f.endStep(s, succeeded, reason, b.Now())
 		}
-		todo := []work{{step, succeeded}}
-		for len(todo) > 0 {
-			w := todo[len(todo)-1]
-			todo = todo[:len(todo)-1]
-			for _, dn := range f.steps[w.name].dependents {
-				d := f.steps[dn]
-				if d.state != 'w' {
-					continue
-				}
-				if !w.ok && !d.runOnFailure {
-					f.tally(d, 'C', "tide: not run: step "+w.name+" did not succeed")
-					todo = append(todo, work{dn, false})
-				} else if d.left--; d.left <= 0 {
-					d.state = 'r'
-				}
-			}
-		}
-		f.end(b.Now())
-	}
-	return f.collect(step), nil
+		ready = f.collect(step)
+		return nil
+	})
+	return ready, err
 }
 
-// ReleaseSteps implements broker.Flows.
-func (b *Broker) ReleaseSteps(ctx context.Context, id string, steps []string) ([]string, error) {
-	if err := b.check(ctx); err != nil {
-		return nil, err
-	}
-	b.flowsMu.Lock()
-	defer b.flowsMu.Unlock()
-	f := b.flowLocked(id)
-	if f == nil {
-		return nil, nil
-	}
-	var canceled []string
-	for _, n := range steps {
-		s := f.steps[n]
-		switch {
-		case s == nil:
-		case s.state == 'r':
-			s.state, s.task = 'e', nil
-		case s.state == 'C':
-			canceled = append(canceled, n)
+// endStep records s's end and releases or cancels its dependents, and
+// theirs when cancelled.
+func (f *flow) endStep(s *flowStep, succeeded bool, reason string, now time.Time) {
+	switch {
+	case succeeded:
+		f.tally(s, 'S', "")
+	case f.state == tidetype.FlowCanceled:
+		f.tally(s, 'C', reason)
+	default:
+		if f.tally(s, 'F', reason) {
+			f.failed = append(f.failed, s.id)
 		}
 	}
-	return canceled, nil
+	type work struct {
+		name string
+		ok   bool
+	}
+	todo := []work{{s.name, succeeded}}
+	for len(todo) > 0 {
+		w := todo[len(todo)-1]
+		todo = todo[:len(todo)-1]
+		for _, dn := range f.steps[w.name].dependents {
+			d := f.steps[dn]
+			if d.state != 'w' {
+				continue
+			}
+			if !w.ok && !d.runOnFailure {
+				f.tally(d, 'C', "tide: not run: step "+w.name+" did not succeed")
+				todo = append(todo, work{dn, false})
+			} else if d.left--; d.left <= 0 {
+				d.state = 'r'
+			}
+		}
+	}
+	f.end(now)
+}
+
+// ReleaseSteps implements broker.Flows. A flow that is gone releases
+// nothing.
+func (b *Broker) ReleaseSteps(ctx context.Context, id string, steps []string) ([]string, error) {
+	var canceled []string
+	err := b.onFlow(ctx, id, func(f *flow) error {
+		for _, n := range steps {
+			s := f.steps[n]
+			switch {
+			case s == nil:
+			case s.state == 'r':
+				s.state, s.task = 'e', nil
+			case s.state == 'C':
+				canceled = append(canceled, n)
+			}
+		}
+		return nil
+	})
+	if errors.Is(err, broker.ErrFlowNotFound) {
+		err = nil
+	}
+	return canceled, err
 }
 
 // CancelFlow implements broker.Flows.
 func (b *Broker) CancelFlow(ctx context.Context, id string) ([]tidetype.StepInfo, error) {
-	if err := b.check(ctx); err != nil {
-		return nil, err
-	}
-	b.flowsMu.Lock()
-	defer b.flowsMu.Unlock()
-	f := b.flowLocked(id)
-	if f == nil {
-		return nil, fmt.Errorf("%w: %q", broker.ErrFlowNotFound, id)
-	}
-	if f.state != tidetype.FlowRunning {
-		return nil, nil
-	}
-	f.state = tidetype.FlowCanceled
 	var out []tidetype.StepInfo
-	for _, n := range f.names {
-		switch s := f.steps[n]; s.state {
-		case 'w', 'r':
-			f.tally(s, 'C', "tide: workflow cancelled")
-		case 'e':
-			out = append(out, s.info())
+	err := b.onFlow(ctx, id, func(f *flow) error {
+		if f.state != tidetype.FlowRunning {
+			return nil
 		}
-	}
-	f.end(b.Now())
-	return out, nil
+		f.state = tidetype.FlowCanceled
+		for _, n := range f.names {
+			switch s := f.steps[n]; s.state {
+			case 'w', 'r':
+				f.tally(s, 'C', "tide: workflow cancelled")
+			case 'e':
+				out = append(out, s.info())
+			}
+		}
+		f.end(b.Now())
+		return nil
+	})
+	return out, err
 }
 
 func stepState(c byte) tidetype.StepState {
@@ -317,31 +327,27 @@ func (f *flow) info(id string, steps bool) *tidetype.WorkflowInfo {
 
 // GetFlow implements broker.Flows.
 func (b *Broker) GetFlow(ctx context.Context, id string, steps bool) (*tidetype.WorkflowInfo, error) {
-	if err := b.check(ctx); err != nil {
-		return nil, err
-	}
-	b.flowsMu.Lock()
-	defer b.flowsMu.Unlock()
-	f := b.flowLocked(id)
-	if f == nil {
-		return nil, fmt.Errorf("%w: %q", broker.ErrFlowNotFound, id)
-	}
-	return f.info(id, steps), nil
+	var out *tidetype.WorkflowInfo
+	err := b.onFlow(ctx, id, func(f *flow) error {
+		out = f.info(id, steps)
+		return nil
+	})
+	return out, err
 }
 
 // GetStep implements broker.Flows.
 func (b *Broker) GetStep(ctx context.Context, id, step string) (*tidetype.StepInfo, error) {
-	if err := b.check(ctx); err != nil {
-		return nil, err
-	}
-	b.flowsMu.Lock()
-	defer b.flowsMu.Unlock()
-	f := b.flowLocked(id)
-	if f == nil || f.steps[step] == nil {
-		return nil, fmt.Errorf("%w: %q has no step %q", broker.ErrFlowNotFound, id, step)
-	}
-	s := f.steps[step].info()
-	return &s, nil
+	var out *tidetype.StepInfo
+	err := b.onFlow(ctx, id, func(f *flow) error {
+		s := f.steps[step]
+		if s == nil {
+			return fmt.Errorf("%w: %q has no step %q", broker.ErrFlowNotFound, id, step)
+		}
+		info := s.info()
+		out = &info
+		return nil
+	})
+	return out, err
 }
 
 // ListFlows implements broker.Flows.
