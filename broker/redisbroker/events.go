@@ -179,28 +179,13 @@ func (b *Broker) ReadEvents(ctx context.Context, queues []string, after string) 
 	if err := r.start(ctx, after, token); err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	b.subsMu.Lock()
-	if b.closed.Load() {
-		b.subsMu.Unlock()
-		cancel()
+	ctx, release, ok := b.track(ctx)
+	if !ok {
 		return nil, broker.ErrClosed
 	}
-	if b.subs == nil {
-		b.subs = map[int]func(){}
-	}
-	b.subSeq++
-	seq := b.subSeq
-	b.subs[seq] = cancel
-	b.subsMu.Unlock()
 	out := make(chan tidetype.TaskEvent)
 	go func() {
-		defer func() {
-			cancel()
-			b.subsMu.Lock()
-			delete(b.subs, seq)
-			b.subsMu.Unlock()
-		}()
+		defer release()
 		r.run(ctx, out)
 	}()
 	return out, nil

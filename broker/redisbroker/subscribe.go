@@ -24,25 +24,9 @@ func (b *Broker) Subscribe(ctx context.Context, queues []string) (<-chan broker.
 		chans[i] = b.channel(q)
 		byChan[chans[i]] = q
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	b.subsMu.Lock()
-	if b.closed.Load() {
-		b.subsMu.Unlock()
-		cancel()
+	ctx, done, ok := b.track(ctx)
+	if !ok {
 		return nil, broker.ErrClosed
-	}
-	if b.subs == nil {
-		b.subs = map[int]func(){}
-	}
-	b.subSeq++
-	seq := b.subSeq
-	b.subs[seq] = cancel
-	b.subsMu.Unlock()
-	done := func() {
-		cancel()
-		b.subsMu.Lock()
-		delete(b.subs, seq)
-		b.subsMu.Unlock()
 	}
 	ps := b.rdb.Subscribe(ctx, chans...)
 	if _, err := ps.Receive(ctx); err != nil {
@@ -142,4 +126,30 @@ func parseEvent(queue, s string) (broker.Event, bool) {
 		return broker.Event{Kind: broker.EventScheduled, Queue: queue, Partition: p, At: time.UnixMilli(at)}, true
 	}
 	return broker.Event{}, false
+}
+
+// track returns a context derived from ctx that Close cancels, for a
+// subscription or reader that must end with the broker, and the function
+// that cancels it and forgets it (call it when the subscription ends). ok
+// is false, and nothing is tracked, after Close.
+func (b *Broker) track(ctx context.Context) (_ context.Context, release func(), ok bool) {
+	ctx, cancel := context.WithCancel(ctx)
+	b.subsMu.Lock()
+	defer b.subsMu.Unlock()
+	if b.closed.Load() {
+		cancel()
+		return ctx, func() {}, false
+	}
+	if b.subs == nil {
+		b.subs = map[int]func(){}
+	}
+	b.subSeq++
+	seq := b.subSeq
+	b.subs[seq] = cancel
+	return ctx, func() {
+		cancel()
+		b.subsMu.Lock()
+		delete(b.subs, seq)
+		b.subsMu.Unlock()
+	}, true
 }

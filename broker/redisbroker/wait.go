@@ -201,25 +201,14 @@ func (h *waitHub) notify(queue, id string, q *waitQueue) {
 // closes; a subscription that breaks is made again, and every waiter looks
 // again in case an announcement was lost. Called with h.mu held.
 func (h *waitHub) start(b *Broker, queue string, q *waitQueue) {
-	ctx, cancel := context.WithCancel(context.Background())
-	b.subsMu.Lock()
-	if b.subs == nil {
-		b.subs = map[int]func(){}
-	}
-	b.subSeq++
-	seq := b.subSeq
-	b.subs[seq] = cancel
-	b.subsMu.Unlock()
+	// After Close the context is cancelled at once and the loop ends.
+	ctx, release, _ := b.track(context.Background())
 	var wg sync.WaitGroup
-	q.stop = func() { cancel(); wg.Wait() }
+	q.stop = func() { release(); wg.Wait() }
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		defer func() {
-			b.subsMu.Lock()
-			delete(b.subs, seq)
-			b.subsMu.Unlock()
-		}()
+		defer release()
 		first := true
 		for ctx.Err() == nil {
 			ps := b.rdb.Subscribe(ctx, b.doneChannel(queue))
