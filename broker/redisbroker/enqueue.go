@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
@@ -349,19 +350,17 @@ func (gs *grouping) add(p part, i int) {
 
 func (b *Broker) enqueueCall(p part, items []item, idx []int) *call {
 	rid, cache, exp := b.request(p)
+	if b.eventsArg(p) == "" && plainItems(items, idx) {
+		return b.enqueuePlainCall(p, items, idx, rid, cache, exp)
+	}
 	w := b.idemWindow.Milliseconds()
 	n := b.Now().UnixMilli() / w
 	args := make([]any, 0, 8+8*len(idx))
 	args = append(args, p.layout, rid, exp, p.channel, p.idx, (n+2)*w, b.Now().Add(waitRegistration).UnixMilli(), b.eventsArg(p))
 	for _, i := range idx {
 		t := items[i].t
-		kind := "p"
-		if t.State == tidetype.StateScheduled {
-			kind = "s"
-		}
-		if items[i].own {
-			kind = strings.ToUpper(kind)
-		} else if items[i].replace {
+		kind := taskKind(items[i])
+		if items[i].replace {
 			kind += "r"
 		}
 		if items[i].watch {
@@ -379,6 +378,61 @@ func (b *Broker) enqueueCall(p part, items []item, idx []int) *call {
 		args:   args,
 		queue:  p.queue,
 	}
+}
+
+// plainItems reports whether the tasks at idx are all plain: no unique key,
+// idempotency key, group, Replace or waiter. With events off for their
+// partition, enqueue_plain.lua stores them.
+func plainItems(items []item, idx []int) bool {
+	for _, i := range idx {
+		it := items[i]
+		if it.replace || it.watch || it.t.UniqueKey != "" || it.t.IdempotencyKey != "" || it.t.Group != "" {
+			return false
+		}
+	}
+	return true
+}
+
+// taskKind is the enqueue scripts' kind of a task: 'p' pending or 's'
+// scheduled, upper case when the broker chose its ID.
+func taskKind(it item) string {
+	switch {
+	case it.t.State == tidetype.StateScheduled && it.own:
+		return "S"
+	case it.t.State == tidetype.StateScheduled:
+		return "s"
+	case it.own:
+		return "P"
+	}
+	return "p"
+}
+
+// enqueuePlainCall is enqueueCall for plain tasks (plainItems) in a
+// partition that records no events: enqueue_plain.lua, with 6 keys and 4
+// arguments a task rather than 22 and 8. Its replies read as enqueue.lua's.
+// It sets the reply cache's expiry unless this process has seen a call do
+// so, and then again now and then in case the cache was deleted meanwhile.
+func (b *Broker) enqueuePlainCall(p part, items []item, idx []int, rid, cache string, exp int64) *call {
+	setExp := "1"
+	if v, ok := b.cacheExpiry.Load(p.base); ok && v.(string) == cache && rand.N(64) != 0 {
+		setExp = ""
+	}
+	args := make([]any, 0, 6+4*len(idx))
+	args = append(args, p.layout, rid, exp, p.channel, p.idx, setExp)
+	for _, i := range idx {
+		t := items[i].t
+		args = append(args, t.ID, codec.Encode(t, 0), taskKind(items[i]), t.NextProcessAt.UnixMilli())
+	}
+	c := &call{
+		script: b.s.enqueuePlain,
+		keys:   []string{p.k("t"), p.k("pending"), p.k("scheduled"), p.k("retry"), p.k("meta"), cache},
+		args:   args,
+		queue:  p.queue,
+	}
+	if setExp != "" {
+		c.expiry = [2]string{p.base, cache}
+	}
+	return c
 }
 
 // runAndWait runs the calls and then WAIT on every primary they touch: WAIT

@@ -313,18 +313,21 @@ type Broker struct {
 	clock          clock
 	newID          func() string // broker.NewID; tests replace it
 
-	batch     batcher
-	closed    atomic.Bool
-	waits     waitHub // Wait's subscriptions
-	subsMu    sync.Mutex
-	subs      map[int]func() // open subscriptions, ended by Close
-	subSeq    int
-	layouts   sync.Map // queue name -> layout
-	layoutMu  sync.Mutex
-	evictMu   sync.Mutex
-	evictDone atomic.Bool
-	evictErr  error
-	nextStart atomic.Uint32
+	batch   batcher
+	closed  atomic.Bool
+	waits   waitHub // Wait's subscriptions
+	subsMu  sync.Mutex
+	subs    map[int]func() // open subscriptions, ended by Close
+	subSeq  int
+	layouts sync.Map // queue name -> layout
+	// cacheExpiry maps a partition's key prefix to the last of its reply
+	// caches whose expiry a call of this process set (enqueuePlainCall).
+	cacheExpiry sync.Map
+	layoutMu    sync.Mutex
+	evictMu     sync.Mutex
+	evictDone   atomic.Bool
+	evictErr    error
+	nextStart   atomic.Uint32
 }
 
 var (

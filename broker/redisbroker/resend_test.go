@@ -109,6 +109,73 @@ func TestResentEnqueueStoresOnce(t *testing.T) {
 	}
 }
 
+// A re-sent Enqueue that arrives after its task already ran and was deleted
+// (a server was quicker than the client's read timeout) must not store the
+// task again: the reply cache, not the task's record, remembers the request.
+func TestResentEnqueueAfterTheTaskEnded(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		opts []tide.Option
+	}{
+		{"GeneratedID", nil},
+		{"TaskID", []tide.Option{tide.TaskID("order-cancel:43")}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFaulty(t)
+			ctx := context.Background()
+			// A worker that talks to Redis directly, beside the proxy.
+			worker := redisbroker.New(f.direct, redisbroker.WithPrefix(f.prefix))
+			t.Cleanup(func() { _ = worker.Close() })
+			f.proxy.DelayReplies(faultproxy.Commands("EVALSHA"), time.Second, 1)
+			type result struct {
+				info *tide.TaskInfo
+				err  error
+			}
+			done := make(chan result, 1)
+			go func() {
+				info, err := f.c.Enqueue(ctx, tide.NewTask("t", []byte("p")), append(c.opts, tide.Queue("q"))...)
+				done <- result{info, err}
+			}()
+			// The first run stored the task; its reply is held. Run the
+			// task to its end (no retention: the record goes) before the
+			// client's read timeout sends the call again.
+			var ran string
+			for deadline := time.Now().Add(10 * time.Second); ran == ""; {
+				if time.Now().After(deadline) {
+					t.Fatal("the task never appeared")
+				}
+				ds, err := worker.Dequeue(ctx, []string{"q"}, 1, time.Minute)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(ds) == 0 {
+					time.Sleep(time.Millisecond)
+					continue
+				}
+				if errs, err := worker.Settle(ctx, []broker.Settlement{{Lease: ds[0].Lease(), Kind: broker.SettleDone}}); err != nil || errs[0] != nil {
+					t.Fatal(errs, err)
+				}
+				ran = ds[0].Task.ID
+			}
+			r := <-done
+			if r.err != nil {
+				t.Fatalf("Enqueue after a re-send: %v", r.err)
+			}
+			if f.proxy.Seen("EVALSHA") < 2 {
+				t.Fatal("the enqueue was not sent again: the fault did not happen")
+			}
+			if r.info.ID != ran {
+				t.Fatalf("Enqueue reported task %q, the worker ran %q", r.info.ID, ran)
+			}
+			if n := f.stored(t); n != 0 {
+				t.Fatalf("%d tasks stored after the only one ran: the re-send stored it again", n)
+			}
+		})
+	}
+}
+
 // A re-sent Dequeue returns the tasks its first run leased instead of
 // leasing more to nobody: with MaxRetry(0) the task still runs, once.
 func TestResentDequeueLeasesToNobody(t *testing.T) {
@@ -282,5 +349,61 @@ func TestResentGroupedCallsCountOnce(t *testing.T) {
 	gs, err := f.b.Groups(ctx, "g", 10)
 	if err != nil || len(gs) != 0 {
 		t.Fatalf("Groups after every task settled: %+v, %v; want none (no running count left over)", gs, err)
+	}
+}
+
+// Every reply cache expires, also when plain enqueues leave setting the
+// expiry to the first call of each cache, and also when a cache is deleted
+// under a process that had seen its expiry set.
+func TestReplyCachesExpire(t *testing.T) {
+	t.Parallel()
+	addr := redistest.Addr(t)
+	rdb := redistest.Client(t, addr)
+	prefix := redistest.Prefix(t)
+	b := redisbroker.New(rdb, redisbroker.WithPrefix(prefix), redisbroker.WithReplayWindow(time.Second))
+	t.Cleanup(func() { _ = b.Close() })
+	c := tide.NewClient(b)
+	ctx := context.Background()
+	caches := func() []string {
+		keys, err := rdb.Keys(ctx, prefix+":{q:0}:rq:*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return keys
+	}
+	noForever := func(when string) {
+		t.Helper()
+		for _, k := range caches() {
+			if ttl, err := rdb.Do(ctx, "PTTL", k).Int64(); err != nil || ttl == -1 {
+				t.Fatalf("%s: reply cache %s has no expiry (PTTL %d, %v)", when, k, ttl, err)
+			}
+		}
+	}
+	enqueue := func(n int) {
+		t.Helper()
+		for range n {
+			if _, err := c.Enqueue(ctx, tide.NewTask("t", nil), tide.Queue("q")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Several slices of the 1s window (a slice is a second at least).
+	for deadline := time.Now().Add(2500 * time.Millisecond); time.Now().Before(deadline); {
+		enqueue(20)
+		noForever("while enqueueing")
+	}
+	// A cache deleted under the process: a later call sets its expiry again.
+	for _, k := range caches() {
+		rdb.Del(ctx, k)
+	}
+	enqueue(2000)
+	noForever("after the cache was deleted")
+	// All of them go within the window and a slice.
+	deadline := time.Now().Add(10 * time.Second)
+	for len(caches()) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("reply caches still there 10s after the last call: %v", caches())
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

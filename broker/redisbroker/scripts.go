@@ -13,7 +13,7 @@ var scriptFS embed.FS
 // scripts holds every state-changing script, each prefixed with the helpers
 // of lib.lua and groups.lua it uses.
 type scripts struct {
-	enqueue, dequeue, extend, settle, setResult, remove, maintain, admin, move, registry, drop, limits, share, wait, progress, flow *redis.Script
+	enqueue, enqueuePlain, dequeue, extend, settle, setResult, remove, maintain, admin, move, registry, drop, limits, share, wait, progress, flow *redis.Script
 }
 
 func loadScripts() *scripts {
@@ -23,22 +23,23 @@ func loadScripts() *scripts {
 		return redis.NewScript(lib.prelude(body) + body)
 	}
 	return &scripts{
-		enqueue:   s("enqueue.lua"),
-		dequeue:   s("dequeue.lua"),
-		extend:    s("extend.lua"),
-		settle:    s("settle.lua"),
-		setResult: s("setresult.lua"),
-		remove:    s("remove.lua"),
-		maintain:  s("maintain.lua"),
-		admin:     s("admin.lua"),
-		move:      s("move.lua"),
-		registry:  s("registry.lua"),
-		drop:      s("drop.lua"),
-		limits:    s("limits.lua"),
-		share:     s("share.lua"),
-		wait:      s("wait.lua"),
-		progress:  s("progress.lua"),
-		flow:      s("flow.lua"),
+		enqueue:      s("enqueue.lua"),
+		enqueuePlain: s("enqueue_plain.lua"),
+		dequeue:      s("dequeue.lua"),
+		extend:       s("extend.lua"),
+		settle:       s("settle.lua"),
+		setResult:    s("setresult.lua"),
+		remove:       s("remove.lua"),
+		maintain:     s("maintain.lua"),
+		admin:        s("admin.lua"),
+		move:         s("move.lua"),
+		registry:     s("registry.lua"),
+		drop:         s("drop.lua"),
+		limits:       s("limits.lua"),
+		share:        s("share.lua"),
+		wait:         s("wait.lua"),
+		progress:     s("progress.lua"),
+		flow:         s("flow.lua"),
 	}
 }
 

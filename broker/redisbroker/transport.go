@@ -24,6 +24,11 @@ type call struct {
 	args   []any
 	queue  string // whose layout the script checks
 
+	// expiry names, for a call that sets its reply cache's expiry, the
+	// partition (its key prefix) and the cache: once the call succeeds,
+	// the partition's later calls on that cache need not set it again.
+	expiry [2]string
+
 	cmd *redis.Cmd
 	err error // after run: nil, or classified (see classify)
 }
@@ -63,6 +68,9 @@ func (b *Broker) run(ctx context.Context, calls []*call) {
 			c.err = classify(c.cmd.Err())
 			if lerr, ok := b.layoutRefused(c.queue, c.cmd.Err()); ok {
 				c.err = lerr
+			}
+			if c.err == nil && c.expiry[0] != "" {
+				b.cacheExpiry.Store(c.expiry[0], c.expiry[1])
 			}
 			if errors.Is(c.err, broker.ErrOutcomeUnknown) {
 				again = append(again, c)
