@@ -49,6 +49,7 @@ func run() int {
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the bench process (clients and servers of both systems) to this file")
 	crashCap := flag.Duration("crash-cap", 0, "give up waiting for a crashed task after this long (default 120s, 15s with -quick)")
 	soak := flag.Duration("soak", 0, "how long the soak workload runs (default 30s, 15s with -quick)")
+	rounds := flag.Int("rounds", 1, "run the selected workloads this many times in turn (floor, tide, asynq, floor, ...) and report each figure's median; the ratios are the medians of each round's ratio, so that a machine whose speed drifts compares figures measured minutes apart less often")
 	flag.Parse()
 
 	sz := fullSizes()
@@ -63,6 +64,10 @@ func run() int {
 		sz.soakEvery = min(max(*soak/60, time.Second), 5*time.Second)
 	}
 
+	if *rounds < 1 {
+		fmt.Fprintf(os.Stderr, "bench: -rounds %d: want at least 1\n", *rounds)
+		return 2
+	}
 	sel, err := selectWorkloads(workloads(sz), *only)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -121,49 +126,57 @@ func run() int {
 	}
 
 	e := &env{addr: addr, admin: admin, sz: sz}
-	out := map[string]map[string]val{sysTide: {}, sysAsynq: {}, sysFloor: {}}
+	var perRound []figures
 	failed := map[string]map[string]string{sysTide: {}, sysAsynq: {}, sysFloor: {}}
 	started := time.Now()
-	for _, w := range sel {
-		runKinds := kinds
-		if w.once {
-			runKinds = []string{sysFloor}
+	for round := range *rounds {
+		out := figures{sysTide: {}, sysAsynq: {}, sysFloor: {}}
+		perRound = append(perRound, out)
+		if *rounds > 1 {
+			fmt.Fprintf(os.Stderr, "round %d of %d\n", round+1, *rounds)
 		}
-		if w.systems != nil {
-			runKinds = nil
-			for _, k := range kinds {
-				if has(w.systems, k) {
-					runKinds = append(runKinds, k)
-				}
+		for _, w := range sel {
+			runKinds := kinds
+			if w.once {
+				runKinds = []string{sysFloor}
 			}
-		}
-		for _, k := range runKinds {
-			fmt.Fprintf(os.Stderr, "[%6.1fs] %-8s %-6s ...", time.Since(started).Seconds(), w.name, k)
-			t0 := time.Now()
-			res, err := runOne(ctx, e, w, k)
-			if err != nil {
-				fmt.Fprintf(os.Stderr, " FAILED (%v): %v\n", time.Since(t0).Round(time.Millisecond), err)
-				for _, f := range w.figs {
-					if f.only == "" || f.only == k {
-						failed[k][f.key] = err.Error()
+			if w.systems != nil {
+				runKinds = nil
+				for _, k := range kinds {
+					if has(w.systems, k) {
+						runKinds = append(runKinds, k)
 					}
 				}
-				continue
 			}
-			fmt.Fprintf(os.Stderr, " done (%v)\n", time.Since(t0).Round(time.Millisecond))
-			for _, f := range w.figs {
-				if f.only != "" && f.only != k {
+			for _, k := range runKinds {
+				fmt.Fprintf(os.Stderr, "[%6.1fs] %-8s %-6s ...", time.Since(started).Seconds(), w.name, k)
+				t0 := time.Now()
+				res, err := runOne(ctx, e, w, k)
+				if err != nil {
+					fmt.Fprintf(os.Stderr, " FAILED (%v): %v\n", time.Since(t0).Round(time.Millisecond), err)
+					for _, f := range w.figs {
+						if f.only == "" || f.only == k {
+							failed[k][f.key] = err.Error()
+						}
+					}
 					continue
 				}
-				v, ok := res[f.key]
-				if !ok {
-					failed[k][f.key] = "workload returned no value"
-					continue
+				fmt.Fprintf(os.Stderr, " done (%v)\n", time.Since(t0).Round(time.Millisecond))
+				for _, f := range w.figs {
+					if f.only != "" && f.only != k {
+						continue
+					}
+					v, ok := res[f.key]
+					if !ok {
+						failed[k][f.key] = "workload returned no value"
+						continue
+					}
+					out[k][f.key] = v
 				}
-				out[k][f.key] = v
 			}
 		}
 	}
+	out := medians(perRound)
 
 	// The table.
 	fmt.Println("tide vs asynq: side-by-side benchmark")
@@ -174,6 +187,9 @@ func run() int {
 	}
 	fmt.Printf("redis: %s, %s   asynq: %s   go-redis: %s\n", redisVersion, where, depVersion("github.com/hibiken/asynq"), depVersion("github.com/redis/go-redis/v9"))
 	fmt.Printf("command: %s\n", commandLine())
+	if *rounds > 1 {
+		fmt.Printf("rounds: %d; each figure is the median of its rounds\n", *rounds)
+	}
 	fmt.Println("ratio: > 1 means tide is better (throughput: tide ÷ asynq; latency, lateness, memory, commands: asynq ÷ tide)")
 	fmt.Println()
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
@@ -213,7 +229,7 @@ func run() int {
 		}
 	}
 	tw.Flush()
-	printGoals(out)
+	printGoals(out, perRound)
 	if len(e.notes) > 0 {
 		fmt.Println()
 		fmt.Println("notes:")
@@ -405,9 +421,57 @@ var goals = []goal{
 	{"wait: asynq enqueue+poll p50, 16 goroutines ÷ floor p50, 16 clients (asynq's run)", [2]string{sysAsynq, "wait16p50"}, [2]string{sysAsynq, "waitFl16p50"}, 0, ""},
 }
 
+// figures holds one run's figures: system -> figure key -> value.
+type figures map[string]map[string]val
+
+// medians returns each figure's median over the rounds that measured it (a
+// figure is "at least" when any round's was).
+func medians(rounds []figures) figures {
+	if len(rounds) == 1 {
+		return rounds[0]
+	}
+	out := figures{}
+	for _, r := range rounds {
+		for k, m := range r {
+			if out[k] == nil {
+				out[k] = map[string]val{}
+			}
+			for key := range m {
+				if _, done := out[k][key]; done {
+					continue
+				}
+				var xs []float64
+				atLeast := false
+				for _, r2 := range rounds {
+					if v, ok := r2[k][key]; ok {
+						xs = append(xs, v.v)
+						atLeast = atLeast || v.atLeast
+					}
+				}
+				out[k][key] = val{v: median(xs), atLeast: atLeast}
+			}
+		}
+	}
+	return out
+}
+
+// roundRatios returns goal g's ratio in each round that measured both its
+// figures.
+func roundRatios(rounds []figures, g goal) []float64 {
+	var rs []float64
+	for _, r := range rounds {
+		n, nok := r[g.num[0]][g.num[1]]
+		d, dok := r[g.den[0]][g.den[1]]
+		if nok && dok && d.v > 0 {
+			rs = append(rs, n.v/d.v)
+		}
+	}
+	return rs
+}
+
 // printGoals prints the ratios against the physical floor and the goals set
 // for them, for those whose figures this run measured.
-func printGoals(out map[string]map[string]val) {
+func printGoals(out figures, perRound []figures) {
 	var lines []string
 	width := 58
 	for _, g := range goals {
@@ -424,6 +488,10 @@ func printGoals(out map[string]map[string]val) {
 			continue
 		}
 		r := n.v / d.v
+		each := roundRatios(perRound, g)
+		if len(each) > 1 {
+			r = median(each)
+		}
 		line := fmt.Sprintf("  %s%s %6.2f", g.what, strings.Repeat(" ", width-len([]rune(g.what))), r)
 		if g.target > 0 {
 			verdict := "MET"
@@ -431,6 +499,13 @@ func printGoals(out map[string]map[string]val) {
 				verdict = "MISSED"
 			}
 			line += fmt.Sprintf("   goal %s: %s", g.targetText, verdict)
+		}
+		if len(each) > 1 {
+			parts := make([]string, len(each))
+			for i, x := range each {
+				parts[i] = fmt.Sprintf("%.2f", x)
+			}
+			line += "   rounds: " + strings.Join(parts, " ")
 		}
 		lines = append(lines, line)
 	}

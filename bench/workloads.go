@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -136,7 +137,14 @@ type env struct {
 	notes []string
 }
 
-func (e *env) note(format string, a ...any) { e.notes = append(e.notes, fmt.Sprintf(format, a...)) }
+// note adds a line to the notes under the table, once (a workload run in
+// several rounds notes the same thing each time).
+func (e *env) note(format string, a ...any) {
+	n := fmt.Sprintf(format, a...)
+	if !slices.Contains(e.notes, n) {
+		e.notes = append(e.notes, n)
+	}
+}
 
 func (e *env) flush(ctx context.Context) error { return e.admin.FlushAll(ctx).Err() }
 
