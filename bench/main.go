@@ -24,6 +24,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -49,7 +50,7 @@ func run() int {
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the bench process (clients and servers of both systems) to this file")
 	crashCap := flag.Duration("crash-cap", 0, "give up waiting for a crashed task after this long (default 120s, 15s with -quick)")
 	soak := flag.Duration("soak", 0, "how long the soak workload runs (default 30s, 15s with -quick)")
-	rounds := flag.Int("rounds", 1, "run the selected workloads this many times in turn (floor, tide, asynq, floor, ...) and report each figure's median; the ratios are the medians of each round's ratio, so that a machine whose speed drifts compares figures measured minutes apart less often")
+	rounds := flag.Int("rounds", 1, "run the selected workloads this many times in turn (floor, tide, asynq, then floor, asynq, tide, ...) and report each figure's median; the ratios are the medians of each round's ratio, so that a machine whose speed drifts compares figures measured minutes apart less often")
 	flag.Parse()
 
 	sz := fullSizes()
@@ -147,6 +148,12 @@ func run() int {
 						runKinds = append(runKinds, k)
 					}
 				}
+			}
+			if round%2 == 1 {
+				// Every other round the other system goes first: the first
+				// one after the floor measured slower here, whichever it was.
+				runKinds = slices.Clone(runKinds)
+				slices.Reverse(runKinds)
 			}
 			for _, k := range runKinds {
 				fmt.Fprintf(os.Stderr, "[%6.1fs] %-8s %-6s ...", time.Since(started).Seconds(), w.name, k)
