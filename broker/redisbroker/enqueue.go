@@ -423,9 +423,12 @@ func (b *Broker) enqueuePlainCall(p part, items []item, idx []int, rid, cache st
 		t := items[i].t
 		args = append(args, t.ID, codec.Encode(t, 0), taskKind(items[i]), t.NextProcessAt.UnixMilli())
 	}
+	keys := make([]string, len(p.plainKeys)+1)
+	copy(keys, p.plainKeys[:])
+	keys[len(p.plainKeys)] = cache
 	c := &call{
 		script: b.s.enqueuePlain,
-		keys:   []string{p.k("t"), p.k("pending"), p.k("scheduled"), p.k("retry"), p.k("meta"), cache},
+		keys:   keys,
 		args:   args,
 		queue:  p.queue,
 	}

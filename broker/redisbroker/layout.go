@@ -37,6 +37,9 @@ type layout struct {
 	// events: the queue records task events (see events.go), as read with
 	// the layout.
 	events bool
+	// parts names the current span's partitions, once when the layout is
+	// loaded rather than on every call (nil in a layout not from loadLayout).
+	parts []part
 }
 
 // total is the number of partitions to serve and maintain: the current
@@ -60,6 +63,9 @@ func (l layout) metaOf(old bool) string {
 // partAt returns partition i of the layout: 0..cur.n-1 are the current
 // span's, the rest the old span's while a repartition runs.
 func (b *Broker) partAt(queue string, l layout, i int) part {
+	if i < len(l.parts) {
+		return l.parts[i]
+	}
 	if i < l.cur.n {
 		return b.spanPart(queue, l, l.cur, i, i, false)
 	}
@@ -71,20 +77,25 @@ func (b *Broker) spanPart(queue string, l layout, s span, p, idx int, old bool) 
 	if s.epoch > 0 {
 		tag += "@" + strconv.Itoa(s.epoch)
 	}
+	base := b.prefix + ":{" + tag + "}:"
 	return part{
-		queue:   queue,
-		idx:     idx,
-		old:     old,
-		layout:  l.metaOf(old),
-		events:  l.events,
-		base:    b.prefix + ":{" + tag + "}:",
-		channel: b.channel(queue),
+		queue:     queue,
+		idx:       idx,
+		old:       old,
+		layout:    l.metaOf(old),
+		events:    l.events,
+		base:      base,
+		channel:   b.channel(queue),
+		plainKeys: [5]string{base + "t", base + "pending", base + "scheduled", base + "retry", base + "meta"},
 	}
 }
 
 // partOf returns the partition of task id in the current span.
 func (b *Broker) partOf(queue string, l layout, id string) part {
 	p := broker.Partition(id, l.cur.n)
+	if p < len(l.parts) {
+		return l.parts[p]
+	}
 	return b.spanPart(queue, l, l.cur, p, p, false)
 }
 
@@ -194,6 +205,10 @@ func (b *Broker) loadLayout(ctx context.Context, queue string) (layout, error) {
 		if got := m.Val(); got != p.layout && !(p.old && (got == "retired" || got == "" || got == l.old.tag())) {
 			return layout{}, fmt.Errorf("%w: partition %d of queue %q records layout %q but the queue's is %q", broker.ErrLayout, i, queue, got, l.tag)
 		}
+	}
+	l.parts = make([]part, l.cur.n)
+	for i := range l.parts {
+		l.parts[i] = b.spanPart(queue, l, l.cur, i, i, false)
 	}
 	b.layouts.Store(queue, cachedLayout{l: l, at: time.Now()})
 	return l, nil

@@ -411,6 +411,9 @@ type part struct {
 	events  bool   // the queue records task events
 	base    string // "<prefix>:{<queue>:<p>[@<epoch>]}:"
 	channel string
+	// plainKeys are the keys of enqueue_plain.lua but the reply cache,
+	// named with the partition.
+	plainKeys [5]string
 }
 
 func (b *Broker) channel(queue string) string { return b.prefix + ":ev:" + queue }
