@@ -73,6 +73,7 @@ func Run(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
 		{"FIFO", testFIFO},
 		{"QueueOrder", testQueueOrder},
 		{"DequeueLimit", testDequeueLimit},
+		{"LargeBatch", testLargeBatch},
 		{"IDConflict", testIDConflict},
 		{"MixedBatch", testMixedBatch},
 		{"Unique", testUnique},
@@ -271,6 +272,75 @@ func testDequeueLimit(t *testing.T, b broker.Broker) {
 	for _, c := range []struct{ n, want int }{{2, 2}, {10, 3}, {10, 0}} {
 		if ds := dequeue(t, b, []string{"q"}, c.n, time.Minute); len(ds) != c.want {
 			t.Fatalf("Dequeue(n=%d) returned %d deliveries, want %d", c.n, len(ds), c.want)
+		}
+	}
+}
+
+// testLargeBatch leases 5,000 tasks in one Dequeue and settles them in one
+// Settle (past the thousand members a Redis script writes with one command):
+// every task is leased once with its own token, and after the settlement
+// none is left, active or anywhere.
+func testLargeBatch(t *testing.T, b broker.Broker) {
+	const n = 5000
+	msgs := make([]*tidetype.TaskInfo, n)
+	for i := range msgs {
+		msgs[i] = newMsg("big", fmt.Sprintf("t%04d", i))
+	}
+	enqueue(t, b, msgs...)
+	var ds []*broker.Delivery
+	for len(ds) < n {
+		got := dequeue(t, b, []string{"big"}, n-len(ds), time.Minute)
+		if len(got) == 0 {
+			t.Fatalf("Dequeue returned nothing after %d of %d tasks", len(ds), n)
+		}
+		ds = append(ds, got...)
+	}
+	seen := map[string]bool{}
+	tokens := map[uint64]bool{}
+	for _, d := range ds {
+		if seen[d.Task.ID] {
+			t.Fatalf("task %s leased twice", d.Task.ID)
+		}
+		seen[d.Task.ID] = true
+		if tokens[d.Token] {
+			t.Fatalf("token %d handed out twice", d.Token)
+		}
+		tokens[d.Token] = true
+		if d.Task.State != tidetype.StateActive {
+			t.Fatalf("leased task %s is %v", d.Task.ID, d.Task.State)
+		}
+	}
+	if got := get(t, b, "big", ds[n-1].Task.ID); got.State != tidetype.StateActive {
+		t.Fatalf("a leased task reads back as %v", got.State)
+	}
+	ss := make([]broker.Settlement, n)
+	for i, d := range ds {
+		ss[i] = outcomeOf(d, broker.SettleDone)
+	}
+	errs, err := b.Settle(t.Context(), ss)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range errs {
+		if e != nil {
+			t.Fatalf("settlement %d: %v", i, e)
+		}
+	}
+	if ds := dequeue(t, b, []string{"big"}, 10, time.Minute); len(ds) != 0 {
+		t.Fatalf("%d tasks leased again after all were settled", len(ds))
+	}
+	for _, d := range []*broker.Delivery{ds[0], ds[n/2], ds[n-1]} {
+		if _, err := b.GetTask(t.Context(), "big", d.Task.ID); !errors.Is(err, broker.ErrTaskNotFound) {
+			t.Fatalf("task %s after it was settled done: %v", d.Task.ID, err)
+		}
+	}
+	if a, ok := b.(broker.Admin); ok {
+		st, err := a.QueueInfo(t.Context(), "big")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Active != 0 || st.Pending != 0 {
+			t.Fatalf("after settling every task: %d active, %d pending", st.Active, st.Pending)
 		}
 	}
 }

@@ -204,12 +204,17 @@ local exp = now + tonumber(ARGV[5])
 local tok = next_tokens(KEYS[9], #ids)
 local E = ev_new(KEYS[20], ARGV[8])
 local out, leased = {}, {}
+-- The leased records and their leases are written with one HSET and one
+-- ZADD after the loop (call_many).
+local recs, act = {}, {}
 for _, id in ipairs(ids) do
   local rec = redis.call('HGET', KEYS[1], id)
   if rec_ok(rec) then
     rec = rec_patch(rec, 2, tok, nil, nil, nil, nil)
-    redis.call('HSET', KEYS[1], id, rec)
-    redis.call('ZADD', KEYS[3], exp, id)
+    recs[#recs + 1] = id
+    recs[#recs + 1] = rec
+    act[#act + 1] = exp
+    act[#act + 1] = id
     out[#out + 1] = id
     out[#out + 1] = rec
     leased[#leased + 1] = id
@@ -230,13 +235,15 @@ for _, id in ipairs(ids) do
     end
   end
 end
+call_many('HSET', KEYS[1], recs, 2)
+call_many('ZADD', KEYS[3], act, 2)
 if per and #leased > 0 then
   local starts = {}
   for i = 2, #leased, 2 do
     starts[#starts + 1] = now
     starts[#starts + 1] = string.format('%d', leased[i])
   end
-  redis.call('ZADD', KEYS[13], unpack(starts))
+  call_many('ZADD', KEYS[13], starts, 2)
   redis.call('PEXPIRE', KEYS[13], per)
 end
 ev_flush(E)

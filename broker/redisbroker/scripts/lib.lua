@@ -105,6 +105,17 @@ local function req_put(cache, rid, reply, expire_at)
   redis.call('PEXPIREAT', cache, expire_at)
 end
 
+-- call_many runs command cmd on key once for the arguments in list xs
+-- (members, or pairs such as score and member when step is 2), in chunks of
+-- a thousand members: one command for a whole batch costs a fraction of one
+-- a member, and Lua's unpack takes a few thousand values at most.
+local function call_many(cmd, key, xs, step)
+  local n = 1000 * step
+  for i = 1, #xs, n do
+    redis.call(cmd, key, unpack(xs, i, math.min(i + n - 1, #xs)))
+  end
+end
+
 -- next_tokens reserves n fencing tokens from the partition's sequence and
 -- returns the first. Tokens grow with Redis time in microseconds, so they
 -- never repeat, also not across the partitions of a new layout.

@@ -70,6 +70,9 @@ local now = nil
 if W then now = redis_now() end
 local followed = false
 local E = ev_new(KEYS[26], ARGV[11])
+-- Tasks leaving active, and done tasks whose results and histories go, are
+-- removed with one command each after the loop (call_many).
+local left, gone = {}, {}
 for i = 12, #ARGV, 11 do
   local op, id, tok, a, b, c = ARGV[i], ARGV[i+1], tonumber(ARGV[i+2]), ARGV[i+3], ARGV[i+4], ARGV[i+5]
   local started, server = tonumber(ARGV[i+6]), ARGV[i+7]
@@ -83,7 +86,7 @@ for i = 12, #ARGV, 11 do
       op, b = 'a', b ~= '' and b or string.format('%d', redis_now())
       c = 'tide: task cancelled' .. (c ~= '' and ('; last error: ' .. c) or '')
     end
-    redis.call('ZREM', KEYS[2], id)
+    left[#left + 1] = id
     if E then
       local typ = rec_type(rec)
       if op == 'd' or op == 'c' then ev_add(E, 'd', id, typ)
@@ -100,8 +103,7 @@ for i = 12, #ARGV, 11 do
     if op == 'd' then
       release_uniq(rec, KEYS[9], id)
       redis.call('HDEL', KEYS[1], id)
-      redis.call('HDEL', KEYS[7], id)
-      redis.call('HDEL', KEYS[13], id) -- a retried or deferred task has a history
+      gone[#gone + 1] = id -- its result, and history if retried or deferred
       if progress then redis.call('HDEL', KEYS[22], id) end
       if g then redis.call('HDEL', G.id, id) end
       w_ended(W, id, 'd' .. string.format('%d', now or 0), now, ARGV[10])
@@ -147,6 +149,9 @@ for i = 12, #ARGV, 11 do
     out[#out + 1] = '0'
   end
 end
+call_many('ZREM', KEYS[2], left, 1)
+call_many('HDEL', KEYS[7], gone, 1)
+call_many('HDEL', KEYS[13], gone, 1)
 count_day(KEYS[10], ARGV[6], processed, failed)
 count_minute(KEYS[14], ARGV[9], processed, failed)
 if finished > 0 then
