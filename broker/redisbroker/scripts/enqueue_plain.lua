@@ -26,7 +26,10 @@ if redis.call('HSETNX', KEYS[6], ARGV[2], want) == 0 then
 end
 if ARGV[6] == '1' then redis.call('PEXPIREAT', KEYS[6], tonumber(ARGV[3])) end
 local out = {}
-local was_empty, first_due, before, looked = false, nil, nil, false
+local first_due = nil
+-- The IDs to push and to schedule are written with one command each after
+-- the loop (call_many).
+local push, sched = {}, {}
 for i = 7, #ARGV, 4 do
   local id, rec, kind = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local code = '0'
@@ -41,18 +44,21 @@ for i = 7, #ARGV, 4 do
       end
     end
   elseif kind == 'p' or kind == 'P' then
-    if redis.call('LPUSH', KEYS[2], id) == 1 then was_empty = true end
+    push[#push + 1] = id
   else
-    if not looked then before, looked = earliest(KEYS[3], KEYS[4]), true end
     local due = tonumber(ARGV[i + 3])
-    redis.call('ZADD', KEYS[3], due, id)
+    sched[#sched + 1] = due
+    sched[#sched + 1] = id
     if not first_due or due < first_due then first_due = due end
   end
   out[#out + 1] = code
 end
-if was_empty then
-  redis.call('PUBLISH', ARGV[4], 'p' .. ARGV[5])
+if call_many('LPUSH', KEYS[2], push, 1) == #push and #push > 0 then
+  redis.call('PUBLISH', ARGV[4], 'p' .. ARGV[5]) -- the list was empty
 end
+local before = nil
+if first_due then before = earliest(KEYS[3], KEYS[4]) end
+call_many('ZADD', KEYS[3], sched, 2)
 if first_due and (not before or first_due < before) then
   redis.call('PUBLISH', ARGV[4], 's' .. ARGV[5] .. ':' .. string.format('%d', first_due))
 end

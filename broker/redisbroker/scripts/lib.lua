@@ -108,12 +108,14 @@ end
 -- call_many runs command cmd on key once for the arguments in list xs
 -- (members, or pairs such as score and member when step is 2), in chunks of
 -- a thousand members: one command for a whole batch costs a fraction of one
--- a member, and Lua's unpack takes a few thousand values at most.
+-- a member, and Lua's unpack takes a few thousand values at most. It returns
+-- the last chunk's reply (nil for an empty xs).
 local function call_many(cmd, key, xs, step)
-  local n = 1000 * step
+  local n, r = 1000 * step, nil
   for i = 1, #xs, n do
-    redis.call(cmd, key, unpack(xs, i, math.min(i + n - 1, #xs)))
+    r = redis.call(cmd, key, unpack(xs, i, math.min(i + n - 1, #xs)))
   end
+  return r
 end
 
 -- next_tokens reserves n fencing tokens from the partition's sequence and
