@@ -276,15 +276,20 @@ func testDequeueLimit(t *testing.T, b broker.Broker) {
 	}
 }
 
-// testLargeBatch leases 5,000 tasks in one Dequeue and settles them in one
-// Settle (past the thousand members a Redis script writes with one command):
-// every task is leased once with its own token, and after the settlement
-// none is left, active or anywhere.
+// testLargeBatch leases 9,000 tasks in one Dequeue and settles them in one
+// Settle (past the thousand members a Redis script writes with one command,
+// and past the 8,000 values Lua unpacks at once): a tenth pending, the rest
+// scheduled and already due. Every task is leased once with its own token,
+// and after the settlement none is left, active or anywhere.
 func testLargeBatch(t *testing.T, b broker.Broker) {
-	const n = 5000
+	const n = 9000
 	msgs := make([]*tidetype.TaskInfo, n)
+	due := time.Now().Add(-time.Second)
 	for i := range msgs {
 		msgs[i] = newMsg("big", fmt.Sprintf("t%04d", i))
+		if i%10 != 0 {
+			msgs[i].State, msgs[i].NextProcessAt = tidetype.StateScheduled, due
+		}
 	}
 	enqueue(t, b, msgs...)
 	var ds []*broker.Delivery

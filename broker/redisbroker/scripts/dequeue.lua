@@ -86,7 +86,7 @@ if redis.call('EXISTS', G.id) == 0 then
       if want <= 0 then break end
       local due = redis.call('ZRANGEBYSCORE', z, '-inf', now, 'LIMIT', 0, want)
       if #due > 0 then
-        redis.call('ZREM', z, unpack(due))
+        call_many('ZREM', z, due, 1)
         for _, id in ipairs(due) do ids[#ids + 1] = id end
       end
     end
