@@ -78,12 +78,7 @@ for i = 9, #ARGV, 8 do
   elseif redis.call('HSETNX', KEYS[1], id, rec) == 0 then
     code = '1'
     if own then
-      local cur = redis.call('HGET', KEYS[1], id)
-      if rec_ok(cur) and string.sub(cur, 25, rec_end(cur)) == string.sub(rec, 25, rec_end(rec)) then
-        code = '0' -- stored by this request's earlier run
-      else
-        code = '3'
-      end
+      code = own_conflict(redis.call('HGET', KEYS[1], id), rec)
     elseif replace then
       local cur = redis.call('HGET', KEYS[1], id)
       if cur and unplace(id, cur) then

@@ -36,12 +36,7 @@ for i = 7, #ARGV, 4 do
   if redis.call('HSETNX', KEYS[1], id, rec) == 0 then
     code = '1'
     if kind == 'P' or kind == 'S' then
-      local cur = redis.call('HGET', KEYS[1], id)
-      if rec_ok(cur) and string.sub(cur, 25, rec_end(cur)) == string.sub(rec, 25, rec_end(rec)) then
-        code = '0' -- stored by this request's earlier run
-      else
-        code = '3'
-      end
+      code = own_conflict(redis.call('HGET', KEYS[1], id), rec)
     end
   elseif kind == 'p' or kind == 'P' then
     push[#push + 1] = id

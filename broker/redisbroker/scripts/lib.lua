@@ -33,6 +33,15 @@ local function rec_end(rec)
   return 24 + struct.unpack('>I3', rec, 21) + string.byte(rec, 24)
 end
 
+-- own_conflict is the code of a broker-chosen ID whose HSETNX found record
+-- cur: '0' when cur is rec itself (same body; the header may have moved on),
+-- stored by an earlier run of this request, else '3' (another task: the
+-- broker draws again).
+local function own_conflict(cur, rec)
+  if rec_ok(cur) and string.sub(cur, 25, rec_end(cur)) == string.sub(rec, 25, rec_end(rec)) then return '0' end
+  return '3'
+end
+
 local function rec_uniq(rec)
   local ul = string.byte(rec, 24)
   if ul == 0 then return nil end
