@@ -158,21 +158,35 @@ func TestSchedulerReplicasEnqueueEachTickOnce(t *testing.T) {
 		}
 	}
 	in := tide.NewInspector(e.b)
-	eventually(t, 10*time.Second, "the ticks to be processed", func() bool {
+	// waiting says which tick is not done yet, and how it stands.
+	waiting := func() string {
 		calls := rec.snapshot()
 		for _, id := range must {
 			if calls[id] == 0 {
-				return false
+				ti, err := in.GetTaskInfo(context.Background(), "default", id)
+				if err != nil {
+					return fmt.Sprintf("tick %s not processed (%v)", id, err)
+				}
+				return fmt.Sprintf("tick %s not processed: %s, retried %d, last error %q", id, ti.State, ti.Retried, ti.LastErr)
 			}
 		}
 		for _, id := range maybe {
 			ti, err := in.GetTaskInfo(context.Background(), "default", id)
 			if err == nil && ti.State != tide.StateCompleted {
-				return false
+				return fmt.Sprintf("tick %s is %s, not completed (processed %d times, retried %d, last error %q)", id, ti.State, calls[id], ti.Retried, ti.LastErr)
 			}
 		}
-		return true
-	})
+		return ""
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		w := waiting()
+		if w == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after 10s waiting for the ticks to be processed: %s", w)
+		}
+	}
 
 	calls := rec.snapshot()
 	total := 0
