@@ -410,6 +410,8 @@ var goals = []goal{
 	{"tide Enqueue, 1 goroutine ÷ floor, 1 client", [2]string{sysTide, "enq1"}, [2]string{sysFloor, floorKey(1)}, 0.9, "≥ 0.9 (within 10% of one round trip)"},
 	{"tide Enqueue, 8 goroutines ÷ asynq Enqueue, 8 goroutines", [2]string{sysTide, "enq8"}, [2]string{sysAsynq, "enq8"}, 2, "≥ 2"},
 	{"tide Enqueue, 8 goroutines ÷ floor, 8 clients", [2]string{sysTide, "enq8"}, [2]string{sysFloor, floorKey(8)}, 0, ""},
+	{"tide, 8 tasks outstanding (ceiling of 8 callers) ÷ asynq Enqueue, 8 goroutines", [2]string{sysTide, "enqOut8"}, [2]string{sysAsynq, "enq8"}, 0, ""},
+	{"tide Enqueue, 8 goroutines ÷ tide, 8 tasks outstanding", [2]string{sysTide, "enq8"}, [2]string{sysTide, "enqOut8"}, 0, ""},
 	{"asynq Enqueue, 1 goroutine ÷ floor, 1 client", [2]string{sysAsynq, "enq1"}, [2]string{sysFloor, floorKey(1)}, 0, ""},
 	{"asynq Enqueue, 8 goroutines ÷ floor, 8 clients", [2]string{sysAsynq, "enq8"}, [2]string{sysFloor, floorKey(8)}, 0, ""},
 	{"tide drain, groups with GroupConcurrency 1 ÷ no groups", [2]string{sysTide, "grpProc"}, [2]string{sysTide, "grpPlain"}, 0.6, "≥ 0.60"},

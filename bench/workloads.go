@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -175,6 +177,7 @@ func workloads(sz sizes) []workload {
 				{key: "enq1", label: fmt.Sprintf("enqueue: %s × Enqueue, 1 goroutine", kcount(sz.enqN)), unit: "tasks/s", ratio: true},
 				{key: "enq8", label: fmt.Sprintf("enqueue: %s × Enqueue, %d goroutines", kcount(sz.enqN), sz.enqWorkers), unit: "tasks/s", ratio: true},
 				{key: "enqBatch", label: fmt.Sprintf("enqueue: EnqueueMany ×%d, %s tasks (asynq: no batch call → %s single Enqueue, 1 goroutine)", sz.batch, kcount(sz.batchN), kcount(sz.enqN)), unit: "tasks/s", ratio: true},
+				{key: "enqOut8", label: fmt.Sprintf("enqueue: %d tasks outstanding, no call waiting on another (best of EnqueueMany ×%d from 1 goroutine and ×%d from 2)", sz.enqWorkers, sz.enqWorkers, sz.enqWorkers/2), unit: "tasks/s", only: sysTide, absent: noBatchCell},
 			},
 			limit: 5 * time.Minute,
 			run:   runEnqueue,
@@ -310,31 +313,46 @@ func enqueueSerial(ctx context.Context, s system, queue string, ps [][]byte, at 
 }
 
 func enqueueParallel(ctx context.Context, s system, workers int, queue string, ps [][]byte, at time.Time) error {
-	ctx, cancel := context.WithCancel(ctx)
+	return spread(ctx, workers, 1, len(ps), func(ctx context.Context, i, _ int) error {
+		if err := s.enqueue(ctx, queue, ps[i], at); err != nil {
+			return fmt.Errorf("enqueue task %d: %w", i, err)
+		}
+		return nil
+	})
+}
+
+// spread hands [0, n) out in pieces of per to g goroutines, each calling f
+// with its piece [i, j) and waiting for it before taking the next. It
+// returns f's first error, after which the others stop at their next piece
+// (the context they were given is cancelled), or ctx's error if ctx ended
+// first.
+func spread(ctx context.Context, g, per, n int, f func(ctx context.Context, i, j int) error) error {
+	inner, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var next atomic.Int64
-	errc := make(chan error, workers)
-	for range workers {
-		go func() {
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= len(ps) {
-					errc <- nil
+	var (
+		next  atomic.Int64
+		wg    sync.WaitGroup
+		once  sync.Once
+		first error
+	)
+	for range g {
+		wg.Go(func() {
+			for inner.Err() == nil {
+				i := int(next.Add(int64(per))) - per
+				if i >= n {
 					return
 				}
-				if err := s.enqueue(ctx, queue, ps[i], at); err != nil {
+				if err := f(inner, i, min(i+per, n)); err != nil {
+					once.Do(func() { first = err })
 					cancel()
-					errc <- fmt.Errorf("enqueue task %d: %w", i, err)
 					return
 				}
 			}
-		}()
+		})
 	}
-	var first error
-	for range workers {
-		if err := <-errc; err != nil && first == nil {
-			first = err
-		}
+	wg.Wait()
+	if first == nil {
+		first = ctx.Err()
 	}
 	return first
 }
@@ -491,7 +509,46 @@ func runEnqueue(ctx context.Context, e *env, kind string) (results, error) {
 	}); err != nil {
 		return nil, err
 	}
+	// The ceiling of enq8: as many tasks in flight at once as enq8 has
+	// goroutines, from callers that never wait for one another because each
+	// sends its share in one call of its own. Eight callers of single
+	// Enqueue calls, whose tasks must first be gathered into shared round
+	// trips, cannot do better. Systems without a batch call have no such
+	// figure.
+	if kind == sysTide {
+		var each []string
+		for _, g := range []int{1, 2} {
+			per := max(e.sz.enqWorkers/g, 1)
+			key := fmt.Sprintf("enqOut%d", g)
+			if err := measure(key, fmt.Sprintf("%d tasks outstanding from %d goroutines", per*g, g), func(s system) (int, error) {
+				return len(ps), enqueueOutstanding(ctx, s, g, per, defaultQueue, ps)
+			}); err != nil {
+				return nil, err
+			}
+			each = append(each, fmt.Sprintf("%s with EnqueueMany ×%d from %s", format("tasks/s", res[key].v), per, plural(g, "goroutine")))
+			res["enqOut8"] = val{v: max(res["enqOut8"].v, res[key].v)}
+		}
+		e.note("enqueue/tide: %d tasks outstanding: %s", e.sz.enqWorkers, strings.Join(each, "; "))
+	}
 	return res, nil
+}
+
+// noBatchCell marks the ceiling rows of a system without a batch call.
+const noBatchCell = "(no batch call)"
+
+// enqueueOutstanding stores ps from g goroutines, each sending per tasks a
+// call with the system's batch call and waiting for it before the next.
+func enqueueOutstanding(ctx context.Context, s system, g, per int, queue string, ps [][]byte) error {
+	return spread(ctx, g, per, len(ps), func(ctx context.Context, i, j int) error {
+		ok, err := s.enqueueBatch(ctx, queue, ps[i:j], time.Time{})
+		if err == nil && !ok {
+			err = errors.New("no batch call")
+		}
+		if err != nil {
+			return fmt.Errorf("enqueue tasks %d to %d: %w", i, j-1, err)
+		}
+		return nil
+	})
 }
 
 func runProcess(ctx context.Context, e *env, kind string) (results, error) {
@@ -683,4 +740,12 @@ func runMemory(ctx context.Context, e *env, kind string) (results, error) {
 	per := float64(after-before) / float64(n)
 	e.note("memory/%s: used_memory %d → %d bytes (+%.1f MB) for %d tasks (%s)", kind, before, after, float64(after-before)/1e6, n, how)
 	return results{"mem": {v: per}}, nil
+}
+
+// plural returns "1 goroutine", "2 goroutines".
+func plural(n int, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	return fmt.Sprintf("%d %ss", n, word)
 }
