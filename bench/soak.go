@@ -282,6 +282,7 @@ func keyFamilies(ctx context.Context, e *env, top int) string {
 	for iter.Next(ctx) {
 		k := iter.Val()
 		name := digitRuns.ReplaceAllString(uuids.ReplaceAllString(k, "<id>"), "#")
+		name = replyCaches.ReplaceAllString(name, "$1:<process>.<n>")
 		f := by[name]
 		if f == nil {
 			f = &fam{name: name}
@@ -311,5 +312,8 @@ func keyFamilies(ctx context.Context, e *env, top int) string {
 
 var (
 	digitRuns = regexp.MustCompile(`[0-9]+`)
-	uuids     = regexp.MustCompile(`[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}`)
+	// replyCaches matches the end of a tide reply cache's name once digits
+	// are replaced: rq:<slice>:<process tag>.<hundred>.
+	replyCaches = regexp.MustCompile(`(:rq:#):[^:]*$`)
+	uuids       = regexp.MustCompile(`[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}`)
 )

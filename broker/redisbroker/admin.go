@@ -312,7 +312,7 @@ func (b *Broker) adminOne(ctx context.Context, op, queue, id string) error {
 	}
 	var code int64
 	for _, p := range b.lookup(queue, l, id) {
-		rid, cache, exp := b.request(p)
+		rid, cache, exp, _ := b.request(p)
 		c := b.adminCall(p, rid, cache, exp, op, id, 0)
 		b.run(ctx, []*call{c})
 		if c.err != nil {

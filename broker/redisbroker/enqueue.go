@@ -349,9 +349,9 @@ func (gs *grouping) add(p part, i int) {
 }
 
 func (b *Broker) enqueueCall(p part, items []item, idx []int) *call {
-	rid, cache, exp := b.request(p)
+	rid, cache, exp, edge := b.request(p)
 	if b.eventsArg(p) == "" && plainItems(items, idx) {
-		return b.enqueuePlainCall(p, items, idx, rid, cache, exp)
+		return b.enqueuePlainCall(p, items, idx, rid, cache, exp, edge)
 	}
 	w := b.idemWindow.Milliseconds()
 	n := b.Now().UnixMilli() / w
@@ -411,10 +411,11 @@ func taskKind(it item) string {
 // partition that records no events: enqueue_plain.lua, with 6 keys and 4
 // arguments a task rather than 22 and 8. Its replies read as enqueue.lua's.
 // It sets the reply cache's expiry unless this process has seen a call do
-// so, and then again now and then in case the cache was deleted meanwhile.
-func (b *Broker) enqueuePlainCall(p part, items []item, idx []int, rid, cache string, exp int64) *call {
+// so; and always when it is the first or last request of its cache (edge),
+// and now and then, in case the cache was deleted meanwhile.
+func (b *Broker) enqueuePlainCall(p part, items []item, idx []int, rid, cache string, exp int64, edge bool) *call {
 	setExp := "1"
-	if v, ok := b.cacheExpiry.Load(p.base); ok && v.(string) == cache && rand.N(64) != 0 {
+	if v, ok := b.cacheExpiry.Load(p.base); ok && v.(string) == cache && !edge && rand.N(64) != 0 {
 		setExp = ""
 	}
 	args := make([]any, 0, 6+4*len(idx))

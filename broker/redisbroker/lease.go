@@ -36,7 +36,7 @@ func (b *Broker) Dequeue(ctx context.Context, queues []string, n int, lease time
 		}
 		for i := 0; i < l.total() && len(out) < n; i++ {
 			p := b.partAt(q, l, (start+i)%l.total())
-			rid, cache, exp := b.request(p)
+			rid, cache, exp, _ := b.request(p)
 			c := &call{
 				script: b.s.dequeue,
 				keys:   append(append(append(p.keys("t", "pending", "active", "paused", "archived", "result", "scheduled", "retry", "seq", "meta"), cache, p.k("lim"), p.k("starts")), p.groupKeys()...), p.k(eventsKey)),
@@ -201,7 +201,7 @@ func (b *Broker) Settle(ctx context.Context, ss []broker.Settlement) ([]error, e
 }
 
 func (b *Broker) settleCall(p part, ss []broker.Settlement, idx []int) *call {
-	rid, cache, exp := b.request(p)
+	rid, cache, exp, _ := b.request(p)
 	args := make([]any, 0, 11+11*len(idx))
 	args = append(args, p.layout, rid, exp, p.channel, p.idx, b.today(), b.maxArchived, b.archiveTTL.Milliseconds(), b.minute(), b.doneChannel(p.queue), b.eventsArg(p))
 	for _, i := range idx {

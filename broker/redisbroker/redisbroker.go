@@ -20,7 +20,9 @@
 //	<prefix>:{<queue>:<p>}:h          hash: task ID -> attempt history (see hist_add in lib.lua)
 //	<prefix>:{<queue>:<p>}:seq        the last fencing token handed out
 //	<prefix>:{<queue>:<p>}:meta       the queue's layout (partition count)
-//	<prefix>:{<queue>:<p>}:rq:<n>     reply cache of slice n (an eighth of the replay window; see below)
+//	<prefix>:{<queue>:<p>}:rq:<n>:<process>.<k>
+//	                                  reply cache of slice n (an eighth of the replay window), the
+//	                                  k-th hundred requests of one process (see below)
 //	<prefix>:{<queue>:<p>}:ik:<n>     idempotency keys used in window n → task ID
 //	<prefix>:{<queue>:<p>}:paused     flag
 //	<prefix>:{<queue>:<p>}:owner      the server maintaining the partition
@@ -63,9 +65,14 @@
 // go-redis sends a command again when its reply times out or the connection
 // breaks after it was written, and Redis then runs it twice. Every state
 // change therefore carries a random request ID; the script stores its reply
-// in a per-partition reply cache (a hash that expires after the replay
+// in a reply cache of the partition (a hash that expires after the replay
 // window) and a second run of the same request answers from it without
-// changing anything. The broker itself sends a request whose outcome is
+// changing anything. A reply cache holds the replies of at most a hundred
+// requests of one process, kept short (a run of "stored" codes as their
+// count, a dequeue as its lease expiry and range of fencing tokens), so
+// that Redis stores it as a compact list: about 20 bytes a request instead
+// of about 60, and the caches' memory stays near (requests per second) ×
+// window × 20 bytes. The broker itself sends a request whose outcome is
 // unknown again, with the same ID, until it answers or the replay window is
 // half gone; then the call fails with an error wrapping
 // broker.ErrOutcomeUnknown. A task ID the broker chose is never drawn again
@@ -133,6 +140,8 @@
 package redisbroker
 
 import (
+	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -323,11 +332,15 @@ type Broker struct {
 	// cacheExpiry maps a partition's key prefix to the last of its reply
 	// caches whose expiry a call of this process set (enqueuePlainCall).
 	cacheExpiry sync.Map
-	layoutMu    sync.Mutex
-	evictMu     sync.Mutex
-	evictDone   atomic.Bool
-	evictErr    error
-	nextStart   atomic.Uint32
+	// requests maps a partition's key prefix to the *atomic.Uint64 that
+	// counts this process's requests on it (request).
+	requests  sync.Map
+	tag       string // names this process's reply caches (request)
+	layoutMu  sync.Mutex
+	evictMu   sync.Mutex
+	evictDone atomic.Bool
+	evictErr  error
+	nextStart atomic.Uint32
 }
 
 var (
@@ -352,6 +365,9 @@ func New(rdb redis.UniversalClient, opts ...Option) *Broker {
 	}
 	b.clock.local = time.Now
 	b.batch.send = b.enqueueNow
+	var tag [4]byte
+	_, _ = rand.Read(tag[:])
+	b.tag = base64.RawURLEncoding.EncodeToString(tag[:])
 	if cc, ok := rdb.(*redis.ClusterClient); ok {
 		hookClusterReload(cc)
 	}

@@ -182,29 +182,43 @@ func TestResentDequeueLeasesToNobody(t *testing.T) {
 	t.Parallel()
 	f := newFaulty(t)
 	ctx := context.Background()
-	for range 3 {
-		if _, err := f.c.Enqueue(ctx, tide.NewTask("t", nil), tide.Queue("q"), tide.MaxRetry(0)); err != nil {
+	var ids []string
+	for range 6 {
+		info, err := f.c.Enqueue(ctx, tide.NewTask("t", nil), tide.Queue("q"), tide.MaxRetry(0))
+		if err != nil {
 			t.Fatal(err)
 		}
+		ids = append(ids, info.ID)
 	}
 	f.proxy.DelayReplies(faultproxy.Commands("EVALSHA"), 500*time.Millisecond, 1)
-	ds, err := f.b.Dequeue(ctx, []string{"q"}, 2, time.Minute)
+	ds, err := f.b.Dequeue(ctx, []string{"q"}, 5, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if f.proxy.Seen("EVALSHA") < 2 {
 		t.Fatal("the dequeue was not sent again")
 	}
-	if len(ds) != 2 {
-		t.Fatalf("a re-sent Dequeue(2) returned %d tasks", len(ds))
+	if len(ds) != 5 {
+		t.Fatalf("a re-sent Dequeue(5) returned %d tasks", len(ds))
+	}
+	for i, d := range ds {
+		if d.Task.ID != ids[i] {
+			t.Errorf("task %d of the re-sent Dequeue is %s, want %s (the oldest first, as the first run leased them)", i, d.Task.ID, ids[i])
+		}
 	}
 	active, err := f.direct.ZCard(ctx, f.prefix+":{q:0}:active").Result()
-	if err != nil || active != 2 {
-		t.Fatalf("%d tasks leased, want the 2 returned (%v)", active, err)
+	if err != nil || active != 5 {
+		t.Fatalf("%d tasks leased, want the 5 returned (%v)", active, err)
 	}
 	rest, err := f.b.Dequeue(ctx, []string{"q"}, 10, time.Minute)
 	if err != nil || len(rest) != 1 {
-		t.Fatalf("the third task: %v, %v", rest, err)
+		t.Fatalf("the sixth task: %v, %v", rest, err)
+	}
+	// Their leases hold: each is settled with the token it was handed.
+	for _, d := range ds {
+		if errs, err := f.b.Settle(ctx, []broker.Settlement{{Lease: d.Lease(), Kind: broker.SettleDone}}); err != nil || errs[0] != nil {
+			t.Fatalf("settling %s: %v %v", d.Task.ID, errs, err)
+		}
 	}
 }
 
@@ -405,5 +419,70 @@ func TestReplyCachesExpire(t *testing.T) {
 			t.Fatalf("reply caches still there 10s after the last call: %v", caches())
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// Reply caches stay small: each holds the replies of at most a hundred
+// requests of one process, short enough that Redis keeps it as a compact
+// list (a third of the memory of a larger hash), also for dequeues and
+// settlements of many tasks and enqueues of many.
+func TestReplyCachesStayCompact(t *testing.T) {
+	t.Parallel()
+	addr := redistest.Addr(t)
+	rdb := redistest.Client(t, addr)
+	prefix := redistest.Prefix(t)
+	b := redisbroker.New(rdb, redisbroker.WithPrefix(prefix))
+	t.Cleanup(func() { _ = b.Close() })
+	c := tide.NewClient(b)
+	ctx := context.Background()
+	for range 350 {
+		if _, err := c.Enqueue(ctx, tide.NewTask("t", nil), tide.Queue("q")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	many := make([]*tide.Task, 200)
+	for i := range many {
+		many[i] = tide.NewTask("t", nil)
+	}
+	if _, err := c.EnqueueMany(ctx, many, tide.Queue("q")); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		ds, err := b.Dequeue(ctx, []string{"q"}, 50, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ds) == 0 {
+			break
+		}
+		ss := make([]broker.Settlement, len(ds))
+		for i, d := range ds {
+			ss[i] = broker.Settlement{Lease: d.Lease(), Kind: broker.SettleDone}
+		}
+		if errs, err := b.Settle(ctx, ss); err != nil || errs[0] != nil {
+			t.Fatal(errs, err)
+		}
+	}
+	keys, err := rdb.Keys(ctx, prefix+":{q:0}:rq:*").Result()
+	if err != nil || len(keys) == 0 {
+		t.Fatalf("no reply caches: %v", err)
+	}
+	entries := 0
+	for _, k := range keys {
+		n, err := rdb.HLen(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		entries += int(n)
+		if n > 100 {
+			t.Errorf("reply cache %s holds %d replies, want at most 100", k, n)
+		}
+		if enc, err := rdb.ObjectEncoding(ctx, k).Result(); err != nil || enc != "listpack" {
+			t.Errorf("reply cache %s (%d replies) is encoded as %q, want listpack (%v)", k, n, enc, err)
+		}
+	}
+	// 350 + 1 enqueues, 11 dequeues that leased, 11 settlements.
+	if entries < 373 {
+		t.Errorf("%d replies kept, want one a request (373 at least)", entries)
 	}
 }

@@ -96,7 +96,7 @@ func (b *Broker) remove(ctx context.Context, queue, id, op string) (string, erro
 		return "", err
 	}
 	for _, p := range b.lookup(queue, l, id) {
-		rid, cache, exp := b.request(p)
+		rid, cache, exp, _ := b.request(p)
 		c := &call{
 			script: b.s.remove,
 			keys:   append(append(append(p.keys("t", "pending", "scheduled", "retry", "archived", "completed", "result", "active", "u", "meta"), cache, p.k("moving"), p.k("h")), append(p.groupKeys(), p.endKeys()...)...), p.k(eventsKey)),

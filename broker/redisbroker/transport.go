@@ -10,6 +10,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -35,21 +36,33 @@ type call struct {
 
 // request returns the identity of a new state-changing request on partition
 // p: a random ID, the reply cache it answers from when it runs again, and
-// when that cache expires (ms, Redis clock). The cache is one hash per
-// partition and slice of an eighth of the replay window, so its name is
-// fixed when the request is made and a re-send finds the reply the first run
-// stored. A slice's hash expires one window after the slice ends: every
+// when that cache expires (ms, Redis clock). A partition's reply caches are
+// hashes named by slice of an eighth of the replay window, by process and by
+// hundred requests of that process (see req_pack in lib.lua), so the name
+// is fixed when the request is made and a re-send finds the reply the first
+// run stored. A slice's hashes expire one window after the slice ends: every
 // reply is kept at least the window and at most an eighth longer, so the
 // caches' memory stays level at about (requests per second) × window
-// instead of swinging up to twice that as whole windows expire.
-func (b *Broker) request(p part) (rid, cache string, expireAt int64) {
+// instead of swinging up to twice that as whole windows expire. edge
+// reports whether the request is the first or the last of its hash, which
+// then must set the expiry (enqueuePlainCall).
+func (b *Broker) request(p part) (rid, cache string, expireAt int64, edge bool) {
 	w := b.window.Milliseconds()
 	g := max(w/8, 1000)
 	n := b.Now().UnixMilli() / g
 	var raw [9]byte
 	_, _ = rand.Read(raw[:])
-	return base64.RawURLEncoding.EncodeToString(raw[:]), p.k("rq:" + strconv.FormatInt(n, 10)), (n+1)*g + w
+	seq, _ := b.requests.LoadOrStore(p.base, new(atomic.Uint64))
+	i := seq.(*atomic.Uint64).Add(1) - 1
+	edge = i%repliesPerCache == 0 || i%repliesPerCache == repliesPerCache-1
+	cache = p.k("rq:" + strconv.FormatInt(n, 10) + ":" + b.tag + "." + strconv.FormatUint(i/repliesPerCache, 36))
+	return base64.RawURLEncoding.EncodeToString(raw[:]), cache, (n+1)*g + w, edge
 }
+
+// repliesPerCache is how many requests of a process share one reply cache
+// hash: few enough that Redis keeps the hash as a compact list under its
+// default hash-max-listpack-entries (128).
+const repliesPerCache = 100
 
 // run sends the calls in one pipeline (go-redis splits it per node on a
 // cluster) and classifies each call's error. A call whose outcome is unknown

@@ -39,14 +39,28 @@ local bad = layout_error(KEYS[10], ARGV[1])
 if bad then return bad end
 local cached = req_get(KEYS[11], ARGV[2], tonumber(ARGV[3]))
 if cached then
-  local out = {}
-  local prev = cmsgpack.unpack(cached)
-  for i = 1, #prev, 2 do
-    local rec = redis.call('HGET', KEYS[1], prev[i])
-    if rec_ok(rec) and rec_state(rec) == 2 and rec_token(rec) == prev[i+1] then
-      out[#out + 1] = prev[i]
-      out[#out + 1] = rec
+  -- The first run kept "<lease expiry>:<first token>:<count>": the tasks
+  -- it leased are those in active at exactly that expiry (no one else has
+  -- their tokens to extend them) whose token is in its range. Those since
+  -- recovered or leased again are not returned.
+  local exp, first, n = string.match(cached, '^(%d+):(%d+):(%d+)$')
+  local found, out = {}, {}
+  if exp then
+    first, n = tonumber(first), tonumber(n)
+    for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], exp, exp)) do
+      local rec = redis.call('HGET', KEYS[1], id)
+      if rec_ok(rec) and rec_state(rec) == 2 then
+        local tk = rec_token(rec)
+        if tk >= first and tk < first + n then
+          found[#found + 1] = {tk, id, rec}
+        end
+      end
     end
+  end
+  table.sort(found, function(a, b) return a[1] < b[1] end)
+  for _, f in ipairs(found) do
+    out[#out + 1] = f[2]
+    out[#out + 1] = f[3]
   end
   return out
 end
@@ -202,6 +216,7 @@ end
 if #ids == 0 then return {} end
 local exp = now + tonumber(ARGV[5])
 local tok = next_tokens(KEYS[9], #ids)
+local first_tok = tok
 local E = ev_new(KEYS[20], ARGV[8])
 local out, leased = {}, {}
 -- The leased records and their leases are written with one HSET and one
@@ -247,5 +262,5 @@ if per and #leased > 0 then
   redis.call('PEXPIRE', KEYS[13], per)
 end
 ev_flush(E)
-req_put(KEYS[11], ARGV[2], cmsgpack.pack(leased), tonumber(ARGV[3]))
+req_put(KEYS[11], ARGV[2], string.format('%d:%d:%d', exp, first_tok, #leased / 2), tonumber(ARGV[3]))
 return out

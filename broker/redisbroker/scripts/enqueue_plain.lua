@@ -21,7 +21,7 @@
 local bad = layout_error(KEYS[5], ARGV[1])
 if bad then return bad end
 local want = string.rep('0', (#ARGV - 6) / 4)
-if redis.call('HSETNX', KEYS[6], ARGV[2], want) == 0 then
+if redis.call('HSETNX', KEYS[6], ARGV[2], req_pack(want)) == 0 then
   return req_get(KEYS[6], ARGV[2], tonumber(ARGV[3]))
 end
 if ARGV[6] == '1' then redis.call('PEXPIREAT', KEYS[6], tonumber(ARGV[3])) end
@@ -58,5 +58,5 @@ if first_due and (not before or first_due < before) then
   redis.call('PUBLISH', ARGV[4], 's' .. ARGV[5] .. ':' .. string.format('%d', first_due))
 end
 local reply = table.concat(out)
-if reply ~= want then redis.call('HSET', KEYS[6], ARGV[2], reply) end
+if reply ~= want then redis.call('HSET', KEYS[6], ARGV[2], req_pack(reply)) end
 return reply
