@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide/broker"
-	"github.com/tidequeue/tide/broker/redisbroker"
-	"github.com/tidequeue/tide/internal/redistest"
 	"github.com/tidequeue/tide/tidetype"
 )
 
@@ -16,10 +14,8 @@ import (
 // when the oldest entries belong to flows that still run.
 func TestFlowIndexSwept(t *testing.T) {
 	t.Parallel()
-	addr := redistest.Addr(t)
-	rdb := redistest.Client(t, addr)
-	prefix := redistest.Prefix(t)
-	b := redisbroker.New(rdb, redisbroker.WithPrefix(prefix))
+	e := setup(t)
+	rdb, prefix, b := e.rdb, e.prefix, e.b
 	ctx := context.Background()
 	create := func(id string, retention time.Duration, end bool) {
 		t.Helper()

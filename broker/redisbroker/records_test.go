@@ -26,9 +26,8 @@ func pendingTask(id string) *tidetype.TaskInfo {
 // record, instead of vanishing from every list.
 func TestUndecodableActiveRecordIsArchived(t *testing.T) {
 	t.Parallel()
-	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
-	rdb := redistest.Client(t, addr)
-	b := redisbroker.New(rdb, redisbroker.WithPrefix(prefix))
+	e := setup(t)
+	rdb, prefix, b := e.rdb, e.prefix, e.b
 	ctx := context.Background()
 	if errs, err := b.Enqueue(ctx, []*tidetype.TaskInfo{pendingTask("bad")}, broker.EnqueueOptions{}); err != nil || errs[0] != nil {
 		t.Fatal(errs, err)
@@ -89,9 +88,8 @@ func TestEvictionPolicyIsChecked(t *testing.T) {
 // stored or settled), learns the new layout and then works.
 func TestStaleLayoutIsRefusedByTheScripts(t *testing.T) {
 	t.Parallel()
-	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
-	rdb := redistest.Client(t, addr)
-	b := redisbroker.New(rdb, redisbroker.WithPrefix(prefix))
+	e := setup(t)
+	rdb, prefix, b := e.rdb, e.prefix, e.b
 	ctx := context.Background()
 	if errs, err := b.Enqueue(ctx, []*tidetype.TaskInfo{pendingTask("a")}, broker.EnqueueOptions{}); err != nil || errs[0] != nil {
 		t.Fatal(errs, err)

@@ -428,11 +428,8 @@ func TestReplyCachesExpire(t *testing.T) {
 // settlements of many tasks and enqueues of many.
 func TestReplyCachesStayCompact(t *testing.T) {
 	t.Parallel()
-	addr := redistest.Addr(t)
-	rdb := redistest.Client(t, addr)
-	prefix := redistest.Prefix(t)
-	b := redisbroker.New(rdb, redisbroker.WithPrefix(prefix))
-	t.Cleanup(func() { _ = b.Close() })
+	e := setup(t)
+	rdb, prefix, b := e.rdb, e.prefix, e.b
 	c := tide.NewClient(b)
 	ctx := context.Background()
 	for range 350 {
