@@ -222,6 +222,70 @@ func TestResentDequeueLeasesToNobody(t *testing.T) {
 	}
 }
 
+// A re-sent dequeue finds the tasks its first run leased by their lease
+// expiry and their tokens, so another server's task whose lease ends in the
+// same millisecond (the same LeaseDuration, dequeued at the same instant)
+// is not handed out a second time.
+func TestResentDequeueLeavesAnotherLeaseAtTheSameExpiry(t *testing.T) {
+	t.Parallel()
+	f := newFaulty(t)
+	ctx := context.Background()
+	var ids []string
+	for range 4 {
+		info, err := f.c.Enqueue(ctx, tide.NewTask("t", nil), tide.Queue("q"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, info.ID)
+	}
+	other := redisbroker.New(f.direct, redisbroker.WithPrefix(f.prefix))
+	t.Cleanup(func() { _ = other.Close() })
+	theirs, err := other.Dequeue(ctx, []string{"q"}, 1, time.Minute)
+	if err != nil || len(theirs) != 1 || theirs[0].Task.ID != ids[0] {
+		t.Fatalf("the other server's dequeue: %v, %v", theirs, err)
+	}
+	// Between the first run and go-redis's re-send, the other server's
+	// lease is made to end in the same millisecond as the first run's.
+	active := f.prefix + ":{q:0}:active"
+	moved := make(chan error, 1)
+	go func() {
+		deadline := time.Now().Add(5 * time.Second)
+		for time.Now().Before(deadline) {
+			zs, err := f.direct.ZRangeWithScores(ctx, active, 0, -1).Result()
+			if err != nil {
+				moved <- err
+				return
+			}
+			for _, z := range zs {
+				if z.Member == ids[1] {
+					moved <- f.direct.ZAdd(ctx, active, redis.Z{Score: z.Score, Member: ids[0]}).Err()
+					return
+				}
+			}
+			time.Sleep(time.Millisecond)
+		}
+		moved <- errors.New("the first run leased nothing within 5s")
+	}()
+	f.proxy.DelayReplies(faultproxy.Commands("EVALSHA"), 500*time.Millisecond, 1)
+	ds, err := f.b.Dequeue(ctx, []string{"q"}, 2, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-moved; err != nil {
+		t.Fatal(err)
+	}
+	if f.proxy.Seen("EVALSHA") < 2 {
+		t.Fatal("the dequeue was not sent again")
+	}
+	var got []string
+	for _, d := range ds {
+		got = append(got, d.Task.ID)
+	}
+	if len(got) != 2 || got[0] != ids[1] || got[1] != ids[2] {
+		t.Fatalf("the re-sent Dequeue(2) returned %v, want [%s %s] (not the other server's %s)", got, ids[1], ids[2], ids[0])
+	}
+}
+
 // Settle, Delete and Cancel run twice answer like the first run: a
 // settlement is applied (not "lease lost"), a deletion succeeded (not "not
 // found").
