@@ -11,17 +11,31 @@ import (
 const maxBatchTasks = 1000
 
 // batcher lets concurrent Enqueue calls share round trips (group commit).
-// A caller that finds fewer than maxInflight round trips on the wire sends
-// its own tasks at once (no added latency for a lone caller). Callers that
-// arrive while the wire is full queue up; when a round trip returns, the
-// first of them leads the next one and sends everything queued in one
-// pipeline. No goroutine is started, so nothing outlives the callers.
+// A caller that finds no round trip on the wire sends its own tasks at once:
+// a lone caller never waits for others. While one round trip is on the wire,
+// callers queue, and the caller that brings the queue to half the recent
+// number of concurrent callers (target) takes the second of the maxInflight
+// slots and sends the whole queue in one pipeline. So 2n callers that each
+// wait for their own call settle into two round trips of about n tasks,
+// taking turns, rather than one of a single task beside one of all the
+// others (which is what sending whenever a slot is free came to: in a
+// measurement with 8 callers, 57% of the round trips carried one task).
+// When a round trip returns, its leader hands its slot to the first queued
+// caller if no other round trip is on the wire or the queue has reached the
+// target; else it frees the slot for the caller that will. A queued caller
+// thus waits at most until a round trip on the wire returns. No goroutine is
+// started, so nothing outlives the callers.
 type batcher struct {
 	send func(ctx context.Context, items []item, opts broker.EnqueueOptions) ([]error, error)
 
 	mu       sync.Mutex
-	inflight int // batches on the wire, at most maxInflight
-	queue    []*enqReq
+	inflight int       // round trips on the wire, at most maxInflight
+	queue    []*enqReq // callers waiting for a round trip
+	flying   int       // callers whose round trip is on the wire
+	// peak is the recent number of concurrent callers: the most callers
+	// flying and queued at an arrival, decaying by 1/64 of the difference
+	// at each arrival that finds fewer.
+	peak float64
 }
 
 // maxInflight is how many shared round trips may be on the wire at once:
@@ -37,10 +51,22 @@ type enqReq struct {
 	lead  chan struct{} // closed when this queued request must lead a batch
 }
 
+// target is how many queued callers make a round trip worth sending while
+// another is on the wire: half the recent concurrent callers. The caller
+// holds mu.
+func (bt *batcher) target() int { return max(1, int(bt.peak/2+0.5)) }
+
 func (bt *batcher) enqueue(ctx context.Context, items []item) ([]error, error) {
 	r := &enqReq{ctx: ctx, items: items, done: make(chan struct{})}
 	bt.mu.Lock()
-	if bt.inflight >= maxInflight {
+	if now := float64(bt.flying + len(bt.queue) + 1); now > bt.peak {
+		bt.peak = now
+	} else {
+		bt.peak -= (bt.peak - now) / 64
+	}
+	if bt.inflight == 0 || (bt.inflight < maxInflight && len(bt.queue)+1 >= bt.target()) {
+		bt.inflight++
+	} else {
 		r.lead = make(chan struct{})
 		bt.queue = append(bt.queue, r)
 		bt.mu.Unlock()
@@ -51,16 +77,16 @@ func (bt *batcher) enqueue(ctx context.Context, items []item) ([]error, error) {
 			// Taken off the queue and handed an in-flight slot.
 		}
 		bt.mu.Lock()
-	} else {
-		bt.inflight++
 	}
 	batch := append([]*enqReq{r}, bt.take(len(r.items))...)
+	bt.flying += len(batch)
 	bt.mu.Unlock()
 
 	bt.run(batch)
 
 	bt.mu.Lock()
-	if len(bt.queue) > 0 {
+	bt.flying -= len(batch)
+	if len(bt.queue) > 0 && (bt.inflight == 1 || len(bt.queue) >= bt.target()) {
 		next := bt.queue[0]
 		bt.queue = bt.queue[1:]
 		close(next.lead) // hand over the slot

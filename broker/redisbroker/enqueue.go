@@ -59,10 +59,12 @@ func validTask(t *tidetype.TaskInfo) error {
 }
 
 // Enqueue implements broker.Broker: one script call per partition, all in
-// one pipeline. Concurrent calls share round trips: calls made while others
-// are in flight are sent together when one returns. A call whose context ends
-// while it waits returns the context's error; its tasks may still have been
-// stored, as with any timeout.
+// one pipeline. Concurrent calls share round trips: a call made while none
+// is on the wire is sent at once; calls made while one is on the wire are
+// sent together, in a second round trip once about half the recent
+// concurrent callers wait, or when the first returns. A call whose context
+// ends while it waits returns the context's error; its tasks may still have
+// been stored, as with any timeout.
 func (b *Broker) Enqueue(ctx context.Context, tasks []*tidetype.TaskInfo, opts broker.EnqueueOptions) ([]error, error) {
 	if err := b.check(); err != nil {
 		return nil, err
