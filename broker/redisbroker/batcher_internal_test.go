@@ -108,6 +108,18 @@ func returned(t *testing.T, cs ...chan error) {
 	}
 }
 
+// onTheWire returns a batcher that has seen peak concurrent callers
+// lately, with one caller's round trip on the wire (send i0, held until
+// released) and that caller's result channel.
+func onTheWire(t *testing.T, peak float64) (bt *batcher, w *fakeWire, first chan error, i0 int) {
+	t.Helper()
+	bt = &batcher{peak: peak}
+	w = newFakeWire(bt)
+	first = arrive(bt)
+	i0, _ = w.next(t)
+	return bt, w, first, i0
+}
+
 func TestBatcher(t *testing.T) {
 	t.Parallel()
 	t.Run("LoneCallerSendsAtOnce", func(t *testing.T) {
@@ -128,10 +140,7 @@ func TestBatcher(t *testing.T) {
 	// them rather than leaving with the first arrival.
 	t.Run("SecondRoundTripGathersHalfTheCallers", func(t *testing.T) {
 		t.Parallel()
-		bt := &batcher{peak: 8}
-		w := newFakeWire(bt)
-		first := arrive(bt)
-		i0, _ := w.next(t)
+		bt, w, first, i0 := onTheWire(t, 8)
 		var cs []chan error
 		for k := 1; k <= 3; k++ {
 			cs = append(cs, arrive(bt))
@@ -151,10 +160,7 @@ func TestBatcher(t *testing.T) {
 	// trip on the wire: its leader hands them the slot.
 	t.Run("QueuedCallersLeaveWhenTheRoundTripReturns", func(t *testing.T) {
 		t.Parallel()
-		bt := &batcher{peak: 8}
-		w := newFakeWire(bt)
-		first := arrive(bt)
-		i0, _ := w.next(t)
+		bt, w, first, i0 := onTheWire(t, 8)
 		a, b := arrive(bt), arrive(bt)
 		queued(t, bt, 2)
 		w.noSend(t, "two callers queued, target four")
@@ -170,10 +176,7 @@ func TestBatcher(t *testing.T) {
 	// and too few wait; the next arrival that reaches the target takes it.
 	t.Run("FreedSlotWaitsForTheTarget", func(t *testing.T) {
 		t.Parallel()
-		bt := &batcher{peak: 4}
-		w := newFakeWire(bt)
-		c0 := arrive(bt)
-		i0, _ := w.next(t)
+		bt, w, c0, i0 := onTheWire(t, 4)
 		c1, c2 := arrive(bt), arrive(bt) // target 2: the second sends both
 		i1, n := w.next(t)
 		if n != 2 {
