@@ -108,6 +108,12 @@ func TestSchedulerReplicasEnqueueEachTickOnce(t *testing.T) {
 	logs := make([]*logCounter, 3)
 	scheds := make([]*tide.Scheduler, 3)
 	ids := make([]string, 3)
+	// The schedulers plan in their own goroutines, a moment after Start;
+	// the tick before Start is only theirs to catch up when they plan
+	// within its second. Begin just after a second starts, so that the
+	// moment (tens of milliseconds on a loaded machine) cannot cross into
+	// the next second and leave that tick to no one.
+	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second + 20*time.Millisecond)))
 	start := time.Now()
 	for i := range scheds {
 		logs[i] = newLogCounter()
