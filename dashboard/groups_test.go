@@ -122,7 +122,10 @@ func TestQueueLimitsAndGroups(t *testing.T) {
 		return running && held
 	})
 	_, body = e.get("/queue?q=mail")
-	if !strings.Contains(body, `<span class="badge throttled">throttled</span>`) || !strings.Contains(body, ">in 59m") {
+	// An hour from the throttle, read a few milliseconds later: "in 59m
+	// 59s", or "in 1h 0m" when the page's clock (the broker's view of Redis
+	// time) is that much behind the one the throttle was set with.
+	if !strings.Contains(body, `<span class="badge throttled">throttled</span>`) || !strings.Contains(body, ">in 59m") && !strings.Contains(body, ">in 1h 0m") {
 		t.Errorf("the queue page does not show acme throttled:\n%s", section(body, `id="groups"`))
 	}
 }
