@@ -52,7 +52,10 @@ func (b *Broker) request(p part) (rid, cache string, expireAt int64, edge bool) 
 	n := b.Now().UnixMilli() / g
 	var raw [9]byte
 	_, _ = rand.Read(raw[:])
-	seq, _ := b.requests.LoadOrStore(p.base, new(atomic.Uint64))
+	seq, ok := b.requests.Load(p.base)
+	if !ok {
+		seq, _ = b.requests.LoadOrStore(p.base, new(atomic.Uint64))
+	}
 	i := seq.(*atomic.Uint64).Add(1) - 1
 	edge = i%repliesPerCache == 0 || i%repliesPerCache == repliesPerCache-1
 	cache = p.k("rq:" + strconv.FormatInt(n, 10) + ":" + b.tag + "." + strconv.FormatUint(i/repliesPerCache, 36))
