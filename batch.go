@@ -31,13 +31,13 @@ func (b batchDone) apply(*enqueueOptions) error {
 // many servers process them and whatever fails in between. In its handler,
 // GetBatch reports the batch's outcome. t's own options apply over those
 // given to EnqueueBatch (so it runs in the batch's queue unless it names
-// another); its task ID is "<batch ID>.callback". Given to any other call it
+// another); its task ID is "<batch ID>/callback". Given to any other call it
 // is an error.
 func OnBatchDone(t *Task) Option { return batchDone{t} }
 
 // EnqueueBatch enqueues tasks as one batch and returns its ID and size. opts
 // apply to every task (under each task's own options) and may include
-// OnBatchDone. A task without TaskID gets "<batch ID>.<index>". Each task
+// OnBatchDone. A task without TaskID gets "<batch ID>/<index>". Each task
 // is an ordinary task; when it ends (completed or archived) its end is
 // recorded with the batch in the same atomic step, so the callback runs
 // once every task has ended: exactly once, a 10,000-task batch included.

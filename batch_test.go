@@ -57,7 +57,7 @@ func TestBatchCallbackRunsOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.Total != n || info.CallbackID != info.ID+".callback" || info.State != tide.FlowRunning {
+	if info.Total != n || info.CallbackID != info.ID+"/callback" || info.State != tide.FlowRunning {
 		t.Fatalf("EnqueueBatch = %+v", info)
 	}
 	in := tide.NewInspector(e.b)

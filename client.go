@@ -226,15 +226,16 @@ func prepare(t *Task, opts []Option, clock time.Time) (*TaskInfo, broker.Enqueue
 	if err := validateName("task type", t.typ); err != nil {
 		return nil, none, err
 	}
+	if err := checkReservedType(t.typ); err != nil {
+		return nil, none, err
+	}
 	if len(t.payload) > MaxPayloadSize {
 		return nil, none, fmt.Errorf("%w: %s payload is %d bytes, over the %d-byte limit (MaxPayloadSize)", ErrInvalidTask, t.typ, len(t.payload), MaxPayloadSize)
 	}
-	hsize := 0
-	for _, k := range []string{flowHeader, stepHeader} {
-		if _, ok := t.headers[k]; ok {
-			return nil, none, fmt.Errorf("%w: header %q is tide's own (workflow steps and batch tasks)", ErrInvalidTask, k)
-		}
+	if err := checkReservedHeaders(t.headers, false); err != nil {
+		return nil, none, err
 	}
+	hsize := 0
 	for k, v := range t.headers {
 		hsize += len(k) + len(v)
 	}

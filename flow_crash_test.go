@@ -126,7 +126,7 @@ func TestWorkflowSurvivesKilledWorker(t *testing.T) {
 				if got.State != tide.FlowFailed || states["b"] != "failed" || states["d"] != "cancelled" || states["c"] != "succeeded" {
 					t.Fatalf("workflow after b's last attempt died: %+v", got)
 				}
-				if b := e.info("default", "crash-last-attempt.b"); b.State != tide.StateArchived || !strings.Contains(b.LastErr, "lease expired") {
+				if b := e.info("default", "crash-last-attempt/b"); b.State != tide.StateArchived || !strings.Contains(b.LastErr, "lease expired") {
 					t.Fatalf("b = %v %q", b.State, b.LastErr)
 				}
 				return

@@ -68,7 +68,8 @@ func stepTask(t *Task, defaults []Option, now time.Time, idBase, name, header st
 		return nil, fmt.Errorf("%w: ProcessIn/ProcessAt do not apply to a step with dependencies: it starts when they succeed", ErrInvalidTask)
 	}
 	if info.ID == "" {
-		info.ID = idBase + "." + name
+		// "/" is in no workflow ID or step name: two steps never share an ID.
+		info.ID = idBase + "/" + name
 		if info.Group != "" {
 			info.ID += "{" + info.Group + "}"
 		}
@@ -115,11 +116,12 @@ func digest(f *broker.Flow) string {
 // releaseReady enqueues the tasks of ready steps and confirms them
 // (broker.Flows protocol). held gives the tasks of steps without
 // dependencies, which the store does not keep. A step whose task ID is
-// taken is already released (its task stays kept: WorkflowRetention), unless
-// foreign says the IDs were never ours before. A step whose task cannot be
-// stored (uniqueness lock held, ID of someone else's task) fails, which
-// may release or cancel others in turn. Steps cancelled meanwhile have
-// their tasks cancelled.
+// taken by the step's own task (it carries this flow's and step's headers,
+// which no caller can set) is already released: its task stays kept
+// (WorkflowRetention), unless foreign says the IDs were never ours before.
+// A step whose task cannot be stored (uniqueness lock held, ID held by
+// another task) fails, which may release or cancel others in turn. Steps
+// cancelled meanwhile have their tasks cancelled.
 func releaseReady(ctx context.Context, b broker.Broker, fl broker.Flows, flow string, ready []broker.ReadyStep, held map[string]*TaskInfo, now time.Time, foreign bool) error {
 	now = now.Truncate(time.Millisecond)
 	for len(ready) > 0 {
@@ -146,11 +148,18 @@ func releaseReady(ctx context.Context, b broker.Broker, fl broker.Flows, flow st
 		}
 		released := names[:0:0]
 		for i, e := range errs {
+			if errors.Is(e, ErrTaskIDConflict) && !foreign {
+				e = ownStep(ctx, b, tasks[i])
+			}
 			switch {
-			case e == nil, errors.Is(e, ErrNotReplicated), errors.Is(e, ErrTaskIDConflict) && !foreign:
+			case e == nil, errors.Is(e, ErrNotReplicated):
 				released = append(released, names[i])
 			case errors.Is(e, ErrTaskIDConflict), errors.Is(e, ErrDuplicateTask):
-				more, err := fl.EndStep(ctx, flow, names[i], tasks[i].ID, false, "tide: step not enqueued: "+e.Error())
+				why := "tide: step not enqueued: " + e.Error()
+				if errors.Is(e, ErrTaskIDConflict) {
+					why = fmt.Sprintf("tide: step not enqueued: its task ID %s is held by a task that is not this step's", tasks[i].ID)
+				}
+				more, err := fl.EndStep(ctx, flow, names[i], tasks[i].ID, false, why)
 				if err != nil {
 					return err
 				}
@@ -177,6 +186,37 @@ func releaseReady(ctx context.Context, b broker.Broker, fl broker.Flows, flow st
 		}
 	}
 	return nil
+}
+
+// ownStep tells, for a step whose task ID an enqueue found taken, whether
+// the task holding it is the step's own, stored by an earlier run of the
+// release (nil): it carries the same flow and step headers, which no caller
+// can set (and Replace leaves a step's task alone). It returns
+// ErrTaskIDConflict when another task holds the ID. A task gone a moment
+// after the enqueue met it was not the step's (a step's own task does not
+// vanish: deleting one archives it, and it is kept WorkflowRetention), so
+// the step's task is enqueued again.
+func ownStep(ctx context.Context, b broker.Broker, t *TaskInfo) error {
+	for range 3 {
+		cur, err := b.GetTask(ctx, t.Queue, t.ID)
+		switch {
+		case err == nil:
+			if cur.Headers[flowHeader] == t.Headers[flowHeader] && cur.Headers[stepHeader] == t.Headers[stepHeader] {
+				return nil
+			}
+			return ErrTaskIDConflict
+		case !errors.Is(err, ErrTaskNotFound):
+			return err
+		}
+		errs, err := b.Enqueue(ctx, []*TaskInfo{t}, broker.EnqueueOptions{})
+		if err != nil {
+			return err
+		}
+		if !errors.Is(errs[0], ErrTaskIDConflict) {
+			return errs[0]
+		}
+	}
+	return ErrTaskIDConflict
 }
 
 // flowPayload is what a FlowType task carries.

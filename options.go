@@ -151,10 +151,14 @@ func MaxRetry(n int) Option {
 // TaskID sets the task's ID (default: a random UUID). Enqueue returns
 // ErrTaskIDConflict while the queue holds a task with that ID in any state,
 // which makes the ID a natural idempotency key ("order-cancel:42").
-// An ID is 1 to MaxIDLength bytes with no control characters.
+// An ID is 1 to MaxIDLength bytes with no control characters, and does not
+// begin with ReservedIDPrefix ("tide:"), which names tide's own tasks.
 func TaskID(id string) Option {
 	return optionFunc(func(o *enqueueOptions) error {
 		if err := validateName("TaskID", id); err != nil {
+			return err
+		}
+		if err := checkReservedID(id); err != nil {
 			return err
 		}
 		o.id = id

@@ -77,10 +77,19 @@ func (c *Client) checkPrepared(info *TaskInfo) (*TaskInfo, error) {
 	if err := validateName("task type", info.Type); err != nil {
 		return nil, err
 	}
+	if err := checkReservedType(info.Type); err != nil {
+		return nil, err
+	}
 	if info.ID != "" {
 		if err := validateName("TaskID", info.ID); err != nil {
 			return nil, err
 		}
+		if err := checkReservedID(info.ID); err != nil {
+			return nil, err
+		}
+	}
+	if err := checkReservedHeaders(info.Headers, true); err != nil {
+		return nil, err
 	}
 	hsize := 0
 	for k, v := range info.Headers {

@@ -321,10 +321,16 @@ func (s *Server) run(ctx context.Context, d *broker.Delivery) (broker.Settlement
 		defer cancel()
 	}
 	var err error
-	switch m.Type {
-	case NotifyType:
+	switch {
+	case (m.Type == NotifyType || m.Type == FlowType) && !d.Internal:
+		// Enqueue refuses these types; one that is here anyway (written
+		// to the store directly, or stored before the refusal existed)
+		// is not run: it could forge a workflow step's end or send a
+		// signed notification of the sender's choosing.
+		err = fmt.Errorf("tide: a %s task that tide did not store itself is never run: %w", m.Type, SkipRetry)
+	case m.Type == NotifyType:
 		err = s.deliverNotification(ctx, t)
-	case FlowType:
+	case m.Type == FlowType:
 		err = s.advanceFlow(ctx, t)
 	default:
 		switch {

@@ -134,7 +134,7 @@ func OnDependencyFailure(p DependencyPolicy) StepOption {
 
 // Add adds a step named name that runs t. The name is 1 to
 // broker.MaxFlowIDLength bytes of letters, digits and . _ - : and unique in
-// the workflow; the step's task ID is "<workflow ID>.<name>" (with the
+// the workflow; the step's task ID is "<workflow ID>/<name>" (with the
 // group's tag appended for a grouped task). t's own options apply (Queue,
 // MaxRetry, Timeout, Group, Unique, ...) over those given to
 // EnqueueWorkflow; TaskID and Replace are refused, and so are ProcessIn and

@@ -112,11 +112,11 @@ func TestWorkflowDiamond(t *testing.T) {
 	if got.State != tide.FlowSucceeded || got.Succeeded != 4 || got.FinishedAt.IsZero() {
 		t.Fatalf("workflow: %+v", got)
 	}
-	d := e.info("default", "diamond-1.d")
+	d := e.info("default", "diamond-1/d")
 	if string(d.Result) != "d(b(a))(c(a))" {
 		t.Errorf("d's result = %q, want d(b(a))(c(a))", d.Result)
 	}
-	if q := e.info("left", "diamond-1.b").Queue; q != "left" {
+	if q := e.info("left", "diamond-1/b").Queue; q != "left" {
 		t.Errorf("b ran in %q", q)
 	}
 	checkOrder(t, log.list(), map[string][]string{"b": {"a"}, "c": {"a"}, "d": {"b", "c"}})
@@ -160,7 +160,7 @@ func TestWorkflowFailurePolicies(t *testing.T) {
 	if s := stepStates(got); fmt.Sprint(s) != fmt.Sprint(want) {
 		t.Errorf("steps = %v, want %v", s, want)
 	}
-	if got.State != tide.FlowFailed || got.Failed != 1 || got.Canceled != 2 || got.Succeeded != 2 || !slices.Equal(got.FailedIDs, []string{"fail-1.charge"}) {
+	if got.State != tide.FlowFailed || got.Failed != 1 || got.Canceled != 2 || got.Succeeded != 2 || !slices.Equal(got.FailedIDs, []string{"fail-1/charge"}) {
 		t.Errorf("workflow: %+v", got)
 	}
 	if !errors.Is(cleanupSaw, tide.ErrStepFailed) || !strings.Contains(cleanupSaw.Error(), "card declined") {
@@ -290,14 +290,14 @@ func TestDeleteWorkflowStep(t *testing.T) {
 	if _, err := e.c.EnqueueWorkflow(ctx, wf); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.c.Delete(ctx, "default", "del-1.later"); err != nil {
+	if err := e.c.Delete(ctx, "default", "del-1/later"); err != nil {
 		t.Fatal(err)
 	}
 	got := waitFlow(t, tide.NewInspector(e.b), "del-1")
 	if s := stepStates(got); got.State != tide.FlowFailed || s["later"] != "failed" || s["after"] != "cancelled" {
 		t.Fatalf("workflow after deleting a step: %v %v", got.State, s)
 	}
-	if ti := e.info("default", "del-1.later"); ti.State != tide.StateArchived || !strings.Contains(ti.LastErr, "deleted by an operator") {
+	if ti := e.info("default", "del-1/later"); ti.State != tide.StateArchived || !strings.Contains(ti.LastErr, "deleted by an operator") {
 		t.Fatalf("deleted step's task: %v %q", ti.State, ti.LastErr)
 	}
 
@@ -312,8 +312,8 @@ func TestDeleteWorkflowStep(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, k := range keys {
-		e.rdb.HDel(ctx, k, "gone-1.a")
-		e.rdb.ZRem(ctx, k, "gone-1.a")
+		e.rdb.HDel(ctx, k, "gone-1/a")
+		e.rdb.ZRem(ctx, k, "gone-1/a")
 	}
 	if err := e.c.CancelWorkflow(ctx, "gone-1"); err != nil {
 		t.Fatal(err)

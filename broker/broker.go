@@ -89,6 +89,13 @@ type Delivery struct {
 	Token uint64
 	// LeaseFor is how long the lease lasts from the moment of delivery.
 	LeaseFor time.Duration
+	// Internal reports that the broker itself stored the task, with a
+	// settlement (Settlement.Then): a workflow follow-up or a notification.
+	// No Enqueue can store a task that is delivered as internal, so a
+	// server runs tide's own task types only for internal deliveries. The
+	// mark stays with the task through retries, archiving and an
+	// operator's run.
+	Internal bool
 }
 
 // Lease returns the reference to d's lease.
@@ -172,16 +179,27 @@ type Settlement struct {
 	// Then, when not nil, is a task stored in the same atomic step as the
 	// settlement, only when the settlement applies (a notification of the
 	// outcome, tide.NotifyURL): pending at once, in the settled task's
-	// queue, with an ID that FollowupID gives. A settlement sent twice
-	// stores it once.
+	// queue, with an ID that FollowupID gives, delivered as internal
+	// (Delivery.Internal). A settlement sent twice stores it once.
 	Then *tidetype.TaskInfo
 }
 
+// SealedHeader marks a task that a broker wrapper hands back without being
+// able to open its payload (encrypt: a workflow step's kept task whose key
+// is not in this process), for the same wrapper's Enqueue to store as it
+// is. It is never stored; tide refuses it on every task a caller enqueues.
+const SealedHeader = "tide-sealed"
+
+// ReservedIDPrefix starts the ID of every task a broker stores itself
+// (FollowupID). tide refuses it in the IDs callers choose (tide.TaskID,
+// EnqueuePrepared), so such an ID is never taken before the broker needs it.
+const ReservedIDPrefix = "tide:"
+
 // FollowupID is the ID of the task stored with the settlement of lease
-// (Settlement.Then): "n<token>{<tag>}", where tag is the settled task's
+// (Settlement.Then): "tide:n<token>{<tag>}", where tag is the settled task's
 // hash tag (its ID when it has none), so both live in one partition.
 func FollowupID(lease LeaseRef) string {
-	return fmt.Sprintf("n%d{%s}", lease.Token, HashTag(lease.ID))
+	return fmt.Sprintf("%sn%d{%s}", ReservedIDPrefix, lease.Token, HashTag(lease.ID))
 }
 
 // EnqueueOptions apply to one Enqueue call.
@@ -196,7 +214,9 @@ type EnqueueOptions struct {
 	// task (pending, scheduled or retry) with that ID: it takes the new
 	// task's payload, headers, options and due time, keeping its place in
 	// its group's order. A finished task (completed, archived) with the ID
-	// is replaced by the new one; an active one gets ErrTaskIDConflict.
+	// is replaced by the new one; an active one, a step of a workflow or
+	// batch (FlowHeader) and an internal task (Delivery.Internal) get
+	// ErrTaskIDConflict.
 	Replace bool
 	// Watch registers a waiter for each task as it is stored (see Waiter),
 	// so that a Wait that starts after Enqueue returns still learns how

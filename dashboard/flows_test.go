@@ -199,7 +199,7 @@ func TestWorkflowPages(t *testing.T) {
 		t.Errorf("order-ok edges %v, want %v", edges, diamondEdges)
 	}
 	for _, want := range []string{`id="workflow-state"><span class="badge fl-succeeded">succeeded</span>`, "4 succeeded · 0 failed · 0 cancelled · 0 to finish, of 4 steps",
-		`<a href="/task?id=order-ok.d&amp;q=flows">`} {
+		`<a href="/task?id=order-ok%2Fd&amp;q=flows">`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("order-ok page lacks %s", want)
 		}
@@ -228,9 +228,9 @@ func TestWorkflowPages(t *testing.T) {
 			t.Errorf("order-bad page contains the raw %q", raw)
 		}
 	}
-	for _, want := range []string{`&lt;script&gt;alert(&#34;step&#34;)&lt;/script&gt;&lt;img src=x onerror=alert(3)&gt;\u202e`, `<code>order-bad.b</code>`,
+	for _, want := range []string{`&lt;script&gt;alert(&#34;step&#34;)&lt;/script&gt;&lt;img src=x onerror=alert(3)&gt;\u202e`, `<code>order-bad/b</code>`,
 		`<span class="badge fl-failed">failed</span>`,
-		`id="workflow-failed"><a href="/task?id=order-bad.b&amp;q=flows"><code>order-bad.b</code></a></dd>`} {
+		`id="workflow-failed"><a href="/task?id=order-bad%2Fb&amp;q=flows"><code>order-bad/b</code></a></dd>`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("order-bad page lacks %s", want)
 		}
@@ -240,7 +240,7 @@ func TestWorkflowPages(t *testing.T) {
 	if !strings.Contains(row, `<div class="errtext">&lt;script&gt;alert(&#34;step&#34;)`) {
 		t.Errorf("b's row lacks its escaped error: %s", row)
 	}
-	if strings.Contains(body, `href="/task?id=order-bad.d`) {
+	if strings.Contains(body, `href="/task?id=order-bad%2Fd`) {
 		t.Error("the cancelled step, which never had a task, links to a task page")
 	}
 

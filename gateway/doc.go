@@ -99,7 +99,7 @@
 //
 // POST /v1/workflows enqueues a workflow (see tide.NewWorkflow): a DAG of
 // named steps, each a task object as POST /v1/tasks takes (without
-// "task_id": a step's task ID is "<id>.<name>"):
+// "task_id": a step's task ID is "<id>/<name>"):
 //
 //	{"id": "fulfil-order-42", "steps": [
 //	  {"name": "charge",  "task": {"type": "order:charge", "payload": {"order": 42}}},

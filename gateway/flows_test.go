@@ -129,7 +129,7 @@ func TestBatchEndpoints(t *testing.T) {
 		t.Fatalf("POST: %d %s", r.status, r.body)
 	}
 	var b gateway.Batch
-	if err := json.Unmarshal(r.body, &b); err != nil || b.Total != 3 || b.CallbackID != b.ID+".callback" {
+	if err := json.Unmarshal(r.body, &b); err != nil || b.Total != 3 || b.CallbackID != b.ID+"/callback" {
 		t.Fatalf("POST answer: %s", r.body)
 	}
 	e.until("the batch to end", func() bool {

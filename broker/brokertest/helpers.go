@@ -88,7 +88,12 @@ func putInState(t *testing.T, b broker.Broker, queue, id string, st tidetype.Tas
 
 func enqueueErrs(t *testing.T, b broker.Broker, msgs ...*tidetype.TaskInfo) []error {
 	t.Helper()
-	errs, err := b.Enqueue(t.Context(), msgs, broker.EnqueueOptions{})
+	return enqueueErrsOpts(t, b, broker.EnqueueOptions{}, msgs...)
+}
+
+func enqueueErrsOpts(t *testing.T, b broker.Broker, opts broker.EnqueueOptions, msgs ...*tidetype.TaskInfo) []error {
+	t.Helper()
+	errs, err := b.Enqueue(t.Context(), msgs, opts)
 	if err != nil {
 		t.Fatalf("Enqueue: %v", err)
 	}

@@ -21,6 +21,7 @@ var waitTests = []struct {
 	{"WaitWatched", testWaitWatched},
 	{"Progress", testProgress},
 	{"SettleThen", testSettleThen},
+	{"ReplaceStep", testReplaceStep},
 }
 
 // waitAsync runs Wait in a goroutine and returns its result channel.
@@ -191,7 +192,49 @@ func testSettleThen(t *testing.T, b broker.Broker) {
 	if f.State != tidetype.StatePending || string(f.Payload) != "outcome" || f.Queue != "then" {
 		t.Fatalf("follow-up = %+v", f)
 	}
-	if d2 := dequeueOne(t, b, "then", time.Minute); d2.Task.ID != f.ID {
-		t.Fatalf("dequeued %s, want the follow-up %s", d2.Task.ID, f.ID)
+	if d.Internal {
+		t.Fatal("an enqueued task was delivered as internal")
+	}
+	d2 := dequeueOne(t, b, "then", time.Minute)
+	if d2.Task.ID != f.ID || !d2.Internal {
+		t.Fatalf("dequeued %s (internal %v), want the follow-up %s, internal", d2.Task.ID, d2.Internal, f.ID)
+	}
+	// No enqueue takes the follow-up's place, not even with Replace.
+	forged := newMsg("then", f.ID)
+	if errs := enqueueErrsOpts(t, b, broker.EnqueueOptions{Replace: true}, forged); !errors.Is(errs[0], broker.ErrTaskIDConflict) {
+		t.Fatalf("Replace over an active follow-up: %v, want ErrTaskIDConflict", errs[0])
+	}
+	// The mark stays through a retry, an archive and an operator's run.
+	settleOK(t, b, retryOf(d2, time.Now().Add(-time.Millisecond), "boom"))
+	if errs := enqueueErrsOpts(t, b, broker.EnqueueOptions{Replace: true}, forged); !errors.Is(errs[0], broker.ErrTaskIDConflict) {
+		t.Fatalf("Replace over a follow-up waiting in retry: %v, want ErrTaskIDConflict", errs[0])
+	}
+	d3 := redeliver(t, b, "then", time.Minute)
+	if d3.Task.ID != f.ID || !d3.Internal {
+		t.Fatalf("retried follow-up delivered as %s (internal %v)", d3.Task.ID, d3.Internal)
+	}
+	settleOK(t, b, outcomeOf(d3, broker.SettleArchive))
+	if a, ok := b.(broker.Admin); ok {
+		if err := a.RunTask(t.Context(), "then", f.ID); err != nil {
+			t.Fatalf("RunTask of the archived follow-up: %v", err)
+		}
+		if d4 := dequeueOne(t, b, "then", time.Minute); d4.Task.ID != f.ID || !d4.Internal {
+			t.Fatalf("follow-up run again delivered as %s (internal %v)", d4.Task.ID, d4.Internal)
+		}
+	}
+}
+
+// testReplaceStep: Replace never takes the place of a workflow step's or
+// batch task's task, waiting or finished: its end would not reach its flow.
+func testReplaceStep(t *testing.T, b broker.Broker) {
+	step := newMsg("rstep", "wf/a")
+	step.Headers = map[string]string{broker.FlowHeader: "w:wf"}
+	enqueue(t, b, step)
+	forged := newMsg("rstep", "wf/a")
+	if errs := enqueueErrsOpts(t, b, broker.EnqueueOptions{Replace: true}, forged); !errors.Is(errs[0], broker.ErrTaskIDConflict) {
+		t.Fatalf("Replace over a waiting step: %v, want ErrTaskIDConflict", errs[0])
+	}
+	if got := get(t, b, "rstep", "wf/a"); got.Headers[broker.FlowHeader] != "w:wf" {
+		t.Fatalf("the step was replaced: %+v", got)
 	}
 }

@@ -54,7 +54,9 @@ func (b *Broker) enqueue(m *tidetype.TaskInfo, now time.Time, replace bool) erro
 		}
 	}
 	t := q.tasks[m.ID]
-	if t != nil && (!replace || t.msg.State == tidetype.StateActive) {
+	if t != nil && (!replace || t.msg.State == tidetype.StateActive || t.internal || t.msg.Headers[broker.FlowHeader] != "") {
+		// An active task, a workflow step or batch task and a task the
+		// broker stored itself are never replaced.
 		return broker.ErrTaskIDConflict
 	}
 	if m.UniqueKey != "" {

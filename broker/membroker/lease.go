@@ -50,7 +50,7 @@ func (b *Broker) Dequeue(ctx context.Context, queues []string, n int, lease time
 			t.msg.State = tidetype.StateActive
 			b.push(&q.active, t, now.Add(lease))
 			b.event(q, t, tidetype.EventStarted, "")
-			out = append(out, &broker.Delivery{Task: clone(&t.msg), Token: t.token, LeaseFor: lease})
+			out = append(out, &broker.Delivery{Task: clone(&t.msg), Token: t.token, LeaseFor: lease, Internal: t.internal})
 		}
 		if len(out) == n {
 			break
@@ -113,7 +113,9 @@ func (b *Broker) followup(s *broker.Settlement, now time.Time) {
 	if q := b.queues[t.Queue]; q != nil && q.tasks[t.ID] != nil {
 		return
 	}
-	_ = b.enqueue(t, now, false) // validated by the caller; a conflict means it is stored
+	if b.enqueue(t, now, false) == nil { // validated by the caller; a conflict means it is stored
+		b.queues[t.Queue].tasks[t.ID].internal = true
+	}
 }
 
 func (b *Broker) settle(s *broker.Settlement, now time.Time) error {

@@ -158,6 +158,10 @@ type task struct {
 	eseq uint64
 
 	watched bool // EnqueueOptions.Watch: its outcome is kept when it ends
+
+	// internal: stored by the broker with a settlement (Settlement.Then);
+	// delivered with broker.Delivery.Internal. Enqueue never sets it.
+	internal bool
 }
 
 type uniqueLock struct {

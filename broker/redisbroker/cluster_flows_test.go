@@ -80,7 +80,7 @@ func TestClusterWorkflowAndBatch(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	z, err := in.GetTaskInfo(ctx, "a", "cluster-diamond.z")
+	z, err := in.GetTaskInfo(ctx, "a", "cluster-diamond/z")
 	if err != nil || string(z.Result) != "z(x(w))(y(w))" {
 		t.Fatalf("z = %v, %v", z, err)
 	}

@@ -71,7 +71,7 @@ func (b *Broker) Dequeue(ctx context.Context, queues []string, n int, lease time
 					b.archiveUndecodable(ctx, p, id, tok, derr)
 					continue
 				}
-				out = append(out, &broker.Delivery{Task: t, Token: tok, LeaseFor: lease})
+				out = append(out, &broker.Delivery{Task: t, Token: tok, LeaseFor: lease, Internal: codec.Internal([]byte(rec))})
 			}
 		}
 		if len(out) >= n {

@@ -185,10 +185,10 @@ func TestWorkflowsAndBatches(t *testing.T) {
 	r = e.tide("workflows", "show", "wf-bad")
 	r.want(t, exitOK, "ID:", "wf-bad", "State:", "failed", "Steps:", "4 of 4 done: 2 succeeded, 1 failed, 1 cancelled",
 		"Created:", "Finished:", "STEP", "STATE", "QUEUE", "TASK ID", "AFTER", "ERROR")
-	if l := stepRow(t, r.stdout, "fetch"); !strings.Contains(l, "succeeded") || !strings.Contains(l, "wf-bad.fetch") || !strings.Contains(l, "flows") {
+	if l := stepRow(t, r.stdout, "fetch"); !strings.Contains(l, "succeeded") || !strings.Contains(l, "wf-bad/fetch") || !strings.Contains(l, "flows") {
 		t.Errorf("fetch: %q", l)
 	}
-	if l := stepRow(t, r.stdout, "evil"); !strings.Contains(l, "failed") || !strings.Contains(l, "wf-bad.evil") || !strings.Contains(l, " fetch ") ||
+	if l := stepRow(t, r.stdout, "evil"); !strings.Contains(l, "failed") || !strings.Contains(l, "wf-bad/evil") || !strings.Contains(l, " fetch ") ||
 		!strings.HasSuffix(l, `boom\x1b[2J\x1b]0;pwned\x07 \u009b31m\u202egnp.exe …`) {
 		t.Errorf("evil: %q", l)
 	}
@@ -207,7 +207,7 @@ func TestWorkflowsAndBatches(t *testing.T) {
 		t.Fatalf("workflows show --json: %v\n%s", err, r.stdout)
 	}
 	steps := *w.Steps
-	if s := steps[1]; s.Name != "evil" || s.State != "failed" || s.TaskID != "wf-bad.evil" || s.Queue != "flows" ||
+	if s := steps[1]; s.Name != "evil" || s.State != "failed" || s.TaskID != "wf-bad/evil" || s.Queue != "flows" ||
 		len(s.After) != 1 || s.After[0] != "fetch" || !strings.Contains(s.Error, evilErr) {
 		t.Errorf("evil step: %+v", s)
 	}
@@ -217,7 +217,7 @@ func TestWorkflowsAndBatches(t *testing.T) {
 	if s := steps[0]; s.After == nil || len(s.After) != 0 {
 		t.Errorf("fetch's after is not []: %+v", s)
 	}
-	if len(*w.FailedIDs) != 1 || (*w.FailedIDs)[0] != "wf-bad.evil" {
+	if len(*w.FailedIDs) != 1 || (*w.FailedIDs)[0] != "wf-bad/evil" {
 		t.Errorf("failed_ids: %q", *w.FailedIDs)
 	}
 
@@ -238,7 +238,7 @@ func TestWorkflowsAndBatches(t *testing.T) {
 	}
 	r = e.tide("batches", "show", b2.ID)
 	r.want(t, exitOK, "Callback:    -", "and 5 more (--json lists them all)")
-	if n := strings.Count(r.stdout, b2.ID+"."); n != 20 {
+	if n := strings.Count(r.stdout, b2.ID+"/"); n != 20 {
 		t.Errorf("%d failed IDs shown, want 20:\n%s", n, r.stdout)
 	}
 	r = e.tide("batches", "show", b2.ID, "--json")
@@ -300,7 +300,7 @@ func TestFlowsCancel(t *testing.T) {
 		Add("next", tide.NewTask("ok", nil), tide.After("slow")), tide.Queue("flows")); err != nil {
 		t.Fatal(err)
 	}
-	if id := recv(t, started); id != "wf-block.slow" {
+	if id := recv(t, started); id != "wf-block/slow" {
 		t.Fatalf("started %q", id)
 	}
 	r := e.tide("workflows", "show", "wf-block")
@@ -353,7 +353,7 @@ func TestFlowsCancel(t *testing.T) {
 	}
 	// The running step's handler is cancelled: its task is archived.
 	waitFor(t, "the running step to stop", func() bool {
-		ti, err := e.in.GetTaskInfo(ctx, "flows", "wf-block.slow")
+		ti, err := e.in.GetTaskInfo(ctx, "flows", "wf-block/slow")
 		return err != nil || ti.State == tide.StateArchived
 	})
 	r = e.tide("workflows", "show", "wf-block")

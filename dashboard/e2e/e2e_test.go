@@ -713,7 +713,7 @@ func TestE2EBrowser(t *testing.T) {
 		chromedp.Click(chromedp.CSS(`#workflow-graph g.node[data-step="pack"] a rect`)),
 		chromedp.WaitVisible(chromedp.ID("payload")),
 	)
-	if loc, _ := chromedp.Run(bctx, chromedp.Location()); !strings.Contains(loc, "id="+demoWorkflow+".pack") {
+	if loc, _ := chromedp.Run(bctx, chromedp.Location()); !strings.Contains(loc, "id="+demoWorkflow+"%2Fpack") {
 		t.Errorf("the pack box leads to %s", loc)
 	}
 

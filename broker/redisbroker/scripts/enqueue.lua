@@ -28,8 +28,10 @@
 -- beyond the layout check and the reply cache. A grouped task gets its
 -- enqueue sequence and, when pending, joins its group's ready tasks. A task
 -- to replace another one takes the place of a waiting task with its ID
--- (keeping its enqueue sequence) or of a finished one; an active one (or
--- one a repartition moves) is an ID conflict. Each task stored is an 'e'
+-- (keeping its enqueue sequence) or of a finished one; an active one, one
+-- a repartition moves, a step of a workflow or batch and a task the broker
+-- stored itself (rec_internal) are an ID conflict: no enqueue takes their
+-- place. Each task stored is an 'e'
 -- event in the events stream (ev_add in lib.lua).
 local bad = layout_error(KEYS[6], ARGV[1])
 if bad then return bad end
@@ -46,7 +48,7 @@ local E = ev_new(KEYS[22], ARGV[8])
 -- lies finished, for Replace; it returns false when the task is active or
 -- being moved.
 local function unplace(id, rec)
-  if not rec_ok(rec) or rec_moving(rec) then return false end
+  if not rec_ok(rec) or rec_moving(rec) or rec_flow(rec) or rec_internal(rec) then return false end
   local st = rec_state(rec)
   if st == 2 then return false end
   if st == 1 then

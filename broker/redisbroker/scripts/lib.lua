@@ -1,8 +1,8 @@
 -- lib.lua: helpers prepended to every script (only those a script uses; see
 -- scripts.go). They read and patch the fixed 24-byte record header described
 -- in internal/codec (1-based offsets here):
---   1 version (2) | 2 state (low 4 bits) + flow (bit 5), moving (bit 6) and
---   cancel (bit 7) flags | 3-10 token
+--   1 version (2) | 2 state (low 4 bits) + internal (bit 4), flow (bit 5),
+--   moving (bit 6) and cancel (bit 7) flags | 3-10 token
 --   11-12 retried | 13-14 max retry | 15-20 process-at ms | 21-23 body len
 --   24 uniq len | 25.. body | unique key | failure (empty, or failed-at ms (6) .. last error)
 -- States: 1 pending, 2 active, 3 scheduled, 4 retry, 5 archived, 6 completed.
@@ -23,6 +23,15 @@ local function rec_state(rec) return string.byte(rec, 2) % 16 end
 local function rec_canceled(rec) return string.byte(rec, 2) >= 128 end
 -- rec_flow: bit 5, a step of a workflow or batch (broker.FlowHeader).
 local function rec_flow(rec) return string.byte(rec, 2) % 64 >= 32 end
+-- rec_internal: bit 4, a task the broker stored itself with a settlement
+-- (settle.lua: a workflow follow-up or a notification). Only settle.lua sets
+-- it; records that Go encodes never have it, so no enqueue can forge it.
+local function rec_internal(rec) return string.byte(rec, 2) % 32 >= 16 end
+-- rec_mark_internal returns rec with the internal flag set.
+local function rec_mark_internal(rec)
+  if rec_internal(rec) then return rec end
+  return string.sub(rec, 1, 1) .. string.char(string.byte(rec, 2) + 16) .. string.sub(rec, 3)
+end
 -- rec_moving: bit 6, set while a repartition moves the task out.
 local function rec_moving(rec) return string.byte(rec, 2) % 128 >= 64 end
 local function rec_token(rec) return struct.unpack('>I8', rec, 3) end
@@ -50,10 +59,10 @@ local function rec_uniq(rec)
 end
 
 -- rec_patch returns rec with the given fields replaced; nil keeps a field.
--- A new state clears the cancel flag and keeps the flow flag. failed and err replace the failure
+-- A new state clears the cancel flag and keeps the flow and internal flags. failed and err replace the failure
 -- section together (either may be nil to keep its part).
 local function rec_patch(rec, state, token, retried, due, failed, err)
-  local st = state and string.char(state + (rec_flow(rec) and 32 or 0)) or string.sub(rec, 2, 2)
+  local st = state and string.char(state + string.byte(rec, 2) % 64 - string.byte(rec, 2) % 16) or string.sub(rec, 2, 2)
   local tk = token and struct.pack('>I8', token) or string.sub(rec, 3, 10)
   local rt = retried and struct.pack('>I2', math.min(retried, 65535)) or string.sub(rec, 11, 12)
   local du = due and struct.pack('>I6', due) or string.sub(rec, 15, 20)

@@ -17,7 +17,9 @@
 -- ('' for none, '?' when the caller does not know, else the task's group as
 -- its record says), then the ID and record of a task to store with the
 -- settlement when it applies ('' and '' for none: Settlement.Then, pending
--- at once; stored once however often the settlement runs) where op is
+-- at once, marked internal (rec_internal: the server runs such a task only
+-- when the broker stored it); stored once however often the settlement
+-- runs) where op is
 --   'd' done:      a, b, c unused                      -> deleted
 --   'c' completed: a = new record, b = expire-at ms, c = completed-at ms -> kept until b
 --   'r' retry:     a = retry-at ms, b = failed-at ms, c = error
@@ -141,7 +143,7 @@ for i = 12, #ARGV, 11 do
       end
     end
     if g and g_release(G, g, id, true, op == 'd' or op == 'c' or op == 'a', ordered) then woke = true end
-    if ARGV[i+9] ~= '' and redis.call('HSETNX', KEYS[1], ARGV[i+9], ARGV[i+10]) == 1 then
+    if ARGV[i+9] ~= '' and redis.call('HSETNX', KEYS[1], ARGV[i+9], rec_mark_internal(ARGV[i+10])) == 1 then
       redis.call('LPUSH', KEYS[3], ARGV[i+9])
       followed = true
       if E then ev_add(E, 'e', ARGV[i+9], rec_type(ARGV[i+10])) end

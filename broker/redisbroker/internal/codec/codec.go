@@ -8,7 +8,9 @@
 //	1   1   state (tidetype.TaskState) in the low 4 bits; bit 7 is set when
 //	        the task's cancellation was requested while it was active, bit 6
 //	        while a repartition moves it, bit 5 when it is a step of a flow
-//	        (broker.FlowHeader)
+//	        (broker.FlowHeader), bit 4 when the broker itself stored the task
+//	        with a settlement (broker.Settlement.Then, broker.Delivery.Internal):
+//	        only the settle script sets it, Encode never does
 //	2   8   token: the fencing token of the current (or last) lease, 0 before
 //	        the first delivery; drawn from a per-partition sequence that
 //	        never repeats, so a re-created task ID never reuses a token
@@ -62,9 +64,10 @@ const (
 	offBodyLen   = 20
 	offUniqLen   = 23
 
-	stateMask  = 0x0f
-	flagFlow   = 0x20
-	flagCancel = 0x80
+	stateMask    = 0x0f
+	flagInternal = 0x10
+	flagFlow     = 0x20
+	flagCancel   = 0x80
 
 	// MaxBody is the largest body a record holds (24-bit length).
 	MaxBody = 1<<24 - 1
@@ -305,6 +308,12 @@ func decodeBody(r *reader, m *tidetype.TaskInfo) error {
 		return fmt.Errorf("%w: body: %v", ErrCorrupt, r.err)
 	}
 	return nil
+}
+
+// Internal reports whether the record was stored by the broker itself with a
+// settlement (the settle script sets the flag; Encode never does).
+func Internal(b []byte) bool {
+	return len(b) >= HeaderSize && b[0] == Version && b[offState]&flagInternal != 0
 }
 
 // Token reads only the token of a record; ok is false for a record too short
