@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -69,6 +70,18 @@ func (w *wrapper) Enqueue(ctx context.Context, tasks []*tidetype.TaskInfo, opts 
 	drawn := make([]bool, len(tasks))
 	for i, t := range tasks {
 		send[i] = t
+		if t != nil && t.Headers[broker.SealedHeader] != "" {
+			// A flow's kept task whose payload this process could not open
+			// (openReady): stored sealed as it was, without the mark.
+			c := *t
+			c.Headers = maps.Clone(t.Headers)
+			delete(c.Headers, broker.SealedHeader)
+			if !IsSealed(c.Payload) || c.ID == "" {
+				return nil, fmt.Errorf("encrypt: enqueue: header %s on a task that was not kept sealed by a flow", broker.SealedHeader)
+			}
+			send[i] = &c
+			continue
+		}
 		if t == nil || (len(t.Payload) == 0 && len(t.Result) == 0) {
 			continue // nothing to hide; the broker validates and assigns as usual
 		}

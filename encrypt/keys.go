@@ -3,6 +3,8 @@ package encrypt
 import (
 	"crypto/aes"
 	"crypto/cipher"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -103,6 +105,9 @@ type keyring struct {
 	byID  [256]*sealKey
 	ids   string // "2, 1": the IDs in order, for error messages
 	count int
+	// digest keys the digest a workflow is stored with (flowDigest): an
+	// HMAC key derived from the first key's secret, never the secret.
+	digest []byte
 }
 
 type sealKey struct {
@@ -139,6 +144,9 @@ func newKeyring(keys []Key) (*keyring, error) {
 		kr.byID[k.ID] = sk
 		if i == 0 {
 			kr.enc = sk
+			m := hmac.New(sha256.New, k.Secret)
+			m.Write([]byte("tide: workflow digest key, v1"))
+			kr.digest = m.Sum(nil)
 		}
 		ids[i] = strconv.Itoa(int(k.ID))
 	}

@@ -1,0 +1,140 @@
+package encrypt_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/broker/redisbroker"
+	"github.com/tidequeue/tide/encrypt"
+	"github.com/tidequeue/tide/internal/redistest"
+)
+
+// A workflow step that waits on another is kept sealed in the workflow. A
+// server without its key (after a rotation, or a deployment that lacks it)
+// releases it: the step's task is stored with its sealed payload and
+// archived with the reason, never run with an empty payload, and it runs
+// with its payload once a server with the key runs it again.
+func TestStepReleasedWithoutItsKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	addr := redistest.Addr(t)
+	prefix := redistest.Prefix(t)
+	raw := redisbroker.New(redistest.Client(t, addr), redisbroker.WithPrefix(prefix))
+	t.Cleanup(func() { _ = raw.Close() })
+	owner := wrap(t, redisbroker.New(redistest.Client(t, addr), redisbroker.WithPrefix(prefix)), newKey(t, 2))
+	t.Cleanup(func() { _ = owner.Close() })
+	other := wrap(t, redisbroker.New(redistest.Client(t, addr), redisbroker.WithPrefix(prefix)), newKey(t, 9))
+	t.Cleanup(func() { _ = other.Close() })
+
+	const secret = "card 4111 1111 1111 1111"
+	var mu sync.Mutex
+	seen := map[string][]string{} // step name -> payloads its handler got
+	handler := tide.HandlerFunc(func(ctx context.Context, task *tide.Task) error {
+		step, _ := tide.GetStepName(ctx)
+		mu.Lock()
+		seen[step] = append(seen[step], string(task.Payload()))
+		mu.Unlock()
+		return nil
+	})
+	wf := tide.NewWorkflow("wf-rotated").
+		Add("a", tide.NewTask("a", nil)).
+		Add("b", tide.NewTask("b", []byte(secret)), tide.After("a"))
+	if _, err := tide.NewClient(owner).EnqueueWorkflow(ctx, wf); err != nil {
+		t.Fatal(err)
+	}
+	// Only the server without key 2 runs: it runs a (no payload) and
+	// releases b, whose kept payload it cannot open.
+	srv := tide.NewServer(other, tide.Config{Concurrency: 2, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err := srv.Start(handler); err != nil {
+		t.Fatal(err)
+	}
+	in := tide.NewInspector(raw)
+	var b *tide.TaskInfo
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var err error
+		b, err = in.GetTaskInfo(ctx, "default", "wf-rotated/b")
+		if err == nil && b.State == tide.StateArchived {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("step b was not archived: %+v %v", b, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	srv.Shutdown()
+	if !encrypt.IsSealed(b.Payload) || !strings.Contains(b.LastErr, "unknown key 2") {
+		t.Fatalf("step b stored with payload %q, LastErr %q; want it sealed and archived for its key", b.Payload, b.LastErr)
+	}
+	if _, ok := b.Headers[broker.SealedHeader]; ok {
+		t.Fatalf("the mark %s was stored with the task", broker.SealedHeader)
+	}
+	mu.Lock()
+	if got := seen["b"]; len(got) != 0 {
+		t.Fatalf("step b ran without its key, with payloads %q", got)
+	}
+	mu.Unlock()
+
+	// The key is back: the operator runs b again.
+	if err := tide.NewInspector(owner).RunTask(ctx, "default", "wf-rotated/b"); err != nil {
+		t.Fatal(err)
+	}
+	srv2 := tide.NewServer(owner, tide.Config{Concurrency: 2, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err := srv2.Start(handler); err != nil {
+		t.Fatal(err)
+	}
+	defer srv2.Shutdown()
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		wi, err := tide.NewInspector(owner).GetWorkflow(ctx, "wf-rotated")
+		if err == nil && wi.State == tide.FlowSucceeded {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("workflow did not finish: %+v %v", wi, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if got := seen["b"]; len(got) != 1 || got[0] != secret {
+		t.Fatalf("step b ran with payloads %q, want once with its own", got)
+	}
+}
+
+// The digest a workflow is stored with is keyed: enqueuing the same
+// workflow again with the same key resumes it, while the same steps
+// under another key do not match (an unkeyed digest would, which is what
+// lets a reader of the store confirm a guessed payload).
+func TestWorkflowDigestIsKeyed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	addr := redistest.Addr(t)
+	prefix := redistest.Prefix(t)
+	one := wrap(t, redisbroker.New(redistest.Client(t, addr), redisbroker.WithPrefix(prefix)), newKey(t, 1))
+	t.Cleanup(func() { _ = one.Close() })
+	two := wrap(t, redisbroker.New(redistest.Client(t, addr), redisbroker.WithPrefix(prefix)), newKey(t, 1))
+	t.Cleanup(func() { _ = two.Close() })
+	build := func() *tide.Workflow {
+		return tide.NewWorkflow("wf-digest").
+			Add("a", tide.NewTask("a", []byte("salary 1234"))).
+			Add("b", tide.NewTask("b", []byte("salary 5678")), tide.After("a"))
+	}
+	if _, err := tide.NewClient(one).EnqueueWorkflow(ctx, build()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tide.NewClient(one).EnqueueWorkflow(ctx, build()); err != nil {
+		t.Fatalf("the same workflow again with the same key: %v", err)
+	}
+	if _, err := tide.NewClient(two).EnqueueWorkflow(ctx, build()); !errors.Is(err, tide.ErrWorkflowExists) {
+		t.Fatalf("the same workflow under another key: %v, want ErrWorkflowExists", err)
+	}
+}
