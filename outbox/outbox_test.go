@@ -825,3 +825,52 @@ func TestFailingRowDoesNotBlockOthers(t *testing.T) {
 		}
 	})
 }
+
+// TestReservedRefused: the outbox refuses tide's own task types, step
+// headers and reserved IDs when a task is written, and a row written to the
+// table by other means with one of them is marked failed by the relay, never
+// stored in tide.
+func TestReservedRefused(t *testing.T) {
+	both(t, func(t *testing.T, d Dialect) {
+		e := newEnv(t, d)
+		ctx := context.Background()
+		e.inTx(false, func(tx *sql.Tx) {
+			if _, err := e.ob.Enqueue(ctx, tx, tide.NewTask(tide.FlowType, nil), tide.Queue("q")); !errors.Is(err, tide.ErrInvalidTask) {
+				t.Errorf("Enqueue of a %s task: %v, want ErrInvalidTask", tide.FlowType, err)
+			}
+			if _, err := e.ob.Enqueue(ctx, tx, tide.NewTask("t", nil), tide.Queue("q"), tide.TaskID("tide:n1{x}")); !errors.Is(err, tide.ErrInvalidTask) {
+				t.Errorf("Enqueue with a reserved ID: %v, want ErrInvalidTask", err)
+			}
+		})
+		tb := e.ob.Table()
+		ph := func(n int) string { return d.ph(n) }
+		forged := []string{
+			`{"Queue":"q","ID":"f1","Type":"tide:flow","Payload":"e30=","NextProcessAt":"2020-01-01T00:00:00Z"}`,
+			`{"Queue":"q","ID":"f2","Type":"tide:notify","NextProcessAt":"2020-01-01T00:00:00Z"}`,
+			`{"Queue":"q","ID":"f3","Type":"t","Headers":{"tide-flow":"w:order-42","tide-step":"charge"},"NextProcessAt":"2020-01-01T00:00:00Z"}`,
+			`{"Queue":"q","ID":"tide:n9{x}","Type":"t","NextProcessAt":"2020-01-01T00:00:00Z"}`,
+		}
+		for i, info := range forged {
+			id := []byte(fmt.Sprint("f", i+1))
+			if i == 3 {
+				id = []byte("tide:n9{x}")
+			}
+			if _, err := e.db.Exec(`INSERT INTO `+tb+` (kind, queue, task_id, info) VALUES (`+ph(1)+`,`+ph(2)+`,`+ph(3)+`,`+ph(4)+`)`,
+				1, "q", id, []byte(info)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		e.relay(e.ob)
+		e.waitEmpty()
+		failed, err := e.ob.Failed(ctx, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(failed) != len(forged) {
+			t.Fatalf("%d failed rows, want %d: %+v", len(failed), len(forged), failed)
+		}
+		if n := e.count("q"); n != 0 {
+			t.Fatalf("tide holds %d tasks of the forged rows", n)
+		}
+	})
+}
