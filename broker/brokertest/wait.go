@@ -134,6 +134,50 @@ func testWaitWatched(t *testing.T, b broker.Broker) {
 	if err != nil || info.State != tidetype.StateCompleted {
 		t.Fatalf("Wait after the watched task ended: %+v, %v; want completed", info, err)
 	}
+
+	// A task kept completed or archived whose record was trimmed before
+	// the Wait: the outcome alone answers.
+	for _, kind := range []broker.SettleKind{broker.SettleDone, broker.SettleArchive} {
+		q := "watched-trim-" + kind.String()
+		m := newMsg(q, "a")
+		m.Retention = time.Millisecond
+		if _, err := b.Enqueue(t.Context(), []*tidetype.TaskInfo{m}, broker.EnqueueOptions{Watch: true}); err != nil {
+			t.Fatal(err)
+		}
+		d := dequeueOne(t, b, q, time.Minute)
+		s := outcomeOf(d, kind)
+		s.Err = "boom"
+		settleOK(t, b, s)
+		if kind == broker.SettleArchive {
+			if err := b.Delete(t.Context(), q, "a"); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			eventually(t, waitLong, "the completed task to be trimmed", func() bool {
+				maintain(t, b, q)
+				_, err := b.GetTask(t.Context(), q, "a")
+				return errors.Is(err, broker.ErrTaskNotFound)
+			})
+		}
+		info, err := w.Wait(t.Context(), q, "a")
+		want := tidetype.StateCompleted
+		if kind == broker.SettleArchive {
+			want = tidetype.StateArchived
+		}
+		if err != nil || info.State != want {
+			t.Fatalf("Wait after the watched task ended %s and its record went: %+v, %v; want %s", kind, info, err, want)
+		}
+	}
+
+	// The outcome of an earlier task with the ID does not answer for a
+	// new task with it, deleted before it ran.
+	enqueue(t, b, newMsg("watched", "a"))
+	if err := b.Delete(t.Context(), "watched", "a"); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := w.Wait(t.Context(), "watched", "a"); !errors.Is(err, broker.ErrTaskNotFound) {
+		t.Fatalf("Wait for a re-created task deleted before it ran: %+v, %v; want ErrTaskNotFound", info, err)
+	}
 }
 
 // testProgress: a leased task's progress is kept with it and read back by

@@ -252,11 +252,14 @@ func (b *Broker) throttle(q *queue, t *task, at time.Time) {
 
 // drop deletes t, which is not active, from q: a deleted task finishes.
 func (b *Broker) drop(q *queue, t *task) {
+	finished := t.msg.State == tidetype.StateArchived || t.msg.State == tidetype.StateCompleted
 	q.detach(t)
 	q.releaseLock(t)
 	delete(q.tasks, t.msg.ID)
 	b.release(q, t, false, true)
-	b.ended(q, t, true, nil, b.clock.Now())
+	if !finished { // a finished task's end was told when it finished
+		b.ended(q, t, true, nil, b.clock.Now())
+	}
 }
 
 // dropIdle forgets g when nothing is left of it: no ready or active task,

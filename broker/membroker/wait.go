@@ -83,24 +83,29 @@ func (b *Broker) Wait(ctx context.Context, queue, id string) (*tidetype.TaskInfo
 }
 
 // ended is called when task t of q ends (completed, archived, deleted):
-// its waiters wake, and when its record goes (gone) the outcome is kept for
-// them (info: nil for a deleted task). Called with b.mu held.
+// its waiters wake, and its outcome is kept for them, for a waiter that
+// looks once the record is gone (info: how it ended when its record goes
+// now (gone), nil for a deleted task). A task nobody waits for drops the
+// outcome kept from an earlier task with its ID. Called with b.mu held.
 func (b *Broker) ended(q *queue, t *task, gone bool, info *tidetype.TaskInfo, now time.Time) {
 	ws := q.waiters[t.msg.ID]
 	if len(ws) == 0 && !t.watched {
+		delete(q.outcomes, t.msg.ID)
 		return
 	}
-	if gone {
-		if q.outcomes == nil {
-			q.outcomes = map[string]outcome{}
-		}
-		for id, o := range q.outcomes {
-			if now.After(o.expires) {
-				delete(q.outcomes, id)
-			}
-		}
-		q.outcomes[t.msg.ID] = outcome{info: info, expires: now.Add(outcomeTTL)}
+	t.watched = false // told: what happens to the record now is not an end
+	if !gone {
+		info = &tidetype.TaskInfo{ID: t.msg.ID, Queue: t.msg.Queue, State: t.msg.State, CompletedAt: t.msg.CompletedAt, LastFailedAt: t.msg.LastFailedAt}
 	}
+	if q.outcomes == nil {
+		q.outcomes = map[string]outcome{}
+	}
+	for id, o := range q.outcomes {
+		if now.After(o.expires) {
+			delete(q.outcomes, id)
+		}
+	}
+	q.outcomes[t.msg.ID] = outcome{info: info, expires: now.Add(outcomeTTL)}
 	for _, w := range ws {
 		close(w)
 	}

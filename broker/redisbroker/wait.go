@@ -97,14 +97,22 @@ func (b *Broker) waitStep(ctx context.Context, queue, id string) (*tidetype.Task
 }
 
 // parseOutcome reads how a task whose record is gone ended, as w_ended
-// (lib.lua) records it: "d<ms>" done, "x" deleted or cancelled.
+// (lib.lua) records it: "d<ms>" succeeded and deleted, "c<ms>" completed
+// (its kept record trimmed since), "a<ms>" archived (trimmed since), "x"
+// deleted or cancelled.
 func parseOutcome(queue, id, s string) (*tidetype.TaskInfo, error) {
 	if s == "x" {
 		return nil, fmt.Errorf("%w: %s was deleted while it was waited for", broker.ErrTaskNotFound, id)
 	}
-	if len(s) > 1 && s[0] == 'd' {
-		if ms, err := strconv.ParseInt(s[1:], 10, 64); err == nil {
-			return &tidetype.TaskInfo{ID: id, Queue: queue, State: tidetype.StateCompleted, CompletedAt: time.UnixMilli(ms)}, nil
+	if len(s) > 1 {
+		if ms, err := strconv.ParseInt(s[1:], 10, 64); err == nil && ms >= 0 {
+			at := time.UnixMilli(ms)
+			switch s[0] {
+			case 'd', 'c':
+				return &tidetype.TaskInfo{ID: id, Queue: queue, State: tidetype.StateCompleted, CompletedAt: at}, nil
+			case 'a':
+				return &tidetype.TaskInfo{ID: id, Queue: queue, State: tidetype.StateArchived, LastFailedAt: at}, nil
+			}
 		}
 	}
 	return nil, fmt.Errorf("tide: redisbroker: wait: task %s ended with unreadable outcome %q", id, s)

@@ -69,7 +69,9 @@ local function remove(id, rec)
   redis.call('HDEL', KEYS[12], id)
   redis.call('HDEL', KEYS[19], id)
   g_forget(G, id)
-  w_ended(W, id, 'x', now, ARGV[9])
+  if not (rec_ok(rec) and (rec_state(rec) == 5 or rec_state(rec) == 6)) then
+    w_ended(W, id, 'x', now, ARGV[9]) -- a finished task's end was told already
+  end
   if E then ev_add(E, 'x', id, rec_type(rec)) end
 end
 

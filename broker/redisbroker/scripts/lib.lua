@@ -274,9 +274,9 @@ end
 -- the tasks someone waits for (Broker.Wait, wait.lua): w the waiters hash
 -- (task ID -> registration expiry ms), o the outcomes hash (task ID -> how
 -- it ended), x when each outcome expires (zset, ms). W is nil when no task
--- of the partition is waited for.
+-- of the partition is waited for and no outcome is kept.
 local function w_keys(i)
-  if redis.call('EXISTS', KEYS[i]) == 0 then return nil end
+  if redis.call('EXISTS', KEYS[i], KEYS[i + 1]) == 0 then return nil end
   return {w = KEYS[i], o = KEYS[i + 1], x = KEYS[i + 2]}
 end
 
@@ -284,9 +284,15 @@ end
 -- the waiters ("f<id>" on channel): outcome is 'd<ms>' succeeded and
 -- deleted, 'c<ms>' completed, 'a<ms>' archived, 'x' deleted or cancelled.
 -- Outcomes are kept ten minutes (the oldest dropped as new ones come), for
--- a waiter that looks after the record is gone.
+-- a waiter that looks after the record is gone. A task nobody waits for
+-- drops the outcome kept from an earlier task with its ID, which would
+-- otherwise answer for this one once its record is gone.
 local function w_ended(W, id, outcome, now, channel)
-  if not W or not redis.call('HGET', W.w, id) then return end
+  if not W then return end
+  if not redis.call('HGET', W.w, id) then
+    redis.call('HDEL', W.o, id)
+    return
+  end
   redis.call('HDEL', W.w, id)
   redis.call('HSET', W.o, id, outcome)
   redis.call('ZADD', W.x, now + 600000, id)

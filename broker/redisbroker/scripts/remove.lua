@@ -93,7 +93,10 @@ redis.call('HDEL', KEYS[7], id)
 redis.call('HDEL', KEYS[13], id)
 redis.call('HDEL', KEYS[20], id)
 g_forget(G, id)
-w_ended(w_keys(21), id, 'x', redis_now(), ARGV[7])
+if st ~= 5 and st ~= 6 then
+  -- A finished task's end was told when it finished.
+  w_ended(w_keys(21), id, 'x', redis_now(), ARGV[7])
+end
 if E then
   ev_add(E, op == 'delete' and 'x' or 'c', id, rec_type(rec))
   ev_flush(E)

@@ -64,7 +64,7 @@ local ordered = lim[2] == '1'
 local woke = false
 -- Progress and waiters are rare: one EXISTS tells when neither is here.
 local W, progress = nil, false
-if redis.call('EXISTS', KEYS[22], KEYS[23]) > 0 then
+if redis.call('EXISTS', KEYS[22], KEYS[23], KEYS[24]) > 0 then
   W = w_keys(23)
   progress = redis.call('EXISTS', KEYS[22]) == 1
 end
