@@ -396,7 +396,7 @@ func (h *History) loop() {
 
 func (h *History) insert(ctx context.Context, as []Attempt) error {
 	var b strings.Builder
-	b.WriteString(`INSERT INTO ` + h.cfg.table + ` (queue, task_id, task_type, state, attempt, error, started_at, finished_at, server) VALUES `)
+	b.WriteString(`INSERT INTO ` + h.d.quote(h.cfg.table) + ` (queue, task_id, task_type, state, attempt, error, started_at, finished_at, server) VALUES `)
 	args := make([]any, 0, len(as)*9)
 	for i, a := range as {
 		if i > 0 {
@@ -414,9 +414,9 @@ func (h *History) insert(ctx context.Context, as []Attempt) error {
 // prune deletes attempts older than the retention, in chunks.
 func (h *History) prune(ctx context.Context) error {
 	cut := time.Now().Add(-h.cfg.retention).UTC()
-	q := `DELETE FROM ` + h.cfg.table + ` WHERE finished_at < ? LIMIT 10000`
+	q := `DELETE FROM ` + h.d.quote(h.cfg.table) + ` WHERE finished_at < ? LIMIT 10000`
 	if h.d.pg() {
-		q = `DELETE FROM ` + h.cfg.table + ` WHERE id IN (SELECT id FROM ` + h.cfg.table + ` WHERE finished_at < $1 LIMIT 10000)`
+		q = `DELETE FROM ` + h.d.quote(h.cfg.table) + ` WHERE id IN (SELECT id FROM ` + h.d.quote(h.cfg.table) + ` WHERE finished_at < $1 LIMIT 10000)`
 	}
 	for {
 		res, err := h.db.ExecContext(ctx, q, cut)
@@ -440,7 +440,7 @@ func (h *History) Attempts(ctx context.Context, queue, id string) ([]Attempt, er
 		return nil, fmt.Errorf("outbox: history: %w", err)
 	}
 	d := h.d
-	rs, err := h.db.QueryContext(ctx, `SELECT id, task_type, state, attempt, error, started_at, finished_at, server FROM `+h.cfg.table+
+	rs, err := h.db.QueryContext(ctx, `SELECT id, task_type, state, attempt, error, started_at, finished_at, server FROM `+h.d.quote(h.cfg.table)+
 		` WHERE queue = `+d.ph(1)+` AND task_id = `+d.ph(2)+` ORDER BY id DESC LIMIT 1000`, queue, []byte(id))
 	if err != nil {
 		return nil, fmt.Errorf("outbox: history: read %s/%s: %w", queue, id, err)

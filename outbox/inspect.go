@@ -24,7 +24,7 @@ func (o *Outbox) Failed(ctx context.Context, limit int) ([]FailedRow, error) {
 	if limit < 1 || limit > 1000 {
 		return nil, fmt.Errorf("%w: Failed: limit %d: want 1 to 1000", ErrInvalidArgument, limit)
 	}
-	rs, err := o.db.QueryContext(ctx, `SELECT id, kind, queue, task_id, attempts, created_at, failed_at, last_error FROM `+o.cfg.table+
+	rs, err := o.db.QueryContext(ctx, `SELECT id, kind, queue, task_id, attempts, created_at, failed_at, last_error FROM `+o.d.quote(o.cfg.table)+
 		` WHERE failed_at IS NOT NULL ORDER BY id LIMIT `+o.d.ph(1), limit)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list failed rows: %w", err)
@@ -60,7 +60,7 @@ func (o *Outbox) Failed(ctx context.Context, limit int) ([]FailedRow, error) {
 // was failed. A retried enqueue row is relayed after cancels of its task
 // that were written later, so retry with care.
 func (o *Outbox) Retry(ctx context.Context, row int64) (bool, error) {
-	res, err := o.db.ExecContext(ctx, `UPDATE `+o.cfg.table+` SET failed_at = NULL, claimed_until = NULL, claim_token = NULL WHERE id = `+
+	res, err := o.db.ExecContext(ctx, `UPDATE `+o.d.quote(o.cfg.table)+` SET failed_at = NULL, claimed_until = NULL, claim_token = NULL WHERE id = `+
 		o.d.ph(1)+` AND failed_at IS NOT NULL`, row)
 	if err != nil {
 		return false, fmt.Errorf("outbox: retry row %d: %w", row, err)
@@ -74,7 +74,7 @@ func (o *Outbox) Retry(ctx context.Context, row int64) (bool, error) {
 
 // Discard deletes a failed row. It reports whether there was such a row.
 func (o *Outbox) Discard(ctx context.Context, row int64) (bool, error) {
-	res, err := o.db.ExecContext(ctx, `DELETE FROM `+o.cfg.table+` WHERE id = `+o.d.ph(1)+` AND failed_at IS NOT NULL`, row)
+	res, err := o.db.ExecContext(ctx, `DELETE FROM `+o.d.quote(o.cfg.table)+` WHERE id = `+o.d.ph(1)+` AND failed_at IS NOT NULL`, row)
 	if err != nil {
 		return false, fmt.Errorf("outbox: discard row %d: %w", row, err)
 	}
@@ -89,7 +89,7 @@ func (o *Outbox) Discard(ctx context.Context, row int64) (bool, error) {
 // counted) and when the oldest of them was written (zero when none).
 func (o *Outbox) Backlog(ctx context.Context) (n int, oldest time.Time, err error) {
 	var t dbTime
-	if err := o.db.QueryRowContext(ctx, `SELECT COUNT(*), MIN(created_at) FROM `+o.cfg.table+` WHERE failed_at IS NULL`).Scan(&n, &t); err != nil {
+	if err := o.db.QueryRowContext(ctx, `SELECT COUNT(*), MIN(created_at) FROM `+o.d.quote(o.cfg.table)+` WHERE failed_at IS NULL`).Scan(&n, &t); err != nil {
 		return 0, time.Time{}, fmt.Errorf("outbox: backlog: %w", err)
 	}
 	return n, t.t, nil

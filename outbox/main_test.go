@@ -157,7 +157,7 @@ func (e *env) relay(ob *Outbox) func() error {
 func (e *env) rows() int {
 	e.t.Helper()
 	var n int
-	if err := e.db.QueryRow(`SELECT COUNT(*) FROM ` + e.ob.Table() + ` WHERE failed_at IS NULL`).Scan(&n); err != nil {
+	if err := e.db.QueryRow(`SELECT COUNT(*) FROM ` + e.d.quote(e.ob.Table()) + ` WHERE failed_at IS NULL`).Scan(&n); err != nil {
 		e.t.Fatal(err)
 	}
 	return n

@@ -66,6 +66,7 @@ type config struct {
 
 // WithTable names the outbox table (default DefaultTable): 1 to 48 bytes of
 // lower-case letters, digits and underscores, not starting with a digit.
+// Reserved words ("order") are fine: every statement quotes the name.
 // Several outboxes may share a database under different tables. On
 // PostgreSQL the name is also the notification channel.
 func WithTable(name string) Option {
@@ -212,7 +213,8 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Outbox, error) {
 	return &Outbox{db: db, d: d, cfg: c}, nil
 }
 
-// Table returns the outbox table's name.
+// Table returns the outbox table's name, unquoted: quote it in SQL of your
+// own ("order" on PostgreSQL, `order` on MySQL).
 func (o *Outbox) Table() string { return o.cfg.table }
 
 // Migrate creates the outbox table and its index unless they exist. It is
@@ -295,11 +297,11 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, task *tide.Task, opts 
 // commit; PostgreSQL folds a transaction's identical notifications into
 // one).
 func (o *Outbox) insert(ctx context.Context, tx *sql.Tx, kind int, queue string, taskID any, info []byte) error {
-	t := o.cfg.table
+	t := o.d.quote(o.cfg.table)
 	var err error
 	if o.d.pg() {
 		_, err = tx.ExecContext(ctx, `WITH ins AS (INSERT INTO `+t+` (kind, queue, task_id, info) VALUES ($1, $2, $3, $4) RETURNING id)
-SELECT pg_notify($5, '') FROM ins`, kind, queue, taskID, info, t)
+SELECT pg_notify($5, '') FROM ins`, kind, queue, taskID, info, o.cfg.table)
 	} else {
 		_, err = tx.ExecContext(ctx, `INSERT INTO `+t+` (kind, queue, task_id, info) VALUES (?, ?, ?, ?)`, kind, queue, taskID, info)
 	}
@@ -311,18 +313,15 @@ SELECT pg_notify($5, '') FROM ins`, kind, queue, taskID, info, t)
 // outbox:
 //
 //   - Outbox rows of the task that no relay has handed to Redis yet are
-//     removed: the task will never reach tide. ok is true when at least one
-//     row was removed.
-//   - Otherwise (ok is false: no such row, because it was relayed, or a
-//     relay has already tried or is trying to send it so that Redis may
-//     have the task, or the task was never enqueued through the outbox) a
-//     cancel row is recorded. After tx commits, a relay calls
-//     tide's Client.Cancel for the task, once every earlier row of the task
-//     has been relayed: a waiting task is deleted, a running one cancelled.
-//     A task that no longer exists (it ran already) is not an error.
-//   - When both apply (rows of the task are waiting and another was already
-//     handed to Redis), the waiting rows are removed, ok is true, and a
-//     cancel row is recorded as well.
+//     removed: they will never reach tide. ok is true when at least one row
+//     was removed.
+//   - A cancel row is recorded in every case, because an earlier row of the
+//     task may have reached Redis already (relayed rows leave the table, so
+//     the table cannot tell). After tx commits, a relay calls tide's
+//     Client.Cancel for the task, once every earlier row of the task has
+//     been relayed: a waiting task is deleted, a running one cancelled. A
+//     task that does not exist (it ran already, or never reached Redis) is
+//     not an error.
 //
 // Nothing happens if tx rolls back. The error wraps tide.ErrInvalidTask for
 // an invalid queue name or ID and ErrInvalidArgument for a nil tx; a
@@ -339,7 +338,7 @@ func (o *Outbox) Delete(ctx context.Context, tx *sql.Tx, queue, id string) (ok b
 	if err := validateID(id); err != nil {
 		return false, fmt.Errorf("outbox: delete: %w", err)
 	}
-	t, d := o.cfg.table, o.d
+	t, d := o.d.quote(o.cfg.table), o.d
 	res, err := tx.ExecContext(ctx, `DELETE FROM `+t+` WHERE queue = `+d.ph(1)+` AND task_id = `+d.ph(2)+
 		` AND kind = 1 AND attempts = 0 AND failed_at IS NULL`, queue, []byte(id))
 	if err != nil {
@@ -348,16 +347,6 @@ func (o *Outbox) Delete(ctx context.Context, tx *sql.Tx, queue, id string) (ok b
 	n, err := res.RowsAffected()
 	if err != nil {
 		return false, fmt.Errorf("outbox: delete %s/%s: %w", queue, id, err)
-	}
-	if n > 0 {
-		var sent int
-		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+t+` WHERE queue = `+d.ph(1)+` AND task_id = `+d.ph(2)+
-			` AND kind = 1 AND failed_at IS NULL`, queue, []byte(id)).Scan(&sent); err != nil {
-			return false, fmt.Errorf("outbox: delete %s/%s: %w", queue, id, err)
-		}
-		if sent == 0 {
-			return true, nil
-		}
 	}
 	if err := o.insert(ctx, tx, kindCancel, queue, []byte(id), []byte("{}")); err != nil {
 		return false, fmt.Errorf("outbox: delete %s/%s: record the cancel: %w", queue, id, err)

@@ -388,8 +388,8 @@ func TestDeleteBeforeRelay(t *testing.T) {
 				t.Fatalf("Delete: %v, %v", ok, err)
 			}
 		})
-		if got := e.rows(); got != 1 {
-			t.Fatalf("%d rows, want 1 (order-cancel:3's)", got)
+		if got := e.rows(); got != 3 {
+			t.Fatalf("%d rows, want 3 (order-cancel:3's, and the cancels of 1 and 2)", got)
 		}
 		e.relay(e.ob)
 		e.waitEmpty()
@@ -421,6 +421,26 @@ func TestDeleteAfterRelay(t *testing.T) {
 		e.waitEmpty()
 		if _, err := e.insp.GetTaskInfo(ctx, "orders", "order-cancel:9"); !errors.Is(err, tide.ErrTaskNotFound) {
 			t.Fatalf("after the cancel: %v, want ErrTaskNotFound", err)
+		}
+		// Relayed, enqueued again (that row still waits), then deleted: the
+		// waiting row goes, and the task already in Redis is cancelled.
+		e.enqueue(tide.NewTask("order:cancel", nil), tide.TaskID("order-cancel:10"), tide.Queue("orders"), tide.ProcessIn(time.Hour))
+		e.waitEmpty()
+		if _, err := e.insp.GetTaskInfo(ctx, "orders", "order-cancel:10"); err != nil {
+			t.Fatal(err)
+		}
+		e.inTx(true, func(tx *sql.Tx) {
+			if _, err := e.ob.Enqueue(ctx, tx, tide.NewTask("order:cancel", nil), tide.TaskID("order-cancel:10"), tide.Queue("orders"), tide.ProcessIn(time.Hour)); err != nil {
+				t.Fatal(err)
+			}
+			ok, err := e.ob.Delete(ctx, tx, "orders", "order-cancel:10")
+			if err != nil || !ok {
+				t.Fatalf("Delete: %v, %v; want true (the second row was waiting)", ok, err)
+			}
+		})
+		e.waitEmpty()
+		if _, err := e.insp.GetTaskInfo(ctx, "orders", "order-cancel:10"); !errors.Is(err, tide.ErrTaskNotFound) {
+			t.Fatalf("the relayed task after the Delete: %v, want ErrTaskNotFound (cancelled)", err)
 		}
 		// A cancel of a task that never existed is done, not failed.
 		e.inTx(true, func(tx *sql.Tx) {
@@ -871,6 +891,52 @@ func TestReservedRefused(t *testing.T) {
 		}
 		if n := e.count("q"); n != 0 {
 			t.Fatalf("tide holds %d tasks of the forged rows", n)
+		}
+	})
+}
+
+// TestReservedWordTables: tables named with reserved words ("order",
+// "user") are migrated, written, relayed, inspected and cleaned up: every
+// statement quotes the name.
+func TestReservedWordTables(t *testing.T) {
+	both(t, func(t *testing.T, d Dialect) {
+		e := newEnv(t, d, WithTable("order"))
+		ctx := context.Background()
+		if err := e.ob.Migrate(ctx); err != nil {
+			t.Fatalf("second Migrate: %v", err)
+		}
+		info := e.enqueue(tide.NewTask("t", nil), tide.Queue("q"), tide.TaskID("kept"))
+		e.inTx(true, func(tx *sql.Tx) {
+			if _, err := e.ob.Delete(ctx, tx, "q", info.ID); err != nil {
+				t.Fatal(err)
+			}
+		})
+		e.enqueue(tide.NewTask("t", nil), tide.Queue("q"), tide.TaskID("sent"))
+		e.relay(e.ob)
+		e.waitEmpty()
+		if _, err := e.insp.GetTaskInfo(ctx, "q", "sent"); err != nil {
+			t.Fatalf("the relayed task: %v", err)
+		}
+		if _, err := e.ob.Failed(ctx, 10); err != nil {
+			t.Fatalf("Failed: %v", err)
+		}
+		if _, _, err := e.ob.Backlog(ctx); err != nil {
+			t.Fatalf("Backlog: %v", err)
+		}
+		h, err := NewHistory(e.db, d, WithHistoryTable("user"), WithHistoryLogger(testLogger(t)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		if err := h.Migrate(ctx); err != nil {
+			t.Fatalf("history Migrate: %v", err)
+		}
+		h.Record(Attempt{Queue: "q", ID: "sent", Type: "t", State: StateDone, Attempt: 1, Started: time.Now(), Finished: time.Now()})
+		if err := h.Flush(ctx); err != nil {
+			t.Fatalf("history Flush: %v", err)
+		}
+		if _, err := h.Attempts(ctx, "q", "sent"); err != nil {
+			t.Fatalf("history Attempts: %v", err)
 		}
 	})
 }

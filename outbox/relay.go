@@ -223,7 +223,7 @@ func (o *Outbox) relayBatch(ctx context.Context, client *tide.Client, log *slog.
 // claimed (or its claim ran out) and no earlier live row of the same task
 // exists.
 func (o *Outbox) claim(ctx context.Context, token string) ([]row, error) {
-	t, d := o.cfg.table, o.d
+	t, d := o.d.quote(o.cfg.table), o.d
 	tx, err := o.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return nil, fmt.Errorf("outbox: claim: %w", err)
@@ -370,7 +370,7 @@ func decodeEnqueue(r *row) (*tide.TaskInfo, error) {
 // and releases the others for a later try, each only while this relay
 // still holds its claim.
 func (o *Outbox) settle(ctx context.Context, token string, rows []row, results []result) error {
-	t, d := o.cfg.table, o.d
+	t, d := o.d.quote(o.cfg.table), o.d
 	var done []any
 	retry := map[time.Duration][]any{}
 	var errs []error
@@ -458,7 +458,7 @@ func (o *Outbox) listenOnce(ctx context.Context, wake chan<- struct{}) error {
 			return errNotPgx
 		}
 		pc := sc.Conn()
-		if _, err := pc.Exec(ctx, "LISTEN "+o.cfg.table); err != nil {
+		if _, err := pc.Exec(ctx, "LISTEN "+o.d.quote(o.cfg.table)); err != nil {
 			return err
 		}
 		// Rows committed while nobody listened: look now.
