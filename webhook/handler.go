@@ -3,21 +3,17 @@ package webhook
 //lint:file-ignore ST1005 config errors start with the Config field they name (Secret, Timeout, ...)
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/internal/outbound"
 )
 
 // Defaults and limits of Config.
@@ -29,13 +25,8 @@ const (
 	// MinSecretLength is the shortest Config.Secret accepted, in bytes.
 	// Use 32 random bytes (openssl rand -hex 32).
 	MinSecretLength = 16
-	// maxRedirects bounds the redirects followed (307 and 308 to allowed
-	// hosts only).
-	maxRedirects = 5
 	// maxRetryAfter bounds the Retry-After delay RetryDelayFunc honours.
 	maxRetryAfter = 24 * time.Hour
-	// snippetLen bounds the response body quoted in an error.
-	snippetLen = 256
 )
 
 // Config configures the webhook handler.
@@ -124,7 +115,7 @@ func (e *StatusError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "tide: webhook: %s %s: status %d %s", e.Method, e.URL, e.StatusCode, http.StatusText(e.StatusCode))
 	if e.Redirects > 0 {
-		fmt.Fprintf(&b, " after %s", plural(e.Redirects, "redirect"))
+		fmt.Fprintf(&b, " after %s", outbound.Plural(e.Redirects, "redirect"))
 	}
 	if e.StatusCode >= 300 && e.StatusCode < 400 {
 		if e.Location == "" {
@@ -155,25 +146,31 @@ func (e *StatusError) Unwrap() error {
 
 // handler sends webhook tasks.
 type handler struct {
-	cfg     Config
-	hosts   hostList
-	client  *http.Client // CheckRedirect is set per request, see do
-	maxBody int64
-	// userCheck is Config.Client's CheckRedirect, nil when none.
-	userCheck func(req *http.Request, via []*http.Request) error
-	// now signs requests; time.Now but in tests.
-	now func() time.Time
+	out               *outbound.Sender
+	retryClientErrors bool // Config.RetryClientErrors
 }
 
 // Handler returns the handler of TaskType tasks with cfg. It returns an error
 // when Secret is shorter than MinSecretLength, AllowedHosts is empty or holds
 // an invalid entry, or Timeout or MaxResponseBody is negative.
 func Handler(cfg Config) (tide.Handler, error) {
+	h, err := newHandler(cfg, time.Now)
+	if err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// newHandler is Handler with the clock that signs requests.
+func newHandler(cfg Config, now func() time.Time) (*handler, error) {
 	var errs []error
 	if len(cfg.Secret) < MinSecretLength {
 		errs = append(errs, fmt.Errorf("Secret is %d bytes; at least %d are required (use 32 random bytes, e.g. openssl rand -hex 32)", len(cfg.Secret), MinSecretLength))
 	}
-	hosts, err := parseHosts(cfg.AllowedHosts)
+	if len(cfg.AllowedHosts) == 0 {
+		errs = append(errs, errors.New("AllowedHosts is empty; name the hosts webhooks may call (\"hooks.example.com\", \"*.example.com\")"))
+	}
+	hosts, err := outbound.ParseHosts("AllowedHosts", cfg.AllowedHosts)
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -192,42 +189,22 @@ func Handler(cfg Config) (tide.Handler, error) {
 	if cfg.MaxResponseBody == 0 {
 		cfg.MaxResponseBody = DefaultMaxResponseBody
 	}
-	cfg.Secret = bytes.Clone(cfg.Secret)
-	h := &handler{cfg: cfg, hosts: hosts, maxBody: cfg.MaxResponseBody, now: time.Now}
-	var c http.Client
-	if cfg.Client != nil {
-		c = *cfg.Client
+	out, err := outbound.New(outbound.Config{
+		Secret: cfg.Secret, Hosts: hosts, AllowPrivate: cfg.AllowPrivateNetworks,
+		Timeout: cfg.Timeout, MaxResponseBody: cfg.MaxResponseBody, Client: cfg.Client, Now: now,
+		Settings: outbound.Settings{Hosts: "AllowedHosts", Private: "AllowPrivateNetworks", Timeout: "Config.Timeout"},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("tide: webhook: invalid Config: %w", err)
 	}
-	if c.Transport == nil {
-		c.Transport = newTransport(cfg.AllowPrivateNetworks)
-	}
-	h.userCheck, c.CheckRedirect = c.CheckRedirect, nil
-	h.client = &c
-	return h, nil
-}
-
-// refusedError is a request the handler refuses to make (a dial to a
-// non-public address); the task is archived.
-type refusedError struct{ msg string }
-
-func (e *refusedError) Error() string { return e.msg }
-
-// checkURL refuses schemes other than http(s) and hosts not allowed.
-func (h *handler) checkURL(u *url.URL) error {
-	if s := strings.ToLower(u.Scheme); s != "http" && s != "https" {
-		return &refusedError{msg: fmt.Sprintf("scheme %q is not allowed (only http and https)", clip(u.Scheme))}
-	}
-	if !h.hosts.allows(u) {
-		return &refusedError{msg: fmt.Sprintf("host %q is not in AllowedHosts", clip(u.Host))}
-	}
-	return nil
+	return &handler{out: out, retryClientErrors: cfg.RetryClientErrors}, nil
 }
 
 // ProcessTask sends the request t carries; see the package documentation
 // for what counts as a failure and what is retried.
 func (h *handler) ProcessTask(ctx context.Context, t *tide.Task) error {
 	if t.Type() != TaskType {
-		return fmt.Errorf("tide: webhook: handler got a task of type %q, not %q: %w", clip(t.Type()), TaskType, tide.SkipRetry)
+		return fmt.Errorf("tide: webhook: handler got a task of type %q, not %q: %w", outbound.Clip(t.Type()), TaskType, tide.SkipRetry)
 	}
 	p, err := ParsePayload(t.Payload())
 	if err != nil {
@@ -235,214 +212,68 @@ func (h *handler) ProcessTask(ctx context.Context, t *tide.Task) error {
 	}
 	u, _ := parseURL(p.URL) // validated
 	m, _ := method(p.Method)
-	where := m + " " + redact(u)
-	if err := h.checkURL(u); err != nil {
-		return fmt.Errorf("tide: webhook: %s: %w: %w", where, err, tide.SkipRetry)
-	}
+	where := m + " " + outbound.Redact(u)
 
-	actx, cancel := context.WithTimeout(ctx, h.cfg.Timeout)
-	defer cancel()
-	var body io.Reader
-	if len(p.Body) > 0 {
-		body = bytes.NewReader(p.Body)
-	}
-	req, err := http.NewRequestWithContext(actx, m, u.String(), body)
-	if err != nil {
-		return fmt.Errorf("tide: webhook: %s: build request: %v: %w", where, err, tide.SkipRetry)
-	}
+	hdr := make(http.Header, len(p.Headers)+4)
 	for k, v := range p.Headers {
-		req.Header.Set(k, v)
+		hdr.Set(k, v)
 	}
-	if req.Header.Get("Content-Type") == "" && len(p.Body) > 0 {
+	if hdr.Get("Content-Type") == "" && len(p.Body) > 0 {
 		if json.Valid(p.Body) {
-			req.Header.Set("Content-Type", "application/json")
+			hdr.Set("Content-Type", "application/json")
 		} else {
-			req.Header.Set("Content-Type", "application/octet-stream")
+			hdr.Set("Content-Type", "application/octet-stream")
 		}
 	}
-	if req.Header.Get("User-Agent") == "" {
-		req.Header.Set("User-Agent", "tide-webhook/1")
+	if hdr.Get("User-Agent") == "" {
+		hdr.Set("User-Agent", "tide-webhook/1")
 	}
 	if id, ok := tide.GetTaskID(ctx); ok {
-		req.Header.Set(DeliveryHeader, id)
+		hdr.Set(DeliveryHeader, id)
 	}
 	if n, ok := tide.GetRetryCount(ctx); ok {
-		req.Header.Set(AttemptHeader, strconv.Itoa(n+1))
+		hdr.Set(AttemptHeader, strconv.Itoa(n+1))
 	}
-	req.Header.Set(SignatureHeader, Sign(h.cfg.Secret, h.now(), p.Body))
 
-	resp, rs, err := h.do(req, p.Body)
+	resp, err := h.out.Send(ctx, outbound.Request{Method: m, URL: u, Header: hdr, Body: p.Body})
 	if err != nil {
-		return h.transportError(ctx, actx, where+rs.note(), err)
+		return sendError(where, err)
 	}
-	defer resp.Body.Close()
-	data, rerr := io.ReadAll(io.LimitReader(resp.Body, h.maxBody))
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 		return nil // the response status is what counts, even if its body broke off
 	}
-	if rerr != nil && ctx.Err() == nil && actx.Err() != nil {
+	data := resp.Body
+	if resp.BodyTimedOut {
 		data = append(data, "…(body timed out)"...)
 	}
-	se := &StatusError{Method: m, URL: redact(u), StatusCode: resp.StatusCode, Snippet: snippet(data), Redirects: rs.hops}
+	se := &StatusError{Method: m, URL: outbound.Redact(u), StatusCode: resp.StatusCode, Snippet: outbound.Snippet(data), Redirects: resp.Redirects}
 	switch c := resp.StatusCode; {
 	case c >= 300 && c < 400:
 		// A redirect that was not followed: retried like a 5xx, unless its
 		// target is refused (host or scheme not allowed).
-		se.Location = location(resp)
-		se.NotFollowed = rs.notFollowed
-		se.Permanent = rs.refused
+		se.Location = resp.Location
+		se.NotFollowed = resp.NotFollowed
+		se.Permanent = resp.Refused
 	case c == http.StatusTooManyRequests || c == http.StatusServiceUnavailable:
 		se.RetryAfter = retryAfter(resp.Header.Get("Retry-After"), time.Now())
-	case c >= 400 && c < 500 && c != http.StatusRequestTimeout && c != http.StatusTooEarly && !h.cfg.RetryClientErrors:
+	case c >= 400 && c < 500 && c != http.StatusRequestTimeout && c != http.StatusTooEarly && !h.retryClientErrors:
 		se.Permanent = true
 	}
 	return se
 }
 
-// redirects is what happened to the redirects of one request.
-type redirects struct {
-	hops        int      // redirects followed
-	last        *url.URL // where the last one went
-	notFollowed string   // why the last 3xx was not followed
-	refused     bool     // its target is not allowed: archive the task
-}
-
-// note describes the redirects followed, for an error message: "" when
-// none, else " after 1 redirect, to http://host/path".
-func (r *redirects) note() string {
-	if r.hops == 0 {
-		return ""
+// sendError describes a request that got no response: refused ones (a host
+// or scheme not allowed, a non-public address, also after a redirect)
+// archive the task; the rest are retried.
+func sendError(where string, err error) error {
+	var oe *outbound.Error
+	if !errors.As(err, &oe) {
+		return fmt.Errorf("tide: webhook: %s: %w", where, err) // not reached: Send returns an *outbound.Error
 	}
-	return fmt.Sprintf(" after %s, to %s", plural(r.hops, "redirect"), redact(r.last))
-}
-
-// do sends req, following only 307 and 308 redirects (which keep the
-// method and body) to allowed hosts, at most maxRedirects of them. Each
-// followed request is signed again over the same body at the time it is
-// sent. A redirect that is not followed is returned as the 3xx response,
-// with the reason in the returned redirects.
-func (h *handler) do(req *http.Request, body []byte) (*http.Response, *redirects, error) {
-	rs := &redirects{}
-	c := *h.client
-	c.CheckRedirect = func(next *http.Request, via []*http.Request) error {
-		// Returning exactly http.ErrUseLastResponse hands the 3xx response
-		// back to ProcessTask, which fails the attempt with it.
-		switch code := next.Response.StatusCode; {
-		case code != http.StatusTemporaryRedirect && code != http.StatusPermanentRedirect:
-			// 301, 302 and 303 would turn the request into a GET without a
-			// body (keeping the Tide-* headers): never follow them.
-			rs.notFollowed = "only 307 and 308 redirects are followed (they keep the method and body)"
-			return http.ErrUseLastResponse
-		case len(via) > maxRedirects:
-			rs.notFollowed = fmt.Sprintf("stopped after %d redirects", maxRedirects)
-			return http.ErrUseLastResponse
-		}
-		if err := h.checkURL(next.URL); err != nil {
-			rs.notFollowed, rs.refused = err.Error(), true
-			return http.ErrUseLastResponse
-		}
-		if h.userCheck != nil {
-			if err := h.userCheck(next, via); err != nil {
-				if errors.Is(err, http.ErrUseLastResponse) {
-					rs.notFollowed = "stopped by Config.Client's CheckRedirect"
-					return http.ErrUseLastResponse
-				}
-				return err
-			}
-		}
-		// net/http copied the first request's headers, Tide-* included, and
-		// set a Referer holding the previous URL with its query, which may
-		// carry a secret: keep only a Referer the task set itself.
-		next.Header.Del("Referer")
-		if ref := via[0].Header.Get("Referer"); ref != "" {
-			next.Header.Set("Referer", ref)
-		}
-		next.Header.Set(SignatureHeader, Sign(h.cfg.Secret, h.now(), body))
-		rs.hops, rs.last = len(via), next.URL
-		return nil
+	if oe.Permanent {
+		return fmt.Errorf("tide: webhook: %s%s: %s: %w", where, oe.After(), oe.Msg, tide.SkipRetry)
 	}
-	resp, err := c.Do(req)
-	if err != nil {
-		// A response that comes with an error (a failed CheckRedirect) has
-		// its body closed already.
-		return nil, rs, err
-	}
-	return resp, rs, nil
-}
-
-// location returns resp's Location header for an error message: resolved
-// against the request's URL, without query, fragment or credentials, and
-// sanitised; "" when there is none.
-func location(resp *http.Response) string {
-	loc := resp.Header.Get("Location")
-	if loc == "" {
-		return ""
-	}
-	base := &url.URL{}
-	if resp.Request != nil && resp.Request.URL != nil {
-		base = resp.Request.URL
-	}
-	u, err := base.Parse(loc)
-	if err != nil {
-		return "(a Location that does not parse)"
-	}
-	return sanitize(redact(u))
-}
-
-// plural returns "1 redirect" or "2 redirects".
-func plural(n int, noun string) string {
-	if n == 1 {
-		return "1 " + noun
-	}
-	return strconv.Itoa(n) + " " + noun + "s"
-}
-
-// transportError describes a failed request: refused ones (a non-public
-// address, also after a redirect) archive the task; the rest are retried.
-func (h *handler) transportError(ctx, actx context.Context, where string, err error) error {
-	var refused *refusedError
-	if errors.As(err, &refused) {
-		return fmt.Errorf("tide: webhook: %s: %s: %w", where, refused.msg, tide.SkipRetry)
-	}
-	if ctx.Err() != nil {
-		// The task's own context ended (shutdown, task timeout, cancel):
-		// report that rather than a network error.
-		return fmt.Errorf("tide: webhook: %s: %w", where, context.Cause(ctx))
-	}
-	if actx.Err() != nil {
-		return fmt.Errorf("tide: webhook: %s: no response within %v (Config.Timeout)", where, h.cfg.Timeout)
-	}
-	// *url.Error repeats the full URL, which may carry a query with secrets.
-	var ue *url.Error
-	if errors.As(err, &ue) {
-		err = ue.Err
-	}
-	// Bounded: net/http quotes a receiver's unparsable Location in full.
-	return fmt.Errorf("tide: webhook: %s: %s", where, snippet([]byte(err.Error())))
-}
-
-// sanitize replaces control and formatting characters (such as
-// bidirectional overrides) with spaces.
-func sanitize(s string) string {
-	return strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) || unicode.Is(unicode.Cf, r) {
-			return ' '
-		}
-		return r
-	}, s)
-}
-
-// snippet returns the start of a response body fit for an error message.
-func snippet(data []byte) string {
-	s := sanitize(strings.TrimSpace(string(bytes.ToValidUTF8(data, []byte("�")))))
-	if len(s) > snippetLen {
-		cut := snippetLen
-		for cut > 0 && s[cut]&0xC0 == 0x80 {
-			cut--
-		}
-		s = s[:cut] + "…"
-	}
-	return s
+	return fmt.Errorf("tide: webhook: %s%s: %w", where, oe.After(), oe)
 }
 
 // retryAfter parses a Retry-After header: seconds or an HTTP date.
@@ -481,95 +312,4 @@ func RetryDelayFunc(fallback tide.RetryDelayFunc) tide.RetryDelayFunc {
 		}
 		return tide.NotificationRetryDelay(n, err, t)
 	}
-}
-
-// hostList is a parsed AllowedHosts.
-type hostList []hostRule
-
-type hostRule struct {
-	host     string // lower case; for a wildcard, the suffix with its dot (".example.com")
-	port     string // empty: any
-	wildcard bool
-}
-
-func parseHosts(entries []string) (hostList, error) {
-	if len(entries) == 0 {
-		return nil, errors.New("AllowedHosts is empty; name the hosts webhooks may call (\"hooks.example.com\", \"*.example.com\")")
-	}
-	var out hostList
-	var errs []error
-	for _, e := range entries {
-		r, err := parseHost(e)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		out = append(out, r)
-	}
-	return out, errors.Join(errs...)
-}
-
-func parseHost(e string) (hostRule, error) {
-	s := strings.ToLower(strings.TrimSpace(e))
-	bad := func(why string) (hostRule, error) {
-		return hostRule{}, fmt.Errorf("AllowedHosts entry %q: %s", clip(e), why)
-	}
-	if s == "" {
-		return bad("empty")
-	}
-	if strings.Contains(s, "://") || strings.ContainsAny(s, "/?#@ ") {
-		return bad(`give a host name ("hooks.example.com"), optionally with a port, not a URL`)
-	}
-	var r hostRule
-	host := s
-	if h, p, err := net.SplitHostPort(s); err == nil {
-		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
-			return bad("invalid port")
-		}
-		host, r.port = h, p
-	} else if strings.HasPrefix(s, "[") && strings.HasSuffix(s, "]") {
-		host = s[1 : len(s)-1]
-	}
-	if rest, ok := strings.CutPrefix(host, "*."); ok {
-		if rest == "" || strings.Contains(rest, "*") || !strings.Contains(rest, ".") {
-			return bad(`a wildcard must be "*." followed by a domain with at least two labels ("*.example.com")`)
-		}
-		r.wildcard, r.host = true, "."+rest
-		return r, nil
-	}
-	if host == "" || strings.Contains(host, "*") {
-		return bad(`"*" is only allowed as the first label ("*.example.com")`)
-	}
-	r.host = strings.TrimSuffix(host, ".")
-	return r, nil
-}
-
-// allows reports whether u's host (and port) is allowed.
-func (l hostList) allows(u *url.URL) bool {
-	host := strings.TrimSuffix(strings.ToLower(u.Hostname()), ".")
-	if host == "" {
-		return false
-	}
-	port := u.Port()
-	if port == "" {
-		port = "80"
-		if strings.EqualFold(u.Scheme, "https") {
-			port = "443"
-		}
-	}
-	for _, r := range l {
-		if r.port != "" && r.port != port {
-			continue
-		}
-		if r.wildcard {
-			if len(host) > len(r.host) && strings.HasSuffix(host, r.host) {
-				return true
-			}
-			continue
-		}
-		if host == r.host {
-			return true
-		}
-	}
-	return false
 }

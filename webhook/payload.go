@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/internal/outbound"
 )
 
 // TaskType is the type of webhook tasks.
@@ -24,7 +25,7 @@ const DefaultQueue = "webhooks"
 // Headers that the handler sets on every request. A task may not set them.
 const (
 	// SignatureHeader carries "t=<unix seconds>,v1=<hex HMAC-SHA256>".
-	SignatureHeader = "Tide-Signature"
+	SignatureHeader = outbound.SignatureHeader
 	// DeliveryHeader carries the task ID, the same on every attempt.
 	DeliveryHeader = "Tide-Delivery"
 	// AttemptHeader carries the attempt number, 1 for the first.
@@ -158,7 +159,7 @@ func (p Payload) Validate() error {
 	}
 	for k, v := range p.Headers {
 		if !validHeaderName(k) {
-			return invalid("header name %q is not a valid HTTP header name", clip(k))
+			return invalid("header name %q is not a valid HTTP header name", outbound.Clip(k))
 		}
 		if reserved[http.CanonicalHeaderKey(k)] {
 			return invalid("header %q is set by tide or the HTTP client and cannot be given", http.CanonicalHeaderKey(k))
@@ -207,13 +208,13 @@ func parseURL(raw string) (*url.URL, error) {
 		return nil, invalid("URL does not parse: %v", err)
 	}
 	if !u.IsAbs() || u.Opaque != "" {
-		return nil, invalid("URL %q is not an absolute http or https URL", redact(u))
+		return nil, invalid("URL %q is not an absolute http or https URL", outbound.Redact(u))
 	}
 	if s := strings.ToLower(u.Scheme); s != "http" && s != "https" {
-		return nil, invalid("URL scheme %q is not allowed (only http and https)", clip(u.Scheme))
+		return nil, invalid("URL scheme %q is not allowed (only http and https)", outbound.Clip(u.Scheme))
 	}
 	if u.Hostname() == "" {
-		return nil, invalid("URL %q has no host", redact(u))
+		return nil, invalid("URL %q has no host", outbound.Redact(u))
 	}
 	return u, nil
 }
@@ -226,7 +227,7 @@ func method(m string) (string, error) {
 	}
 	up := strings.ToUpper(m)
 	if !methods[up] {
-		return "", invalid("method %q is not allowed (GET, POST, PUT, PATCH or DELETE)", clip(m))
+		return "", invalid("method %q is not allowed (GET, POST, PUT, PATCH or DELETE)", outbound.Clip(m))
 	}
 	return up, nil
 }
@@ -260,28 +261,4 @@ func validHeaderValue(s string) bool {
 		}
 	}
 	return true
-}
-
-// redact returns u without query, fragment and credentials, for messages.
-func redact(u *url.URL) string {
-	c := *u
-	c.User = nil
-	c.RawQuery = ""
-	c.ForceQuery = false
-	c.Fragment = ""
-	c.RawFragment = ""
-	return clip(c.String())
-}
-
-// clip bounds a string put in an error message.
-func clip(s string) string {
-	const limit = 200
-	if len(s) <= limit {
-		return s
-	}
-	cut := limit
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…"
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/internal/outbound"
 )
 
 // redirector is a receiver that answers every request with status and, when
@@ -146,11 +147,13 @@ func TestRedirect307And308AreFollowed(t *testing.T) {
 			t.Parallel()
 			target := newReceiver(t)
 			redir := redirector(t, c.status, target.URL+"/landed")
-			h := testHandler(t, Config{AllowedHosts: []string{"127.0.0.1"}})
 			clock := &tickClock{next: time.Unix(1_700_000_000, 0)}
-			h.(*handler).now = clock.now
+			h, err := newHandler(Config{Secret: testSecret, AllowedHosts: []string{"127.0.0.1"}, AllowPrivateNetworks: true}, clock.now)
+			if err != nil {
+				t.Fatal(err)
+			}
 			body := []byte(`{"order":42,"status":"paid"}`)
-			err := h.ProcessTask(context.Background(), task(t, Payload{
+			err = h.ProcessTask(context.Background(), task(t, Payload{
 				URL: redir.URL + "/hook?token=s3cr3t", Body: body, Headers: c.headers,
 			}))
 			if err != nil {
@@ -194,12 +197,13 @@ func TestRedirect307And308AreFollowed(t *testing.T) {
 // handler's own does, except the one address allowed (so that the first
 // request reaches an httptest server on 127.0.0.1).
 func exceptFor(allowed string) *http.Transport {
-	tr := newTransport(false)
+	tr := outbound.NewTransport(false, "AllowPrivateNetworks")
+	guard := outbound.Guard("AllowPrivateNetworks")
 	d := &net.Dialer{Timeout: 10 * time.Second, Control: func(network, address string, c syscall.RawConn) error {
 		if address == allowed {
 			return nil
 		}
-		return refusePrivate(network, address, c)
+		return guard(network, address, c)
 	}}
 	tr.DialContext = d.DialContext
 	return tr
@@ -258,10 +262,11 @@ func TestRedirectRefused(t *testing.T) {
 			target := newReceiver(t)
 			_, port, _ := net.SplitHostPort(strings.TrimPrefix(target.URL, "http://"))
 			redir := redirector(t, c.status, c.to(port))
-			h := testHandler(t, Config{AllowedHosts: c.allowed})
+			cfg := Config{AllowedHosts: c.allowed}
 			if c.guard {
-				h.(*handler).client.Transport = exceptFor(strings.TrimPrefix(redir.URL, "http://"))
+				cfg.Client = &http.Client{Transport: exceptFor(strings.TrimPrefix(redir.URL, "http://"))}
 			}
+			h := testHandler(t, cfg)
 			err := h.ProcessTask(context.Background(), task(t, Payload{URL: redir.URL + "/hook", Body: []byte("x")}))
 			if !errors.Is(err, tide.SkipRetry) {
 				t.Fatalf("err = %v, want SkipRetry (the task is archived)", err)
@@ -298,8 +303,8 @@ func TestRedirectLoopIsBounded(t *testing.T) {
 	if errors.Is(err, tide.SkipRetry) {
 		t.Errorf("err = %v wraps SkipRetry; a redirect loop is retried", err)
 	}
-	if se.Redirects != maxRedirects || se.Location != loop.URL+"/again" {
-		t.Errorf("Redirects = %d, Location = %q; want %d and %q", se.Redirects, se.Location, maxRedirects, loop.URL+"/again")
+	if se.Redirects != outbound.MaxRedirects || se.Location != loop.URL+"/again" {
+		t.Errorf("Redirects = %d, Location = %q; want %d and %q", se.Redirects, se.Location, outbound.MaxRedirects, loop.URL+"/again")
 	}
 	for _, w := range []string{"after 5 redirects to \"" + loop.URL + "/again\"", "not followed: stopped after 5 redirects"} {
 		if !strings.Contains(err.Error(), w) {
@@ -307,41 +312,12 @@ func TestRedirectLoopIsBounded(t *testing.T) {
 		}
 	}
 	reqs := loop.requests()
-	if len(reqs) != 1+maxRedirects {
-		t.Errorf("%d requests, want %d (the first and %d redirects)", len(reqs), 1+maxRedirects, maxRedirects)
+	if len(reqs) != 1+outbound.MaxRedirects {
+		t.Errorf("%d requests, want %d (the first and %d redirects)", len(reqs), 1+outbound.MaxRedirects, outbound.MaxRedirects)
 	}
 	for i, r := range reqs {
 		if r.method != http.MethodPost || string(r.body) != "x" || r.verify != nil {
 			t.Errorf("request %d: %s %q verify=%v", i, r.method, r.body, r.verify)
 		}
-	}
-}
-
-func TestLocationIsSanitised(t *testing.T) {
-	t.Parallel()
-	cases := []struct {
-		name, loc, want string
-	}{
-		{"relative", "/moved?sig=secret#frag", "http://a.example/moved"},
-		{"credentials", "https://user:pa55@b.example/x", "https://b.example/x"},
-		{"bidi override", "https://b.example/\u202ex", "https://b.example/%E2%80%AEx"},
-		{"unparsable", "http://b.example/%zz\x01", "(a Location that does not parse)"},
-		{"long", "https://b.example/" + strings.Repeat("a", 5000), "https://b.example/" + strings.Repeat("a", 200-len("https://b.example/")) + "…"},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
-			req, err := http.NewRequest(http.MethodPost, "http://a.example/hook?token=t", nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp := &http.Response{StatusCode: http.StatusFound, Header: http.Header{"Location": {c.loc}}, Request: req}
-			if got := location(resp); got != c.want {
-				t.Errorf("location(%.40q) = %q, want %q", c.loc, got, c.want)
-			}
-		})
-	}
-	if got := sanitize("a\x00b\u202ec\u0085d"); got != "a b c d" {
-		t.Errorf("sanitize = %q, want control and formatting characters replaced", got)
 	}
 }

@@ -1,48 +1,32 @@
 package webhook
 
 import (
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
-	"errors"
-	"fmt"
-	"strconv"
-	"strings"
 	"time"
+
+	"github.com/tidequeue/tide/internal/outbound"
 )
 
 // DefaultTolerance is how far a signature's timestamp may be from the
 // receiver's clock when Verify is given no tolerance.
-const DefaultTolerance = 5 * time.Minute
-
-// maxSignatureHeader bounds the header Verify parses.
-const maxSignatureHeader = 4096
+const DefaultTolerance = outbound.DefaultTolerance
 
 // Errors Verify returns (wrapped, with the detail).
 var (
 	// ErrInvalidSignature is wrapped by every error of Verify: a missing or
 	// malformed header, a signature that does not match, or an expired one.
-	ErrInvalidSignature = errors.New("tide: webhook: invalid signature")
+	ErrInvalidSignature = outbound.ErrInvalidSignature
 	// ErrSignatureExpired is wrapped, with ErrInvalidSignature, when the
 	// signature matches but its timestamp is outside the tolerance.
-	ErrSignatureExpired = errors.New("tide: webhook: signature timestamp outside the tolerance")
+	ErrSignatureExpired = outbound.ErrSignatureExpired
 )
 
 // Sign returns the value of the Tide-Signature header for body signed with
 // secret at time t: "t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">".
-// The handler calls it for every attempt; tests of receivers can call it to
-// build requests.
+// The handler, and a tide.Server for NotifyURL notifications
+// (tide.Config.NotifySecret), sign every request this way; tests of
+// receivers can call it to build requests.
 func Sign(secret []byte, t time.Time, body []byte) string {
-	ts := strconv.FormatInt(t.Unix(), 10)
-	return "t=" + ts + ",v1=" + hex.EncodeToString(mac(secret, ts, body))
-}
-
-func mac(secret []byte, ts string, body []byte) []byte {
-	m := hmac.New(sha256.New, secret)
-	m.Write([]byte(ts))
-	m.Write([]byte{'.'})
-	m.Write(body)
-	return m.Sum(nil)
+	return outbound.Sign(secret, t, body)
 }
 
 // Verify checks a Tide-Signature header value against the raw request body:
@@ -52,71 +36,13 @@ func mac(secret []byte, ts string, body []byte) []byte {
 // bounds how long a captured request can be replayed. Unknown keys in the
 // header (future signature versions) are ignored. The error wraps
 // ErrInvalidSignature, and also ErrSignatureExpired for a genuine but stale
-// signature; it never includes the secret or the expected signature.
+// signature; it never includes the secret or the expected signature. It
+// verifies webhook requests and NotifyURL notifications alike.
 func Verify(secret []byte, header string, body []byte, tolerance time.Duration) error {
 	return verifyAt(secret, header, body, tolerance, time.Now())
 }
 
+// verifyAt is Verify at the time now.
 func verifyAt(secret []byte, header string, body []byte, tolerance time.Duration, now time.Time) error {
-	if len(secret) == 0 {
-		return fmt.Errorf("%w: empty secret", ErrInvalidSignature)
-	}
-	if header == "" {
-		return fmt.Errorf("%w: no %s header", ErrInvalidSignature, SignatureHeader)
-	}
-	if len(header) > maxSignatureHeader {
-		return fmt.Errorf("%w: header is %d bytes, over %d", ErrInvalidSignature, len(header), maxSignatureHeader)
-	}
-	if tolerance <= 0 {
-		tolerance = DefaultTolerance
-	}
-	var ts string
-	var sigs [][]byte
-	for part := range strings.SplitSeq(header, ",") {
-		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
-		if !ok {
-			return fmt.Errorf("%w: malformed header: element without '='", ErrInvalidSignature)
-		}
-		switch k {
-		case "t":
-			if ts != "" {
-				return fmt.Errorf("%w: malformed header: more than one t=", ErrInvalidSignature)
-			}
-			if v == "" {
-				return fmt.Errorf("%w: malformed header: empty t=", ErrInvalidSignature)
-			}
-			ts = v
-		case "v1":
-			s, err := hex.DecodeString(v)
-			if err != nil || len(s) != sha256.Size {
-				continue // not a v1 signature we could have made; another may match
-			}
-			sigs = append(sigs, s)
-		}
-	}
-	if ts == "" {
-		return fmt.Errorf("%w: malformed header: no t=", ErrInvalidSignature)
-	}
-	unix, err := strconv.ParseInt(ts, 10, 64)
-	if err != nil || ts[0] < '0' || ts[0] > '9' {
-		return fmt.Errorf("%w: malformed header: t= is not a Unix time in seconds", ErrInvalidSignature)
-	}
-	if len(sigs) == 0 {
-		return fmt.Errorf("%w: malformed header: no v1= signature", ErrInvalidSignature)
-	}
-	want := mac(secret, ts, body)
-	match := false
-	for _, s := range sigs {
-		if hmac.Equal(s, want) {
-			match = true
-		}
-	}
-	if !match {
-		return fmt.Errorf("%w: no v1 signature matches the body (wrong secret, or the body was changed: verify the raw bytes, before parsing)", ErrInvalidSignature)
-	}
-	n, lim := now.Unix(), int64(tolerance/time.Second)
-	if unix > n+lim || unix < n-lim {
-		return fmt.Errorf("%w: %w: signed at %d, %d s from now; the tolerance is %v", ErrInvalidSignature, ErrSignatureExpired, unix, n-unix, tolerance)
-	}
-	return nil
+	return outbound.VerifyAt(secret, header, body, tolerance, now)
 }

@@ -1,4 +1,4 @@
-package webhook
+package outbound
 
 import (
 	"fmt"
@@ -9,13 +9,14 @@ import (
 	"time"
 )
 
-// newTransport returns the handler's default transport: no proxy from the
-// environment, and, unless allowPrivate, a dialer that refuses non-public
-// addresses after DNS resolution.
-func newTransport(allowPrivate bool) *http.Transport {
+// NewTransport returns the transport a Sender uses when given no client: no
+// proxy from the environment, and, unless allowPrivate, a dialer that
+// refuses non-public addresses after DNS resolution (see Guard); optIn names
+// the setting that allows them, for the error.
+func NewTransport(allowPrivate bool, optIn string) *http.Transport {
 	d := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
 	if !allowPrivate {
-		d.Control = refusePrivate
+		d.Control = Guard(optIn)
 	}
 	return &http.Transport{
 		Proxy:                 nil,
@@ -29,23 +30,35 @@ func newTransport(allowPrivate bool) *http.Transport {
 	}
 }
 
-// refusePrivate is a net.Dialer Control function: it runs with the resolved
-// address just before connecting, so it also catches names that resolve, or
-// are rebound, to internal addresses.
-func refusePrivate(network, address string, _ syscall.RawConn) error {
-	host, _, err := net.SplitHostPort(address)
-	if err != nil {
-		return &refusedError{msg: fmt.Sprintf("cannot check dial address %q: %v", address, err)}
+// Guard returns a net.Dialer Control function that refuses non-public
+// addresses with a *RefusedError. It runs with the resolved address just
+// before connecting, so it also catches names that resolve, or are
+// rebound, to internal addresses. optIn names the setting that allows
+// them ("AllowPrivateNetworks"); the error tells to set it.
+func Guard(optIn string) func(network, address string, c syscall.RawConn) error {
+	return func(_, address string, _ syscall.RawConn) error {
+		host, _, err := net.SplitHostPort(address)
+		if err != nil {
+			return &RefusedError{Msg: fmt.Sprintf("cannot check dial address %q: %v", address, err)}
+		}
+		ip, err := netip.ParseAddr(host)
+		if err != nil {
+			return &RefusedError{Msg: fmt.Sprintf("cannot check dial address %q: %v", address, err)}
+		}
+		if !IsPublic(ip) {
+			return &RefusedError{Msg: fmt.Sprintf("address %s is not public (loopback, private, link-local or reserved); set %s to allow it", ip, optIn)}
+		}
+		return nil
 	}
-	ip, err := netip.ParseAddr(host)
-	if err != nil {
-		return &refusedError{msg: fmt.Sprintf("cannot check dial address %q: %v", address, err)}
-	}
-	if !isPublic(ip) {
-		return &refusedError{msg: fmt.Sprintf("address %s is not public (loopback, private, link-local or reserved); set AllowPrivateNetworks to allow it", ip)}
-	}
-	return nil
 }
+
+// RefusedError is a request a Sender refuses to make: a scheme other than
+// http and https, a host not allowed, or a dial to a non-public address.
+// Msg is fit for an error message (no query or credentials).
+type RefusedError struct{ Msg string }
+
+// Error returns Msg.
+func (e *RefusedError) Error() string { return e.Msg }
 
 // nonPublic lists the ranges, beyond what netip classifies, that are not
 // reachable public unicast addresses.
@@ -65,8 +78,8 @@ var nonPublic = []netip.Prefix{
 	netip.MustParsePrefix("100::/64"),        // discard-only
 }
 
-// isPublic reports whether ip is a public unicast address.
-func isPublic(ip netip.Addr) bool {
+// IsPublic reports whether ip is a public unicast address.
+func IsPublic(ip netip.Addr) bool {
 	ip = ip.Unmap()
 	if !ip.IsValid() || ip.Zone() != "" || !ip.IsGlobalUnicast() || ip.IsPrivate() ||
 		ip.IsLoopback() || ip.IsLinkLocalUnicast() || ip.IsUnspecified() || ip.IsMulticast() {
