@@ -113,5 +113,8 @@
 // outcome (a FlowType follow-up task), so a crash never strands a workflow.
 // Client.Wait and EnqueueAndWait wait for a task's outcome without polling;
 // ReportProgress records a running task's progress; NotifyURL POSTs the
-// outcome to a URL; ServeMux.HandleBatch hands a handler many tasks at once.
+// outcome to a URL, signed and guarded as webhooks are (no private
+// addresses unless Config.NotifyAllowPrivate, optional
+// Config.NotifyAllowedHosts); ServeMux.HandleBatch hands a handler many
+// tasks at once.
 package tide

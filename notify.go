@@ -1,18 +1,9 @@
 package tide
 
 import (
-	"bytes"
-	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"net/url"
-	"strconv"
 	"time"
 
 	"github.com/tidequeue/tide/broker"
@@ -40,12 +31,27 @@ const (
 // sent for an outcome that did not stand; it is retried NotifyMaxRetry
 // times with back-off until u answers 2xx (a 4xx other than 408 and 429
 // ends it). The body is JSON: {"task_id", "queue", "type", "state"
-// ("completed" or "archived"), "error", "finished_at", "retried"}. With
-// Config.NotifySecret set, each POST carries Tide-Timestamp and
-// Tide-Signature: "sha256=" and the hex HMAC-SHA256 of "<timestamp>.<body>"
-// under the secret, for the receiver to check. u must be an absolute http or
-// https URL of at most MaxNotifyURL bytes. Delivery is at least once:
-// receivers dedupe on task_id.
+// ("completed" or "archived"), "error", "finished_at", "retried"}; the
+// Tide-Task-ID header repeats task_id. u must be an absolute http or https
+// URL of at most MaxNotifyURL bytes. Delivery is at least once: receivers
+// dedupe on task_id.
+//
+// With Config.NotifySecret set, each POST carries the header
+// "Tide-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">"
+// under the secret, the format of webhook tasks: receivers check it with
+// webhook.Verify.
+//
+// The server sends notifications as guardedly as webhook tasks, since u
+// comes from whoever enqueued the task (through the gateway, another
+// system): it never connects to a loopback, private, link-local or other
+// non-public address, checked on the address dialled after DNS resolution,
+// unless Config.NotifyAllowPrivate is set; with Config.NotifyAllowedHosts
+// it calls only those hosts; it uses no proxy from the environment; it
+// follows only 307 and 308 redirects (at most 5, to allowed hosts, each
+// signed again), never 301, 302 or 303, and a redirect that is not
+// followed is a failure, retried, never a delivery. A refused address or
+// host archives the notification at once, with the reason in its error.
+// Errors never hold u's query or credentials.
 func NotifyURL(u string) Option {
 	return optionFunc(func(o *enqueueOptions) error {
 		if err := checkNotifyURL(u); err != nil {
@@ -118,55 +124,4 @@ func notificationOf(m *TaskInfo, set broker.Settlement) *notifyPayload {
 		n.State, n.Error = StateArchived.String(), set.Err
 	}
 	return &notifyPayload{URL: u, Body: n}
-}
-
-// notifyClient sends notifications; each POST is bounded by its own timeout.
-var notifyClient = &http.Client{Timeout: 10 * time.Second}
-
-// deliverNotification runs a NotifyType task: one POST.
-func (s *Server) deliverNotification(ctx context.Context, t *Task) error {
-	var p notifyPayload
-	if err := json.Unmarshal(t.Payload(), &p); err != nil {
-		return fmt.Errorf("tide: notification payload is not one tide wrote: %w", SkipRetry)
-	}
-	return s.post(ctx, p)
-}
-
-// post sends one notification.
-func (s *Server) post(ctx context.Context, p notifyPayload) error {
-	if checkNotifyURL(p.URL) != nil {
-		return fmt.Errorf("tide: notification payload is not one tide wrote: %w", SkipRetry)
-	}
-	body, err := json.Marshal(p.Body)
-	if err != nil {
-		return fmt.Errorf("tide: notification: %v: %w", err, SkipRetry)
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.URL, bytes.NewReader(body))
-	if err != nil {
-		return fmt.Errorf("tide: notification: %v: %w", err, SkipRetry)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("User-Agent", "tide-notify")
-	req.Header.Set("Tide-Task-ID", p.Body.TaskID)
-	if s.cfg.NotifySecret != "" {
-		ts := strconv.FormatInt(time.Now().Unix(), 10)
-		mac := hmac.New(sha256.New, []byte(s.cfg.NotifySecret))
-		mac.Write([]byte(ts + "."))
-		mac.Write(body)
-		req.Header.Set("Tide-Timestamp", ts)
-		req.Header.Set("Tide-Signature", "sha256="+hex.EncodeToString(mac.Sum(nil)))
-	}
-	resp, err := notifyClient.Do(req)
-	if err != nil {
-		return fmt.Errorf("tide: notification to %s: %w", req.URL.Redacted(), err)
-	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-	_ = resp.Body.Close()
-	switch c := resp.StatusCode; {
-	case c >= 200 && c < 300:
-		return nil
-	case c >= 400 && c < 500 && c != http.StatusRequestTimeout && c != http.StatusTooManyRequests:
-		return fmt.Errorf("tide: notification to %s refused with %s: %w", req.URL.Redacted(), resp.Status, SkipRetry)
-	}
-	return errors.New("tide: notification to " + req.URL.Redacted() + " answered " + resp.Status)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/internal/engine"
+	"github.com/tidequeue/tide/internal/outbound"
 	"github.com/tidequeue/tide/tidetype"
 )
 
@@ -50,9 +51,32 @@ type Config struct {
 	// RetrySchedule and NotificationRetryDelay.
 	RetryDelayFunc RetryDelayFunc
 
-	// NotifySecret signs the POSTs of NotifyURL notifications (see
-	// NotifyURL). Default: empty, the POSTs are not signed.
+	// NotifySecret signs the POSTs of NotifyURL notifications with the
+	// Tide-Signature header of webhook tasks, which receivers check with
+	// webhook.Verify (see NotifyURL). Default: empty, the POSTs are not
+	// signed.
 	NotifySecret string
+
+	// NotifyAllowPrivate lets NotifyURL notifications connect to loopback,
+	// private, link-local, shared (CGNAT) and other non-public addresses,
+	// such as 127.0.0.1 or the metadata address 169.254.169.254. Default
+	// false: such an address is refused, checked on the address dialled
+	// after DNS resolution (so also a name that resolves to one), and the
+	// notification archived with the reason. Set it only when the
+	// receivers are inside your network and whoever enqueues tasks (the
+	// gateway's clients included) may make this server call them.
+	NotifyAllowPrivate bool
+
+	// NotifyAllowedHosts, when not empty, are the only hosts NotifyURL
+	// notifications may go to, redirects included: "hooks.example.com"
+	// (that host, any port), "hooks.example.com:8443" (that host and
+	// port), "*.example.com" (any subdomain of example.com, not
+	// example.com itself) or an IP literal ("10.0.0.5", "[::1]:8080");
+	// names are compared case-insensitively. A notification to another
+	// host is archived with the reason. Default: empty, any host (public
+	// unless NotifyAllowPrivate). An invalid entry makes Start fail with
+	// ErrInvalidConfig.
+	NotifyAllowedHosts []string
 
 	// ErrorHandler, when set, is called with every error a handler returns
 	// (including recovered panics), before the task is retried or archived.
@@ -96,6 +120,7 @@ type Server struct {
 	state   int // 0 new, 1 running, 2 closed
 	eng     *engine.Engine
 	handler Handler
+	notify  *outbound.Sender // sends NotifyURL notifications
 }
 
 // NewServer returns a server that processes tasks from b with cfg. An invalid
@@ -106,6 +131,8 @@ func NewServer(b broker.Broker, cfg Config) *Server {
 	}
 	s := &Server{b: b, now: clockOf(b)}
 	s.cfg, s.cfgErr = cfg.withDefaults()
+	notify, err := s.cfg.notifySender()
+	s.notify, s.cfgErr = notify, errors.Join(s.cfgErr, err)
 	s.log = s.cfg.Logger
 	if s.log == nil {
 		s.log = slog.Default()
@@ -251,6 +278,7 @@ func (s *Server) Shutdown() {
 		return
 	}
 	eng.Stop()
+	s.notify.CloseIdleConnections()
 	s.log.Info("tide: server stopped", "server", s.cfg.ServerID)
 }
 

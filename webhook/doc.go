@@ -72,6 +72,9 @@
 // method or the other headers. A header may carry several v1 values (kept
 // for secret rotation); a request is genuine when any of them matches.
 //
+// The notifications of tide.NotifyURL carry the same header, signed with
+// tide.Config.NotifySecret, and are checked with Verify the same way.
+//
 // # Failures and retries
 //
 // A 2xx response is success. Anything else fails the attempt, and the error
@@ -134,4 +137,10 @@
 // resolution, for the first request and every redirect, so an allowed name
 // that resolves (or is rebound) to 127.0.0.1 or 169.254.169.254 is refused.
 // Proxies from the environment are not used.
+//
+// A tide.Server sends tide.NotifyURL notifications with the same guarded
+// sender: the same redirect rules and private-network refusal, with
+// tide.Config.NotifyAllowPrivate and tide.Config.NotifyAllowedHosts in
+// the place of AllowPrivateNetworks and AllowedHosts (where an empty list
+// allows any public host).
 package webhook
