@@ -32,7 +32,7 @@ var cmdServe = &command{
 		fs.IntVar(&o.whConc, "webhook-concurrency", 10, "webhooks sent at once")
 		o.whTimeout = durationFlag(webhook.DefaultTimeout)
 		fs.Var(&o.whTimeout, "webhook-timeout", "time a receiver has to answer, e.g. `10s`")
-		fs.BoolVar(&o.whPrivate, "webhook-allow-private", false, "let webhooks reach loopback and private addresses")
+		fs.BoolVar(&o.whPrivate, "webhook-allow-private", false, "let webhooks and their notifications reach loopback and private addresses")
 	},
 	help: `
 Run the HTTP gateway, through which applications in any language enqueue,
@@ -60,6 +60,8 @@ method) to its URL, signed with "Tide-Signature: t=<unix>,v1=<hex
 HMAC-SHA256 of t.body>", and retried on 5xx, 408, 429 and timeouts (15s, 3m,
 10m, 30m, 1h, 2h, 6h, then every 15h). Only the allowed hosts are called,
 and never private or loopback addresses unless --webhook-allow-private.
+The NotifyURL notifications of the tasks in that queue obey the same rules
+and are signed the same way: one to another host is archived.
 
 ` + fmt.Sprintf(metricsHelp, "tide-serve") + `
 With webhooks, it also has the attempts this process made
@@ -159,6 +161,12 @@ func runServe(ctx context.Context, a *app, o *cmdOpts, _ []string) error {
 			Queues:         map[string]int{o.whQueue: 1},
 			RetryDelayFunc: webhook.RetryDelayFunc(nil),
 			Logger:         log,
+			// The notifications (NotifyURL) of the tasks it runs come from
+			// the same gateway clients as the webhooks: the same hosts,
+			// the same private-network rule, the same signature.
+			NotifySecret:       o.whSecret,
+			NotifyAllowPrivate: o.whPrivate,
+			NotifyAllowedHosts: o.whAllow,
 		})
 		if err := srv.Start(mux); err != nil {
 			return fmt.Errorf("tide: start the webhook server: %w", err)

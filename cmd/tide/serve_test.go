@@ -184,6 +184,69 @@ func TestServe(t *testing.T) {
 	}
 }
 
+// The notifications (NotifyURL) of the tasks serve runs obey its webhook
+// restrictions: without --webhook-allow-private, and with 127.0.0.1 not an
+// allowed host, a notification to 127.0.0.1 is refused and archived. With
+// them it arrives, signed with the webhook secret.
+func TestServeNotificationsObeyWebhookHosts(t *testing.T) {
+	e := setup(t)
+	const secret = "webhook-secret-0123456789"
+	// hits gets, for each request, webhook.Verify of its signature.
+	hits := make(chan error, 10)
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		hits <- webhook.Verify([]byte(secret), r.Header.Get(webhook.SignatureHeader), body, time.Minute)
+	}))
+	defer recv.Close()
+	e.vars["TIDE_GATEWAY_TOKENS"] = "gateway-token-0123456789"
+	e.vars["TIDE_WEBHOOK_SECRET"] = secret
+	_, stop := e.start("serve", "--addr", "127.0.0.1:0", "--webhook-allow", "hooks.example.test")
+
+	// A webhook to a host that is not allowed is archived at once; its
+	// notification goes to the receiver on 127.0.0.1.
+	tk, err := webhook.NewTask(webhook.Payload{URL: "https://elsewhere.example.test/hook", Body: []byte("{}")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.Enqueue(context.Background(), tk, tide.NotifyURL(recv.URL+"/notify?token=SECRET")); err != nil {
+		t.Fatal(err)
+	}
+	var notes []*tide.TaskInfo
+	deadline := time.Now().Add(15 * time.Second)
+	for len(notes) == 0 && len(hits) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the notification was neither sent nor archived")
+		}
+		time.Sleep(20 * time.Millisecond)
+		ts, err := e.in.ListTasks(context.Background(), webhook.DefaultQueue, tide.StateArchived, 1, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		notes = slices.DeleteFunc(ts, func(ti *tide.TaskInfo) bool { return ti.Type != tide.NotifyType })
+	}
+	if len(hits) > 0 {
+		t.Fatal("a notification reached 127.0.0.1")
+	}
+	if err := notes[0].LastErr; !strings.Contains(err, `host "127.0.0.1:`) || !strings.Contains(err, "is not in Config.NotifyAllowedHosts") || strings.Contains(err, "SECRET") {
+		t.Errorf("the notification's error: %q", err)
+	}
+	stop()
+
+	_, stop = e.start("serve", "--addr", "127.0.0.1:0", "--webhook-allow", "hooks.example.test,127.0.0.1", "--webhook-allow-private")
+	defer stop()
+	if _, err := e.c.Enqueue(context.Background(), tk, tide.NotifyURL(recv.URL+"/notify")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-hits:
+		if err != nil {
+			t.Errorf("the notification's signature: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the notification was not sent")
+	}
+}
+
 func TestDash(t *testing.T) {
 	e := setup(t)
 	e.enqueue("t", "{}", tide.Queue("visible-queue"))
