@@ -54,7 +54,8 @@ type Config struct {
 	// NotifySecret signs the POSTs of NotifyURL notifications with the
 	// Tide-Signature header of webhook tasks, which receivers check with
 	// webhook.Verify (see NotifyURL). Default: empty, the POSTs are not
-	// signed.
+	// signed. A secret shorter than 16 bytes makes Start fail with
+	// ErrInvalidConfig (webhook secrets have the same minimum).
 	NotifySecret string
 
 	// NotifyAllowPrivate lets NotifyURL notifications connect to loopback,
@@ -140,6 +141,10 @@ func NewServer(b broker.Broker, cfg Config) *Server {
 	return s
 }
 
+// minNotifySecret is the shortest Config.NotifySecret accepted, in bytes,
+// as webhook.MinSecretLength.
+const minNotifySecret = 16
+
 func (c Config) withDefaults() (Config, error) {
 	var errs []error
 	bad := func(format string, a ...any) {
@@ -171,6 +176,9 @@ func (c Config) withDefaults() (Config, error) {
 		c.LeaseDuration = 30 * time.Second
 	case c.LeaseDuration < 300*time.Millisecond:
 		bad("LeaseDuration %v is under the 300ms minimum", c.LeaseDuration)
+	}
+	if c.NotifySecret != "" && len(c.NotifySecret) < minNotifySecret {
+		bad("NotifySecret is %d bytes, under the %d-byte minimum (use 32 random bytes: openssl rand -hex 32)", len(c.NotifySecret), minNotifySecret)
 	}
 	switch {
 	case c.ShutdownTimeout == 0:

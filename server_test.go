@@ -513,6 +513,7 @@ func TestConfigValidation(t *testing.T) {
 		"zero weight":          {Queues: map[string]int{"a": 0}},
 		"tiny lease":           {LeaseDuration: time.Millisecond},
 		"negative shutdown":    {ShutdownTimeout: -time.Second},
+		"short notify secret":  {NotifySecret: "short"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			err := tide.NewServer(e.b, cfg).Start(h)
