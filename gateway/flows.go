@@ -210,8 +210,47 @@ func (g *gateway) handleWorkflow(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return nil, err
 		}
+		if !g.flowInScope(info) {
+			return nil, errOutOfScope
+		}
 		return WorkflowFromInfo(info), nil
 	})
+}
+
+// errOutOfScope stands for a workflow or batch that has a step (or a
+// callback) in a queue outside Config.AllowedQueues: it is answered like an
+// unknown ID.
+var errOutOfScope = fmt.Errorf("%w: a step runs in a queue the gateway does not allow", tide.ErrWorkflowNotFound)
+
+// flowInScope reports whether every step of f, a batch's callback
+// included, runs in an allowed queue.
+func (g *gateway) flowInScope(f *tide.WorkflowInfo) bool {
+	if g.queues == nil {
+		return true
+	}
+	for _, s := range f.Steps {
+		if !g.queues[s.Queue] {
+			return false
+		}
+	}
+	return true
+}
+
+// checkFlowScope reads the workflow or batch id, when the gateway is
+// limited to some queues, and returns errOutOfScope when one of its steps
+// runs in another queue (or the read's error).
+func (g *gateway) checkFlowScope(ctx context.Context, id string) error {
+	if g.queues == nil {
+		return nil
+	}
+	info, err := g.in.GetWorkflow(ctx, id)
+	if err != nil {
+		return err
+	}
+	if !g.flowInScope(info) {
+		return errOutOfScope
+	}
+	return nil
 }
 
 // getFlow serves a GET of one workflow or batch, read by get.
@@ -236,6 +275,10 @@ func (g *gateway) handleWorkflowCancel(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := r.PathValue("id")
+	if err := g.checkFlowScope(r.Context(), id); err != nil {
+		g.fail(w, r, g.flowError(err, id))
+		return
+	}
 	if err := g.c.CancelWorkflow(r.Context(), id); err != nil {
 		g.fail(w, r, g.flowError(err, id))
 		return
@@ -297,6 +340,9 @@ func (g *gateway) handleBatches(w http.ResponseWriter, r *http.Request) {
 // handleBatch serves GET /v1/batches/{id}.
 func (g *gateway) handleBatch(w http.ResponseWriter, r *http.Request) {
 	g.getFlow(w, r, func(ctx context.Context, id string) (any, error) {
+		if err := g.checkFlowScope(ctx, id); err != nil {
+			return nil, err
+		}
 		info, err := g.in.GetBatch(ctx, id)
 		if err != nil {
 			return nil, err

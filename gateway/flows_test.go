@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -145,5 +147,109 @@ func TestBatchEndpoints(t *testing.T) {
 	}
 	if r := e.do("POST", "/v1/workflows/nope/cancel", ""); r.status != 404 {
 		t.Errorf("cancelling an unknown workflow: %d %s", r.status, r.body)
+	}
+}
+
+// A gateway limited to some queues treats a workflow or batch with a step
+// (or a batch callback) in another queue as unknown: GET and cancel answer
+// 404 workflow_not_found, exactly as for an ID that names nothing, and the
+// flow is left running. Creating one is refused with 403 like a task in
+// such a queue, and there is no listing to leak through.
+func TestFlowQueueScope(t *testing.T) {
+	t.Parallel()
+	e := setup(t, gateway.Config{AllowedQueues: []string{"public"}})
+	ctx := context.Background()
+	task := func(typ, queue string) *tide.Task { return tide.NewTask(typ, nil, tide.Queue(queue)) }
+	// No server runs: every flow stays running.
+	if _, err := e.c.EnqueueWorkflow(ctx, tide.NewWorkflow("mixed").
+		Add("notify", task("notify", "public")).
+		Add("pay", task("pay", "payroll"), tide.After("notify"))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.EnqueueWorkflow(ctx, tide.NewWorkflow("open").Add("a", task("a", "public"))); err != nil {
+		t.Fatal(err)
+	}
+	secretCB, err := e.c.EnqueueBatch(ctx, []*tide.Task{task("a", "public")}, tide.OnBatchDone(task("done", "payroll")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	secretMember, err := e.c.EnqueueBatch(ctx, []*tide.Task{task("a", "public"), task("b", "payroll")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	open, err := e.c.EnqueueBatch(ctx, []*tide.Task{task("a", "public")}, tide.OnBatchDone(task("done", "public")))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// An unknown ID's answer is what an out-of-scope flow must look like.
+	unknown := e.do("GET", "/v1/workflows/nope", "")
+	_, _, unknownMsg := unknown.errorBody(t)
+	hidden := func(method, path, id string) {
+		t.Helper()
+		r := e.do(method, path, "")
+		if r.status != http.StatusNotFound {
+			t.Errorf("%s %s: %d %s, want 404", method, path, r.status, r.body)
+			return
+		}
+		code, field, msg := r.errorBody(t)
+		if want := strings.ReplaceAll(unknownMsg, `"nope"`, fmt.Sprintf("%q", id)); code != "workflow_not_found" || field != "" || msg != want {
+			t.Errorf("%s %s: %s, want the answer to an unknown ID (%q)", method, path, r.body, want)
+		}
+	}
+	hidden("GET", "/v1/workflows/mixed", "mixed")
+	hidden("POST", "/v1/workflows/mixed/cancel", "mixed")
+	for _, id := range []string{secretCB.ID, secretMember.ID} {
+		hidden("GET", "/v1/batches/"+id, id)
+		hidden("GET", "/v1/workflows/"+id, id)
+		hidden("POST", "/v1/workflows/"+id+"/cancel", id)
+	}
+	for _, id := range []string{"mixed", secretCB.ID, secretMember.ID} {
+		if w, err := e.in.GetWorkflow(ctx, id); err != nil || w.State != tide.FlowRunning {
+			t.Errorf("%s after a refused cancel: %+v %v, want it running", id, w, err)
+		}
+	}
+
+	// Flows wholly in allowed queues are served.
+	if r := e.do("GET", "/v1/workflows/open", ""); r.status != http.StatusOK {
+		t.Errorf("GET of an allowed workflow: %d %s", r.status, r.body)
+	}
+	if r := e.do("GET", "/v1/batches/"+open.ID, ""); r.status != http.StatusOK {
+		t.Errorf("GET of an allowed batch: %d %s", r.status, r.body)
+	}
+	for _, id := range []string{"open", open.ID} {
+		if r := e.do("POST", "/v1/workflows/"+id+"/cancel", ""); r.status != http.StatusAccepted {
+			t.Errorf("cancel of allowed %s: %d %s", id, r.status, r.body)
+		}
+	}
+
+	// Creation: every step's queue and the callback's must be allowed.
+	for _, c := range []struct{ path, body, field string }{
+		{"/v1/workflows", `{"id": "new-wf", "steps": [{"name": "a", "task": {"type": "t", "queue": "public"}},
+			{"name": "b", "task": {"type": "t", "queue": "payroll"}, "after": ["a"]}]}`, "steps[1].task.queue"},
+		{"/v1/workflows", `{"id": "new-wf", "steps": [{"name": "a", "task": {"type": "t"}}]}`, "steps[0].task.queue"}, // "default"
+		{"/v1/batches", `{"tasks": [{"type": "t", "queue": "public"}, {"type": "t", "queue": "payroll"}]}`, "tasks[1].queue"},
+		{"/v1/batches", `{"tasks": [{"type": "t", "queue": "public"}], "on_done": {"type": "t", "queue": "payroll"}}`, "on_done.queue"},
+	} {
+		r := e.do("POST", c.path, c.body)
+		if r.status != http.StatusForbidden {
+			t.Errorf("POST %s %s: %d %s, want 403", c.path, c.body, r.status, r.body)
+			continue
+		}
+		if code, field, _ := r.errorBody(t); code != "queue_not_allowed" || field != c.field {
+			t.Errorf("POST %s: code %q field %q, want queue_not_allowed %q", c.path, code, field, c.field)
+		}
+	}
+	if _, err := e.in.GetWorkflow(ctx, "new-wf"); err == nil {
+		t.Error("a refused workflow was stored")
+	}
+	if _, n, err := e.in.Batches(ctx, 0, 10); err != nil || n != 3 {
+		t.Errorf("batches: %d %v, want the 3 made here (a refused one was stored?)", n, err)
+	}
+	// There are no list endpoints that could show other queues' flows.
+	for _, path := range []string{"/v1/workflows", "/v1/batches"} {
+		if r := e.do("GET", path, ""); r.status != http.StatusMethodNotAllowed {
+			t.Errorf("GET %s: %d %s, want 405 (no listing)", path, r.status, r.body)
+		}
 	}
 }
