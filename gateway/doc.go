@@ -125,6 +125,20 @@
 // task name the field by its path: "steps[2].task.delay", "tasks[7].queue".
 // A large batch needs a MaxBodyBytes to match.
 //
+// Config.AllowedQueues covers workflows and batches whole. Creating one
+// needs every step's queue, and the callback's, allowed (otherwise 403
+// queue_not_allowed, naming the field). A workflow or batch with a step or
+// a callback in another queue does not exist for the gateway: GET
+// /v1/workflows/{id}, GET /v1/batches/{id} and POST
+// /v1/workflows/{id}/cancel answer 404 workflow_not_found, word for word
+// what an unknown ID gets, and leave it alone. (A task URL names its queue,
+// so a task in another queue is 403 before anything is read; a workflow
+// URL names none, and a 403 would tell which IDs exist in other queues.)
+// There are no list endpoints. IDs are one namespace: POST /v1/workflows
+// with the ID of another queue's workflow still gets 409 workflow_exists.
+// With AllowedQueues set, reading or cancelling a batch reads its steps to
+// check their queues.
+//
 // GET /healthz answers 200 {"status": "ok"} without authentication, for load
 // balancers. It does not contact Redis.
 //
@@ -146,7 +160,8 @@
 //	401 invalid_token           a token that is not configured
 //	403 queue_not_allowed       the queue is not in Config.AllowedQueues
 //	404 task_not_found          no such task (it may have finished)
-//	404 workflow_not_found      no such workflow or batch (or it ended over a day ago)
+//	404 workflow_not_found      no such workflow or batch (or it ended over a day ago,
+//	                            or it has a step in a queue outside Config.AllowedQueues)
 //	404 not_found               no such endpoint
 //	405 method_not_allowed      see the Allow header
 //	409 task_id_conflict        the queue already has a task with this task_id

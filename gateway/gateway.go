@@ -41,7 +41,10 @@ type Config struct {
 	MaxBodyBytes int64
 
 	// AllowedQueues, when not empty, are the only queues clients may enqueue
-	// to, read from or delete from; others get 403.
+	// to, read from or delete from; others get 403. A workflow or batch is
+	// open to the gateway only when every step, and the callback, runs in
+	// one of them; others answer 404 as if unknown (see the package
+	// documentation).
 	AllowedQueues []string
 
 	// Logger receives one line per failed request (server errors at Error,
