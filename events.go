@@ -89,9 +89,9 @@ type EventsFrom struct {
 //
 // Events needs a broker that implements broker.EventReader (both shipped
 // brokers do) and returns ErrNotSupported otherwise. It is safe for
-// concurrent use; each call reads on its own (with the Redis broker, one
-// pooled connection blocked on a single node, one per partition on a
-// cluster).
+// concurrent use; each call reads on its own (with the Redis broker, on a
+// connection of its own, outside the client's pool, on a single node; one
+// per partition on a cluster).
 func (in *Inspector) Events(ctx context.Context, from EventsFrom) (<-chan TaskEvent, error) {
 	r, ok := in.b.(broker.EventReader)
 	if !ok {

@@ -330,16 +330,26 @@ func (r *evReader) restart(ctx context.Context) {
 	}
 }
 
-// read is one reader: XREAD BLOCK over its streams, batches handed to the
-// merger, errors retried with back-off until ctx ends.
+// read is one reader: XREAD BLOCK over its streams on a connection of its
+// own (evConn), batches handed to the merger, errors retried with back-off
+// until ctx ends. The end of ctx closes the connection, which ends a
+// blocked XREAD at once.
 func (r *evReader) read(ctx context.Context, gen int, keys, ids []string) {
+	conn := &evConn{rdb: r.b.rdb, key: keys[0]}
+	defer conn.close()
+	defer context.AfterFunc(ctx, conn.close)()
 	wait := 50 * time.Millisecond
 	for ctx.Err() == nil {
-		res, err := r.b.rdb.XRead(ctx, &redis.XReadArgs{Streams: append(slices.Clone(keys), ids...), Count: evCount, Block: evBlock}).Result()
+		c, err := conn.get(ctx)
+		var res []redis.XStream
+		if err == nil {
+			res, err = c.XRead(ctx, &redis.XReadArgs{Streams: append(slices.Clone(keys), ids...), Count: evCount, Block: evBlock}).Result()
+		}
 		if errors.Is(err, redis.Nil) {
 			continue
 		}
 		if err != nil {
+			conn.failed(ctx, err)
 			t := time.NewTimer(wait)
 			select {
 			case <-ctx.Done():
@@ -467,4 +477,115 @@ func (r *evReader) refresh(ctx context.Context) bool {
 		r.restart(ctx)
 	}
 	return true
+}
+
+// evConn is the connection a reader's XREAD BLOCK runs on. A reading
+// blocks in Redis for up to evBlock at a time, again and again, for as
+// long as its consumer follows the events (an HTTP event stream: hours).
+// On the client's pool, every reading would hold one of the connections
+// that enqueues and scripts need: with more readings than the pool has
+// connections (go-redis's default is 10 per CPU), every other call of the
+// process would wait for a reader's XREAD to end. So a reader dials a
+// client of its own, with one connection, from the options of the
+// broker's client: the same address, credentials, TLS, timeouts and
+// dialer (a Sentinel client's dialer finds the current primary); on a
+// cluster, the primary that holds the reader's stream (one stream per
+// reader there). It does not carry hooks added to the broker's client
+// (AddHook). A client of another kind (redis.Ring, a wrapper) is used as
+// it is, pool and all.
+type evConn struct {
+	rdb redis.UniversalClient
+	key string // a stream the reader reads: on a cluster, names the node
+
+	mu     sync.Mutex
+	c      *redis.Client // nil until dialled, and after a failure
+	closed bool
+}
+
+// get returns the client to read with, making it when there is none.
+func (e *evConn) get(ctx context.Context) (redis.Cmdable, error) {
+	var opt redis.Options
+	switch c := e.rdb.(type) {
+	case *redis.Client:
+		opt = *c.Options()
+	case *redis.ClusterClient:
+		e.mu.Lock()
+		made := e.c != nil
+		e.mu.Unlock()
+		if !made {
+			node, err := c.MasterForKey(ctx, e.key)
+			if err != nil {
+				return nil, err
+			}
+			opt = *node.Options()
+		}
+	default:
+		return e.rdb, nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	switch {
+	case e.closed:
+		return nil, redis.ErrClosed
+	case e.c != nil:
+		return e.c, nil
+	}
+	// One connection, kept while the reader reads; no client-side cache
+	// (XREAD is not cached) and no connection opened in advance.
+	opt.PoolSize, opt.MaxActiveConns, opt.MinIdleConns, opt.MaxIdleConns = 1, 1, 0, 1
+	opt.ClientSideCache, opt.ClientSideCacheConfig = nil, nil
+	denormalize(&opt)
+	e.c = redis.NewClient(&opt)
+	return e.c, nil
+}
+
+// denormalize turns the "none" of a client's options back into the form
+// NewClient takes: the client normalized them (a ReadTimeout of -1, no
+// timeout, became 0), and NewClient normalizes again (0 would become the
+// default).
+func denormalize(opt *redis.Options) {
+	for _, d := range []*time.Duration{&opt.ReadTimeout, &opt.WriteTimeout} {
+		switch *d {
+		case 0:
+			*d = -1 // no timeout
+		case -1:
+			*d = -2 // no deadline set at all
+		}
+	}
+	for _, d := range []*time.Duration{&opt.MinRetryBackoff, &opt.MaxRetryBackoff} {
+		if *d == 0 {
+			*d = -1
+		}
+	}
+	if opt.MaxRetries == 0 {
+		opt.MaxRetries = -1
+	}
+}
+
+// failed drops the client after err, so that the next try dials anew (on a
+// cluster, to the node that holds the stream then), and asks a cluster
+// client to reload its slot map when err says the topology may have
+// changed.
+func (e *evConn) failed(ctx context.Context, err error) {
+	e.mu.Lock()
+	c := e.c
+	e.c = nil
+	e.mu.Unlock()
+	if c != nil {
+		_ = c.Close()
+	}
+	if cc, ok := e.rdb.(*redis.ClusterClient); ok && topologyError(err) && ctx.Err() == nil {
+		cc.ReloadState(context.WithoutCancel(ctx))
+	}
+}
+
+// close closes the client for good; a reader blocked on it returns at once.
+func (e *evConn) close() {
+	e.mu.Lock()
+	c := e.c
+	e.c, e.closed = nil, true
+	e.mu.Unlock()
+	if c != nil {
+		_ = c.Close()
+	}
 }

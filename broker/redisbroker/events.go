@@ -117,10 +117,20 @@ const (
 
 // ReadEvents implements broker.EventReader. It reads every partition's
 // stream of the queues: on a single node with one XREAD BLOCK over all of
-// them (one connection of the client's pool is held while it blocks), on
-// Redis Cluster with one per partition (their keys are in different
-// slots). It merges them into one channel. The resume token of each event
-// holds the position in every stream.
+// them, on Redis Cluster with one per partition (their keys are in
+// different slots). It merges them into one channel. The resume token of
+// each event holds the position in every stream.
+//
+// Each XREAD runs on a connection of its own, not on one of the client's
+// pool, so that readings (an HTTP event stream may last hours) never take
+// the connections other calls need: ReadEvents opens one connection on a
+// single node, one per partition on a cluster (to the primary that holds
+// it), and closes them when ctx ends. They are dialled with the options of
+// the client New was given, *redis.Client (Sentinel's included) or
+// *redis.ClusterClient, but without its hooks (AddHook); with another kind
+// of client, readings use that client and its pool. Every reading is one
+// more client of Redis (mind its maxclients); cap readings where outsiders
+// open them (the gateway does: gateway.Config.MaxEventStreams).
 //
 // A queue that does not exist yet is read from its creation on; reading
 // never creates or registers a queue. The layouts are read again every two
