@@ -95,6 +95,21 @@
 // events 409 events_off. The stream ends when the client goes away, or
 // when the reading cannot go on without a gap (reconnecting says so).
 //
+// Streams are bounded so that they cannot starve the gateway. Each reads
+// Redis on a connection of its own, not on the pool that enqueues use (see
+// redisbroker.Broker.ReadEvents), and at most Config.MaxEventStreams (100)
+// are open at once, at most Config.MaxEventStreamsPerToken (20) with any
+// one token: one more is answered 429 too_many_streams with a Retry-After
+// header. Each write to a stream must finish within
+// Config.EventsWriteTimeout (10s), or the client, which has stopped
+// reading, is disconnected. A stream lasts at most Config.EventsMaxLifetime
+// (30m): then it ends with a comment saying so, and the client reconnects
+// with its resume token (an EventSource does by itself, after the "retry:"
+// delay the stream starts with; other clients send the id of the last
+// event as Last-Event-ID or after=). A stream opened without a token that
+// has had no event since ends instead right after its next event, so that
+// reconnecting never skips one.
+//
 // # Workflows and batches
 //
 // POST /v1/workflows enqueues a workflow (see tide.NewWorkflow): a DAG of
@@ -172,6 +187,8 @@
 //	410 events_gap              GET /v1/events resuming after events that were dropped
 //	409 workflow_exists         a workflow with other steps has this id
 //	413 request_too_large       the body is over Config.MaxBodyBytes
+//	429 too_many_streams        GET /v1/events over Config.MaxEventStreams or
+//	                            Config.MaxEventStreamsPerToken; see Retry-After
 //	415 unsupported_media_type  the body is not sent as application/json
 //	503 unavailable             Redis could not be reached; retry later
 //

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,17 +19,24 @@ type sseStream struct {
 	t     *testing.T
 	resp  *http.Response
 	lines chan string
+	close func() // ends the request and waits for the reading to end
 }
 
 // openEvents opens the event stream at path with the headers (pairs).
 func (e *env) openEvents(path string, headers ...string) *sseStream {
+	e.t.Helper()
+	return e.openEventsAs(token, path, headers...)
+}
+
+// openEventsAs is openEvents with the bearer token tok.
+func (e *env) openEventsAs(tok, path string, headers ...string) *sseStream {
 	e.t.Helper()
 	ctx, cancel := context.WithCancel(e.t.Context())
 	req, err := http.NewRequestWithContext(ctx, "GET", e.srv.URL+path, nil)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Authorization", "Bearer "+tok)
 	for i := 0; i+1 < len(headers); i += 2 {
 		req.Header.Set(headers[i], headers[i+1])
 	}
@@ -45,13 +53,54 @@ func (e *env) openEvents(path string, headers ...string) *sseStream {
 			s.lines <- sc.Text()
 		}
 	}()
-	e.t.Cleanup(func() {
-		cancel()
-		resp.Body.Close()
-		for range s.lines {
-		}
-	})
+	var once sync.Once
+	s.close = func() {
+		once.Do(func() {
+			cancel()
+			resp.Body.Close()
+			for range s.lines {
+			}
+		})
+	}
+	e.t.Cleanup(s.close)
 	return s
+}
+
+// end waits for the stream to end and returns the lines it had left.
+func (s *sseStream) end() []string {
+	s.t.Helper()
+	var rest []string
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case line, ok := <-s.lines:
+			if !ok {
+				return rest
+			}
+			rest = append(rest, line)
+		case <-deadline:
+			s.t.Fatalf("the event stream did not end; it sent %d lines, the last %q", len(rest), rest[max(0, len(rest)-6):])
+		}
+	}
+}
+
+// comments reads comment lines until n have come (skipping other lines).
+func (s *sseStream) comments(n int) {
+	s.t.Helper()
+	deadline := time.After(10 * time.Second)
+	for n > 0 {
+		select {
+		case line, ok := <-s.lines:
+			if !ok {
+				s.t.Fatal("the event stream ended")
+			}
+			if strings.HasPrefix(line, ":") {
+				n--
+			}
+		case <-deadline:
+			s.t.Fatalf("%d comments short on the event stream", n)
+		}
+	}
 }
 
 // next returns the next event (id and data), skipping comments and retry

@@ -56,6 +56,31 @@ type Config struct {
 	// while no event comes, so that proxies and clients keep the stream
 	// open and notice a dead one. Default DefaultEventsHeartbeat (15s).
 	EventsHeartbeat time.Duration
+
+	// MaxEventStreams caps the GET /v1/events streams this handler serves
+	// at once, all tokens together; one more is answered 429
+	// too_many_streams with a Retry-After header. Each stream holds a
+	// connection to Redis of its own. Default DefaultMaxEventStreams
+	// (100).
+	MaxEventStreams int
+
+	// MaxEventStreamsPerToken caps the streams open at once with any one
+	// of Tokens, so that one client cannot take them all. Default
+	// DefaultMaxEventStreamsPerToken (20); at most MaxEventStreams counts.
+	MaxEventStreamsPerToken int
+
+	// EventsWriteTimeout bounds each write to an event stream: a client
+	// that stops reading (its buffers full) is disconnected after it, and
+	// its stream freed. Default DefaultEventsWriteTimeout (10s).
+	EventsWriteTimeout time.Duration
+
+	// EventsMaxLifetime is how long an event stream lasts at most: then
+	// the gateway ends it and the client reconnects with its resume token
+	// (an EventSource does by itself), so no stream holds its connections
+	// forever. A stream that has no resume token yet (opened "from now",
+	// and no event since) ends right after its next event instead. Default
+	// DefaultEventsMaxLifetime (30m).
+	EventsMaxLifetime time.Duration
 }
 
 type gateway struct {
@@ -68,6 +93,7 @@ type gateway struct {
 	mux     *http.ServeMux
 	now     func() time.Time
 	beat    time.Duration // EventsHeartbeat
+	events  eventLimits
 }
 
 // New returns the gateway's HTTP handler (see the package documentation for
@@ -108,6 +134,7 @@ func New(c *tide.Client, in *tide.Inspector, cfg Config) (http.Handler, error) {
 	case g.beat < 0:
 		errs = append(errs, fmt.Errorf("EventsHeartbeat %v is negative", g.beat))
 	}
+	errs = append(errs, g.events.init(cfg)...)
 	if len(cfg.AllowedQueues) > 0 {
 		g.queues = map[string]bool{}
 		for _, q := range cfg.AllowedQueues {
@@ -153,7 +180,8 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 		return
 	}
-	if aerr := g.authenticate(r); aerr != nil {
+	tok, aerr := g.authenticate(r)
+	if aerr != nil {
 		challenge := `Bearer realm="tide"`
 		if aerr.code == "invalid_token" {
 			challenge += `, error="invalid_token"`
@@ -162,31 +190,41 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.fail(w, r, aerr)
 		return
 	}
+	if r.URL.Path == "/v1/events" {
+		r = r.WithContext(context.WithValue(r.Context(), tokenKey{}, tok))
+	}
 	g.mux.ServeHTTP(w, r)
 }
 
+// tokenKey is the request context key of the index in Config.Tokens of
+// the request's token (set for GET /v1/events, whose streams are counted
+// per token).
+type tokenKey struct{}
+
 // authenticate checks the bearer token in constant time against every
-// configured token.
-func (g *gateway) authenticate(r *http.Request) *apiError {
+// configured token and returns its index in Config.Tokens.
+func (g *gateway) authenticate(r *http.Request) (int, *apiError) {
 	h := r.Header.Get("Authorization")
 	if h == "" {
-		return &apiError{status: http.StatusUnauthorized, code: "unauthorized",
+		return 0, &apiError{status: http.StatusUnauthorized, code: "unauthorized",
 			message: `missing credentials: send "Authorization: Bearer <token>"`}
 	}
 	scheme, tok, ok := strings.Cut(h, " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return &apiError{status: http.StatusUnauthorized, code: "unauthorized",
+		return 0, &apiError{status: http.StatusUnauthorized, code: "unauthorized",
 			message: `the Authorization header must be "Bearer <token>"`}
 	}
 	sum := sha256.Sum256([]byte(strings.TrimSpace(tok)))
-	match := 0
+	match, idx := 0, 0
 	for i := range g.tokens {
-		match |= subtle.ConstantTimeCompare(sum[:], g.tokens[i][:])
+		eq := subtle.ConstantTimeCompare(sum[:], g.tokens[i][:])
+		match |= eq
+		idx = subtle.ConstantTimeSelect(eq, i, idx)
 	}
 	if match != 1 {
-		return &apiError{status: http.StatusUnauthorized, code: "invalid_token", message: "invalid token"}
+		return 0, &apiError{status: http.StatusUnauthorized, code: "invalid_token", message: "invalid token"}
 	}
-	return nil
+	return idx, nil
 }
 
 // handleTasks serves POST /v1/tasks.

@@ -34,8 +34,14 @@ type env struct {
 // setup starts a gateway on a Redis broker with its own key prefix.
 func setup(t *testing.T, cfg gateway.Config) *env {
 	t.Helper()
-	addr := redistest.Addr(t)
-	b := redisbroker.New(redistest.Client(t, addr), redisbroker.WithPrefix(redistest.Prefix(t)))
+	return setupOn(t, redistest.Client(t, redistest.Addr(t)), nil, cfg)
+}
+
+// setupOn is setup with a broker on rdb; srv, when not nil, is an
+// unstarted server to serve the gateway with.
+func setupOn(t *testing.T, rdb *redis.Client, srv *httptest.Server, cfg gateway.Config) *env {
+	t.Helper()
+	b := redisbroker.New(rdb, redisbroker.WithPrefix(redistest.Prefix(t)))
 	e := &env{t: t, b: b, c: tide.NewClient(b), in: tide.NewInspector(b)}
 	if cfg.Tokens == nil {
 		cfg.Tokens = []string{token}
@@ -47,7 +53,12 @@ func setup(t *testing.T, cfg gateway.Config) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.srv = httptest.NewServer(h)
+	if srv == nil {
+		srv = httptest.NewUnstartedServer(nil)
+	}
+	srv.Config.Handler = h
+	srv.Start()
+	e.srv = srv
 	t.Cleanup(e.srv.Close)
 	return e
 }
