@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -201,17 +202,36 @@ func (a *app) jsonErrors() bool {
 	return a.globals.json || a.jsonArg && !a.parsed
 }
 
-// printJSON writes v as indented JSON.
-func (a *app) printJSON(v any) error {
-	enc := json.NewEncoder(a.stdout)
-	enc.SetIndent("", "  ")
+// printJSON writes v as indented JSON (see writeJSON).
+func (a *app) printJSON(v any) error { return writeJSON(a.stdout, v, "  ") }
+
+// writeLineJSON writes v as one line of JSON (for --watch --json, and
+// errors and notes on stderr; see writeJSON).
+func writeLineJSON(w io.Writer, v any) error { return writeJSON(w, v, "") }
+
+// writeJSON is the one way --json output is written (the JSON log lines
+// pass through jsonSafeWriter): v as JSON, indented by indent, with
+// jsonSafe's escapes, then a newline.
+func writeJSON(w io.Writer, v any, indent string) error {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetIndent("", indent)
 	enc.SetEscapeHTML(false)
-	return enc.Encode(v)
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	_, err := w.Write(jsonSafe(buf.Bytes()))
+	return err
 }
 
-// writeLineJSON writes v as one line of JSON (for --watch --json).
-func writeLineJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetEscapeHTML(false)
-	return enc.Encode(v)
+// jsonSafeWriter passes every Write through jsonSafe. slog's JSON handler
+// writes each record whole in one Write, so no character is split between
+// two.
+type jsonSafeWriter struct{ w io.Writer }
+
+func (s jsonSafeWriter) Write(p []byte) (int, error) {
+	if _, err := s.w.Write(jsonSafe(p)); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }

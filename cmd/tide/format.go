@@ -7,6 +7,7 @@ import (
 	"text/tabwriter"
 	"time"
 	"unicode"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -85,7 +86,11 @@ shown as \xHH (ESC as \x1b), and Unicode control and format characters (C1
 controls, bidirectional overrides, zero-width characters, line and
 paragraph separators) as \uHHHH (RIGHT-TO-LEFT OVERRIDE as \u202e).
 Backslashes in the text itself are shown as they are. --json output is
-exact.`
+exact: JSON escapes the control characters, and tide also writes the C1
+controls, format characters, line and paragraph separators and DEL as
+\uHHHH escapes (and bytes that are not UTF-8 as \ufffd, what a JSON
+decoder reads them as), so that the raw output is safe on a terminal too
+and decodes to the same text.`
 
 // escape makes text read back from Redis safe to print on a terminal: the
 // ASCII control characters (C0 and DEL) and bytes that are not UTF-8 become
@@ -128,6 +133,58 @@ func escapeKeeping(s, keep string) string {
 		i += size
 	}
 	return b.String()
+}
+
+// jsonSafe returns the JSON text js with the characters that a terminal
+// may act on and that JSON encoders leave raw written as \uXXXX escapes:
+// DEL, the C1 controls (U+0080 to U+009F, U+009B is CSI to xterm), the
+// format characters (Unicode category Cf: bidirectional overrides,
+// zero-width characters, ...) and U+2028 and U+2029; see unsafeRune. (The
+// C0 controls JSON escapes itself, and raw ones are its white space.) A
+// character past U+FFFF becomes a UTF-16 surrogate pair, and a byte that is
+// not UTF-8 becomes \ufffd, which a decoder reads it as. Outside its
+// strings JSON text is ASCII, so each escape lands in a string, outside
+// any escape sequence, and the decoded value stays the same. js is
+// returned as it is when it needs no escape.
+func jsonSafe(js []byte) []byte {
+	i := 0
+	for i < len(js) {
+		if js[i] < 0x7f {
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRune(js[i:])
+		if r == utf8.RuneError && size == 1 || unsafeRune(r) {
+			break
+		}
+		i += size
+	}
+	if i == len(js) {
+		return js
+	}
+	out := make([]byte, 0, len(js)+32)
+	out = append(out, js[:i]...)
+	for i < len(js) {
+		if js[i] < 0x7f {
+			out = append(out, js[i])
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRune(js[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			out = append(out, `\ufffd`...)
+		case !unsafeRune(r):
+			out = append(out, js[i:i+size]...)
+		case r > 0xffff:
+			r1, r2 := utf16.EncodeRune(r)
+			out = fmt.Appendf(out, `\u%04x\u%04x`, r1, r2)
+		default:
+			out = fmt.Appendf(out, `\u%04x`, r)
+		}
+		i += size
+	}
+	return out
 }
 
 // unsafeRune reports whether r may change what a terminal shows beyond

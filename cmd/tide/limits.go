@@ -393,7 +393,7 @@ a throttle (tide.ThrottleGroup) or the queue's group rate, how long it is
 held back.
 
 Group names are text from Redis: they are printed escaped (see 'tide tasks
-show --help'); --json output is exact.
+show --help'); --json output is exact (and escaped as JSON).
 
 Examples:
   tide groups emails

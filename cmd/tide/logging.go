@@ -37,7 +37,7 @@ func (a *app) logger() *slog.Logger {
 		opts := &slog.HandlerOptions{Level: a.logLevel}
 		var h slog.Handler = slog.NewTextHandler(a.stderr, opts)
 		if a.globals.json {
-			h = slog.NewJSONHandler(a.stderr, opts)
+			h = slog.NewJSONHandler(jsonSafeWriter{a.stderr}, opts)
 		}
 		a.log = slog.New(h)
 		redisLogTarget.Store(a.log)

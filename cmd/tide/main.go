@@ -100,7 +100,7 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, st
 	}
 	msg = strings.TrimPrefix(msg, "tide: ")
 	if a.jsonErrors() {
-		// Exact, like the rest of --json: JSON escapes control characters.
+		// Exact, like the rest of --json, and escaped (see writeJSON).
 		_ = writeLineJSON(stderr, struct {
 			Error string `json:"error"`
 			Code  int    `json:"code"`
