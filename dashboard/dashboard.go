@@ -79,7 +79,9 @@
 // host in its Host header: "localhost", an IP address, or one of
 // Options.AllowedHosts. Other requests get 421 Misdirected Request. A
 // dashboard reached by a DNS name, directly or through a proxy that passes
-// the Host header on, needs that name in AllowedHosts.
+// the Host header on, needs that name in AllowedHosts. HostCheck applies
+// the same check to a handler served beside the dashboard that needs no
+// login, such as /metrics.
 //
 // Every response carries a Content-Security-Policy that allows only the
 // dashboard's own script and stylesheet, X-Frame-Options DENY and
@@ -343,12 +345,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hd.Set("Cross-Origin-Opener-Policy", "same-origin")
 	hd.Set("Cross-Origin-Resource-Policy", "same-origin")
 	if !h.hosts.allows(r.Host) {
-		hd.Set("Cache-Control", "no-store")
-		http.Error(w, fmt.Sprintf("421 misdirected request: this dashboard does not answer to host %q. "+
-			"It answers to localhost, IP addresses and the host names it is configured to allow "+
-			"(Options.AllowedHosts), which protects it from DNS rebinding; "+
-			"if this is the dashboard's own name, add it to the allowed hosts.", r.Host),
-			http.StatusMisdirectedRequest)
+		refuseHost(w, r.Host, "this dashboard", "Options.AllowedHosts")
 		return
 	}
 	h.mux.ServeHTTP(w, r)

@@ -2,10 +2,49 @@ package dashboard
 
 import (
 	"fmt"
+	"net/http"
 	"net/netip"
 	"strconv"
 	"strings"
 )
+
+// HostCheck wraps h so that it serves only the requests a dashboard with
+// Options.AllowedHosts set to hosts serves: with no Host header, or one
+// that names "localhost", an IP address or one of hosts (the same syntax,
+// matched the same way). Others get 421 Misdirected Request with a
+// plain-text reason. This protects a handler that needs no login and is
+// served next to a dashboard, such as Prometheus's /metrics, from DNS
+// rebinding: a page on another domain that resolves to the handler's
+// address, which the victim's browser then reads as same-origin. HostCheck
+// returns an error for a malformed entry; it copies hosts, so changing the
+// slice later has no effect. The handler is safe for concurrent use.
+func HostCheck(hosts []string, h http.Handler) (http.Handler, error) {
+	s, err := newHostSet(hosts)
+	if err != nil {
+		return nil, err
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !s.allows(r.Host) {
+			refuseHost(w, r.Host, "this server", "")
+			return
+		}
+		h.ServeHTTP(w, r)
+	}), nil
+}
+
+// refuseHost answers 421 to a request for a host that is not allowed: who
+// names what refuses, setting (when not "") the option that allows more
+// hosts.
+func refuseHost(w http.ResponseWriter, host, who, setting string) {
+	if setting != "" {
+		setting = " (" + setting + ")"
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	http.Error(w, fmt.Sprintf("421 misdirected request: %s does not answer to host %q. "+
+		"It answers to localhost, IP addresses and the host names it is configured to allow%s, "+
+		"which protects it from DNS rebinding; if this is its own name, add it to the allowed hosts.", who, host, setting),
+		http.StatusMisdirectedRequest)
+}
 
 // hostSet is the set of host names a dashboard answers to, besides
 // "localhost" and IP literals. It is immutable after newHostSet.

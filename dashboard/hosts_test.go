@@ -2,6 +2,7 @@ package dashboard
 
 import (
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
@@ -145,5 +146,41 @@ func TestAllowedHostsInvalid(t *testing.T) {
 		if err != nil && !strings.HasPrefix(err.Error(), "tide/dashboard: AllowedHosts: ") {
 			t.Errorf("error %q lacks the prefix", err)
 		}
+	}
+}
+
+// HostCheck guards another handler with the dashboard's check.
+func TestHostCheckHandler(t *testing.T) {
+	t.Parallel()
+	h, err := HostCheck([]string{"tide.example.com:9090"}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte("metrics"))
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for host, want := range map[string]int{
+		"":                           http.StatusOK,
+		"localhost:9090":             http.StatusOK,
+		"127.0.0.1:9090":             http.StatusOK,
+		"[::1]:9090":                 http.StatusOK,
+		"tide.example.com:9090":      http.StatusOK,
+		"tide.example.com:9091":      http.StatusMisdirectedRequest,
+		"attacker.example:9090":      http.StatusMisdirectedRequest,
+		"localhost.attacker.example": http.StatusMisdirectedRequest,
+	} {
+		r := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+		r.Host = host
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != want {
+			t.Errorf("Host %q: %d, want %d", host, w.Code, want)
+		}
+		if body := w.Body.String(); want == http.StatusOK && body != "metrics" ||
+			want != http.StatusOK && (!strings.Contains(body, "does not answer to host") || strings.Contains(body, "metrics")) {
+			t.Errorf("Host %q: body %q", host, body)
+		}
+	}
+	if _, err := HostCheck([]string{"bad host"}, http.NotFoundHandler()); err == nil || !strings.Contains(err.Error(), `"bad host"`) {
+		t.Errorf("a bad entry: %v", err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/dashboard"
 	"github.com/tidequeue/tide/middleware"
 )
 
@@ -51,7 +53,13 @@ scrape (at most once a second) and so covering every server of the fleet:
                                      ones included; resets at midnight UTC
   tide_queue_failed_today{queue}     attempts failed today (UTC)
 and the Go runtime and process metrics. target_info names the service:
-OTEL_SERVICE_NAME, else %s.`
+OTEL_SERVICE_NAME, else %s.
+
+/metrics needs no login, and so, like the dashboard's pages, it answers
+only requests for localhost, an IP address or a host name given with
+--allow-host; a request for another host (a web page's, through DNS
+rebinding) gets "421 misdirected request". A Prometheus that scrapes by a
+host name needs that name in --allow-host.`
 
 // metrics is the /metrics endpoint: OpenTelemetry instruments exported in
 // the Prometheus format, with the queue gauges fed by the Inspector.
@@ -206,4 +214,19 @@ func (s *queueSnapshot) get(ctx context.Context) snapshot {
 	s.failing = err != nil
 	s.last, s.at = r, time.Now()
 	return r
+}
+
+// metricsHandler returns m's /metrics behind the dashboard's Host check
+// (dashboard.HostCheck), for the host names of --allow-host, else those of
+// the environment variable env: without it, DNS rebinding would let any
+// web page read the queue names and counts.
+func (a *app) metricsHandler(o *cmdOpts, m *metrics, env string) (http.Handler, error) {
+	if len(o.allowHosts) == 0 {
+		_ = o.allowHosts.Set(a.env(env))
+	}
+	h, err := dashboard.HostCheck(o.allowHosts, m.handler)
+	if err != nil {
+		return nil, usagef(o.cmd, "--allow-host %s", strings.TrimPrefix(err.Error(), "tide/dashboard: AllowedHosts: "))
+	}
+	return h, nil
 }

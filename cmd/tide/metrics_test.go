@@ -183,3 +183,42 @@ func TestMetricsFleet(t *testing.T) {
 	}
 	wantSample(t, fams, 1, "target_info", "service_name", "tide-dash")
 }
+
+// /metrics of serve and dash needs no login, so it answers only requests
+// for localhost, an IP address or a host of --allow-host: a web page's,
+// through DNS rebinding, is refused before it can read the queue names.
+func TestMetricsChecksHost(t *testing.T) {
+	e := setup(t)
+	e.enqueue("t", "{}", tide.Queue("secret-queue"))
+	e.vars["TIDE_GATEWAY_TOKENS"] = "gateway-token-0123456789"
+	port := func(base string) string { return base[strings.LastIndexByte(base, ':')+1:] }
+	check := func(what, base string, want map[string]int) {
+		t.Helper()
+		for host, code := range want {
+			host += ":" + port(base)
+			got, body := getHost(t, base+"/metrics", host)
+			switch {
+			case got != code:
+				t.Errorf("%s: /metrics for Host %s: %d, want %d", what, host, got, code)
+			case code == http.StatusOK && !strings.Contains(body, `queue="secret-queue"`):
+				t.Errorf("%s: /metrics for Host %s lacks the queue:\n%s", what, host, body)
+			case code != http.StatusOK && (strings.Contains(body, "secret-queue") || !strings.Contains(body, "does not answer to host")):
+				t.Errorf("%s: /metrics for Host %s: %s", what, host, body)
+			}
+		}
+	}
+	for _, cmd := range []string{"serve", "dash"} {
+		base, _ := e.start(cmd, "--addr", "127.0.0.1:0")
+		check(cmd, base, map[string]int{"localhost": 200, "127.0.0.1": 200, "rebind.attacker.example": 421, "metrics.example.test": 421})
+		base, _ = e.start(cmd, "--addr", "127.0.0.1:0", "--allow-host", "metrics.example.test")
+		check(cmd+" --allow-host", base, map[string]int{"metrics.example.test": 200, "localhost": 200, "rebind.attacker.example": 421})
+	}
+	e.vars["TIDE_SERVE_ALLOW_HOSTS"] = "env.example.test"
+	base, _ := e.start("serve", "--addr", "127.0.0.1:0")
+	check("serve with TIDE_SERVE_ALLOW_HOSTS", base, map[string]int{"env.example.test": 200, "rebind.attacker.example": 421})
+
+	r := e.tide("serve", "--addr", "127.0.0.1:0", "--allow-host", "bad host")
+	if r.code != exitUsage || !strings.Contains(r.stderr, `--allow-host "bad host" is not a host name`) {
+		t.Errorf("serve --allow-host 'bad host': exit %d\n%s", r.code, r.stderr)
+	}
+}

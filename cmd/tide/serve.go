@@ -26,6 +26,7 @@ var cmdServe = &command{
 		fs.Var(&o.tokens, "token", "bearer `token` clients must send; repeat for several (default $TIDE_GATEWAY_TOKENS, comma-separated)")
 		fs.Int64Var(&o.maxBody, "max-body", gateway.DefaultMaxBodyBytes, "largest request body, in `bytes`")
 		fs.Var(&o.allowQueues, "allow-queue", "only allow these `queues` (repeat, or comma-separate); default all")
+		fs.Var(&o.allowHosts, "allow-host", "host `names` /metrics answers to besides localhost and IP addresses: name or name:port (repeat, or comma-separate; default $TIDE_SERVE_ALLOW_HOSTS)")
 		fs.StringVar(&o.whSecret, "webhook-secret", "", "send tide:webhook tasks, signed with this `secret` (default $TIDE_WEBHOOK_SECRET)")
 		fs.Var(&o.whAllow, "webhook-allow", "`hosts` webhooks may call: host, host:port or *.domain (repeat, or comma-separate; default $TIDE_WEBHOOK_ALLOW)")
 		fs.StringVar(&o.whQueue, "webhook-queue", webhook.DefaultQueue, "`queue` of the webhook tasks")
@@ -175,8 +176,12 @@ func runServe(ctx context.Context, a *app, o *cmdOpts, _ []string) error {
 		a.status(nil, "sending webhooks from queue %q to %s", o.whQueue, strings.Join(o.whAllow, ", "))
 	}
 
+	mh, err := a.metricsHandler(o, m, "TIDE_SERVE_ALLOW_HOSTS")
+	if err != nil {
+		return err
+	}
 	h := http.NewServeMux()
-	h.Handle("/metrics", m.handler)
+	h.Handle("/metrics", mh)
 	h.Handle("/", gw)
 	return a.serveHTTP(ctx, o.addr, h, "gateway", "", log)
 }
@@ -188,7 +193,7 @@ var cmdDash = &command{
 		fs.StringVar(&o.addr, "addr", defaultAddr, "`address` to listen on; :8080 or 0.0.0.0:8080 for every network interface")
 		fs.StringVar(&o.token, "token", "", "`token` operators log in with to change things, at least 16 characters (default $TIDE_DASH_TOKEN); without one the dashboard is read-only")
 		fs.StringVar(&o.readToken, "read-token", "", "`token` needed to see anything, at least 16 characters and not --token (default $TIDE_DASH_READ_TOKEN); without one reading needs no login")
-		fs.Var(&o.allowHosts, "allow-host", "host `names` the dashboard answers to besides localhost and IP addresses: name or name:port (repeat, or comma-separate; default $TIDE_DASH_ALLOW_HOSTS)")
+		fs.Var(&o.allowHosts, "allow-host", "host `names` the dashboard and /metrics answer to besides localhost and IP addresses: name or name:port (repeat, or comma-separate; default $TIDE_DASH_ALLOW_HOSTS)")
 		fs.StringVar(&o.title, "title", "", "`title` shown in the dashboard (e.g. the environment)")
 		historyFlags(fs, o)
 	},
@@ -336,8 +341,12 @@ func runDash(ctx context.Context, a *app, o *cmdOpts, _ []string) error {
 		return err
 	}
 	defer m.shutdown()
+	mh, err := a.metricsHandler(o, m, "TIDE_DASH_ALLOW_HOSTS")
+	if err != nil {
+		return err
+	}
 	h := http.NewServeMux()
-	h.Handle("/metrics", m.handler)
+	h.Handle("/metrics", mh)
 	h.Handle("/", dash)
 	return a.serveHTTP(ctx, o.addr, h, "dashboard", open, log)
 }
