@@ -169,6 +169,7 @@ func TestJSONEscapesStoredText(t *testing.T) {
 		{[]string{"groups", "gq"}, exitOK},
 		{[]string{"queues"}, exitOK},
 		{[]string{"stats"}, exitOK},
+		{[]string{"stats", "--watch", "--count", "1"}, exitOK},
 		{[]string{"limits", "get", "q"}, exitOK},
 		{[]string{"tasks", "show", "q", "gone\u009b"}, exitNotFound}, // an error, on stderr
 		{[]string{"tasks", "run", "q", id}, exitOK},                  // last: it runs the task again
