@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/tidetype"
@@ -531,9 +532,15 @@ func (e *evConn) get(ctx context.Context) (redis.Cmdable, error) {
 		return e.c, nil
 	}
 	// One connection, kept while the reader reads; no client-side cache
-	// (XREAD is not cached) and no connection opened in advance.
+	// (XREAD is not cached) and no connection opened in advance. The
+	// broker client's push processor and maintenance-notification
+	// settings are not shared (go-redis registers handlers on the one and
+	// updates the other as it connects); maintenance notifications are
+	// off: a reader that loses its connection dials again anyway.
 	opt.PoolSize, opt.MaxActiveConns, opt.MinIdleConns, opt.MaxIdleConns = 1, 1, 0, 1
 	opt.ClientSideCache, opt.ClientSideCacheConfig = nil, nil
+	opt.PushNotificationProcessor = nil
+	opt.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 	denormalize(&opt)
 	e.c = redis.NewClient(&opt)
 	return e.c, nil
