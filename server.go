@@ -38,6 +38,22 @@ type Config struct {
 	// renewal. The server renews leases every third of it while handlers run;
 	// when a server dies its tasks are recovered and retried once this much
 	// time has passed. Default 30s; at least 300ms.
+	//
+	// A server that cannot renew a lease (Redis unreachable, renewals
+	// hanging) cancels the handler's context, with the cause ErrLeaseLost,
+	// nine tenths of LeaseDuration after it sent the last request that
+	// granted or renewed the lease, whether or not a renewal is still
+	// waiting for its answer. The lease cannot expire on Redis before send
+	// + LeaseDuration on Redis's clock; the tenth held back covers clock
+	// rates that differ by up to 1% between the server's host and Redis's
+	// (NTP keeps each within 0.05%) and leaves the handler at least 9% of
+	// LeaseDuration (27ms at the minimum, 2.7s at the default) to return
+	// before the task can be recovered and started elsewhere. So a handler
+	// that returns promptly once its context is done never overlaps the
+	// task's next delivery, and QueueLimits hold also when a server is cut
+	// off; a handler slower to stop than that margin needs a longer
+	// LeaseDuration. The settlement of a task stopped this way is
+	// discarded and the task is retried after its lease expires.
 	LeaseDuration time.Duration
 
 	// ShutdownTimeout is how long Shutdown lets in-flight tasks finish. Tasks

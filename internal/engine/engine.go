@@ -6,6 +6,26 @@
 // keeps the server's record in the registry. Each service has the same
 // shape: start launches its goroutines, stop returns when they have all
 // exited.
+//
+// # Leases
+//
+// Every task a worker runs has a local deadline by which its lease may
+// have ended on the broker: the time the lease was asked for (the Dequeue
+// that handed it out, then each Extend that succeeded) plus nine tenths of
+// the lease. A per-task watchdog, a timer, cancels the handler's context
+// with the cause broker.ErrLeaseLost at that deadline, whether or not a
+// renewal call is still waiting for its answer; a successful renewal moves
+// the deadline from the renewal's send time, so an answer that comes late
+// moves it no further. The tenth held back covers clock rates that differ
+// by up to 1% between this process and the broker and leaves the handler
+// at least 9% of the lease to see the cancellation and return before the
+// broker, on its own clock, can let the lease expire and hand the task to
+// another worker. The broker's clock is assumed not to be stepped. A task
+// stopped this way is not settled (its RunFunc reports nothing to write);
+// its worker slot is free again only when the handler has returned, and the
+// task is retried after lease recovery. A handler that ignores its context
+// keeps running: the guarantee holds only for handlers that return once
+// their context is done.
 package engine
 
 import (

@@ -22,6 +22,43 @@ const maxSettleBatch = 128
 // brokerCallTimeout bounds a single broker call made by a background loop.
 const brokerCallTimeout = 10 * time.Second
 
+// leaseBudget returns how long after sending the request that granted or
+// renewed a lease of length d the worker may count on that lease: d less a
+// tenth.
+//
+// The broker starts (or renews) a lease when its script runs, on its own
+// clock, which is no earlier than the request was sent; so the lease lasts
+// until at least send + d as the broker's clock counts. The processor
+// counts on its own monotonic clock. It assumes the two clocks' rates
+// differ by at most 1% (NTP keeps a host's clock within 0.05% of true time,
+// and quartz drifts far less than 1%) and that the broker's clock is not
+// stepped. When the local clock has measured 0.9d since the send, the
+// broker's has then measured at most 0.9d × 1.01 < 0.91d, so at least 0.09d
+// (27 ms at the 300 ms minimum lease, 2.7 s at the 30 s default) is left
+// for the watchdog's timer to fire and the handler to see its context end
+// and return before the lease can have expired on the broker and the task
+// be handed to another worker.
+func leaseBudget(d time.Duration) time.Duration { return d - d/10 }
+
+// leaseClock is the local clock lease deadlines are kept on: time.Now (with
+// its monotonic reading) and time.AfterFunc; tests substitute a fake one.
+type leaseClock interface {
+	Now() time.Time
+	AfterFunc(d time.Duration, f func()) leaseTimer
+}
+
+// leaseTimer is the part of *time.Timer a watchdog uses.
+type leaseTimer interface {
+	Stop() bool
+	Reset(d time.Duration) bool
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+func (realClock) AfterFunc(d time.Duration, f func()) leaseTimer { return time.AfterFunc(d, f) }
+
 // processor fetches tasks into free worker slots, runs them, keeps their
 // leases alive and writes their settlements in batches.
 type processor struct {
@@ -41,6 +78,8 @@ type processor struct {
 	settleDone  chan struct{} // closed when the settler exited
 	keeperEnd   chan struct{}
 
+	clock leaseClock // lease deadlines; set before start
+
 	mu     sync.Mutex
 	active map[broker.LeaseRef]*inflight
 
@@ -48,11 +87,53 @@ type processor struct {
 	stopOnce                     sync.Once
 }
 
+// inflight is a task being processed. Its watchdog cancels the handler's
+// context with broker.ErrLeaseLost at deadline, the local time from which
+// the lease may have ended on the broker (see leaseBudget); a successful
+// renewal moves the deadline. Every field but cancel, typ and started is
+// guarded by processor.mu.
 type inflight struct {
 	cancel   context.CancelCauseFunc
-	extended time.Time // last time the lease was known good
 	typ      string
 	started  time.Time
+	deadline time.Time     // on the processor's leaseClock
+	watchdog leaseTimer    // fires at deadline
+	fired    chan struct{} // closed when the watchdog's function has run
+	disarmed bool          // the watchdog was stopped for good
+}
+
+// renew moves f's deadline to d, computed from the send time of a renewal
+// that succeeded, unless the watchdog already fired (a stopped handler is
+// never resumed) or d is not later. p.mu must be held.
+func (p *processor) renew(f *inflight, d time.Time) {
+	if f.disarmed || !d.After(f.deadline) || !f.watchdog.Stop() {
+		return
+	}
+	f.deadline = d
+	f.watchdog.Reset(d.Sub(p.clock.Now()))
+}
+
+// disarm stops f's watchdog for good. It returns a channel to wait on when
+// the watchdog's function already started, else nil. p.mu must be held.
+func (f *inflight) disarm() <-chan struct{} {
+	if f.disarmed {
+		return nil
+	}
+	f.disarmed = true
+	if f.watchdog.Stop() {
+		return nil
+	}
+	return f.fired
+}
+
+// expire is the watchdog of the task ref: its lease may have ended on the
+// broker, where it can be recovered and handed to another worker, so the
+// handler is stopped now, whether or not a renewal is still on its way.
+func (p *processor) expire(ref broker.LeaseRef, f *inflight) {
+	defer close(f.fired)
+	f.cancel(broker.ErrLeaseLost)
+	p.log.Warn("tide: no lease renewal was answered in time; handler stopped before its lease can run out (the task will be recovered and retried)",
+		"queue", ref.Queue, "id", ref.ID)
 }
 
 func newProcessor(cfg Config) *processor {
@@ -81,6 +162,7 @@ func newProcessor(cfg Config) *processor {
 		settleStop:  make(chan struct{}),
 		settleDone:  make(chan struct{}),
 		keeperEnd:   make(chan struct{}),
+		clock:       realClock{},
 		active:      make(map[broker.LeaseRef]*inflight),
 	}
 	for range cfg.Concurrency {
@@ -162,6 +244,19 @@ func (p *processor) stop() {
 		close(p.settleStop)
 		close(p.keeperEnd)
 		p.background.Wait()
+		// Handlers that ignored cancellation are left behind; their
+		// watchdogs must not fire after stop returns.
+		var fired []<-chan struct{}
+		p.mu.Lock()
+		for _, f := range p.active {
+			if c := f.disarm(); c != nil {
+				fired = append(fired, c)
+			}
+		}
+		p.mu.Unlock()
+		for _, c := range fired {
+			<-c
+		}
 	})
 }
 
@@ -186,6 +281,7 @@ func (p *processor) fetchLoop() {
 		}
 		order := queueOrder(p.queues, p.cfg.Queues, p.cfg.StrictPriority, r)
 		start := time.Now()
+		sent := p.clock.Now() // no lease handed out by this call starts earlier
 		ctx, cancel := context.WithTimeout(context.Background(), brokerCallTimeout)
 		ds, err := p.cfg.Broker.Dequeue(ctx, order, n, p.cfg.LeaseDuration)
 		cancel()
@@ -197,12 +293,7 @@ func (p *processor) fetchLoop() {
 		// slots and tasks would be stranded until lease recovery.
 		now := time.Now()
 		for _, d := range ds {
-			ref := d.Lease()
-			ctx, cancel := context.WithCancelCause(p.hardCtx)
-			p.mu.Lock()
-			p.active[ref] = &inflight{cancel: cancel, extended: now, typ: d.Task.Type, started: now}
-			p.mu.Unlock()
-			p.workers.Go(func() { p.work(ctx, cancel, ref, d) })
+			p.launch(d, sent, now)
 		}
 		if err != nil {
 			p.cfg.health.fail("dequeue", err, start)
@@ -227,21 +318,51 @@ func (p *processor) fetchLoop() {
 // broker come back; it reports false when fetching stops.
 func (p *processor) pause(d time.Duration) bool { return p.cfg.health.wait(p.fetchStop, d) }
 
-func (p *processor) work(ctx context.Context, cancel context.CancelCauseFunc, ref broker.LeaseRef, d *broker.Delivery) {
+// launch runs delivery d, whose lease was asked for at sent (on p.clock), in
+// a worker under a watchdog; a delivery whose lease may already have ended
+// (the answer came too late) is not run: its task returns through lease
+// recovery. It takes the slot fetchLoop took for d.
+func (p *processor) launch(d *broker.Delivery, sent, now time.Time) {
+	ref := d.Lease()
+	lease := d.LeaseFor
+	if lease <= 0 {
+		lease = p.cfg.LeaseDuration
+	}
+	deadline := sent.Add(leaseBudget(lease))
+	left := deadline.Sub(p.clock.Now())
+	if left <= 0 {
+		p.log.Warn("tide: dequeue answered too late to count on the lease; the task is not run here and returns through lease recovery",
+			"queue", ref.Queue, "id", ref.ID, "lease", lease)
+		p.slots <- struct{}{}
+		return
+	}
+	ctx, cancel := context.WithCancelCause(p.hardCtx)
+	f := &inflight{cancel: cancel, typ: d.Task.Type, started: now, deadline: deadline, fired: make(chan struct{})}
+	p.mu.Lock()
+	p.active[ref] = f
+	f.watchdog = p.clock.AfterFunc(left, func() { p.expire(ref, f) })
+	p.mu.Unlock()
+	p.workers.Go(func() { p.work(ctx, f, ref, d) })
+}
+
+// work runs the handler of d and hands its settlement to the settler. The
+// worker slot is given back only when the handler has returned, also when
+// its watchdog stopped it.
+func (p *processor) work(ctx context.Context, f *inflight, ref broker.LeaseRef, d *broker.Delivery) {
 	defer func() { p.slots <- struct{}{} }()
 	s, write := p.cfg.Run(ctx, d)
 	p.mu.Lock()
-	var started time.Time
-	if f := p.active[ref]; f != nil {
-		started = f.started
-	}
 	delete(p.active, ref)
+	fired := f.disarm()
 	p.mu.Unlock()
-	cancel(nil)
+	if fired != nil {
+		<-fired
+	}
+	f.cancel(nil)
 	if !write {
 		return
 	}
-	s.Lease, s.Task, s.Started, s.Server = ref, d.Task, started, p.cfg.ServerID
+	s.Lease, s.Task, s.Started, s.Server = ref, d.Task, f.started, p.cfg.ServerID
 	select {
 	case p.settlements <- s:
 	case <-p.settleDone:
@@ -345,7 +466,10 @@ func (p *processor) settle(batch []broker.Settlement) {
 }
 
 // keepLoop renews the leases of running tasks every third of the lease, in one
-// call, and cancels a handler whose lease is lost.
+// call, and cancels a handler whose lease is lost. A renewal that succeeds
+// moves each task's watchdog to the renewal's send time plus leaseBudget, so
+// a reply that comes late gains nothing; the watchdogs, not this loop, stop
+// handlers whose renewals get no answer, also while a call is still blocked.
 func (p *processor) keepLoop() {
 	t := time.NewTicker(p.cfg.LeaseDuration / 3)
 	defer t.Stop()
@@ -365,10 +489,10 @@ func (p *processor) keepLoop() {
 			continue
 		}
 		start := time.Now()
+		deadline := p.clock.Now().Add(leaseBudget(p.cfg.LeaseDuration))
 		ctx, cancel := context.WithTimeout(context.Background(), p.cfg.LeaseDuration/3)
 		errs, err := p.cfg.Broker.Extend(ctx, refs, p.cfg.LeaseDuration)
 		cancel()
-		now := time.Now()
 		p.mu.Lock()
 		for i, ref := range refs {
 			f := p.active[ref]
@@ -381,19 +505,17 @@ func (p *processor) keepLoop() {
 			}
 			switch {
 			case e == nil:
-				f.extended = now
+				p.renew(f, deadline)
 			case errors.Is(e, broker.ErrTaskCanceled):
 				// Renewed, but the task was cancelled: stop the handler
 				// (the event may have been missed).
-				f.extended = now
+				p.renew(f, deadline)
 				f.cancel(broker.ErrTaskCanceled)
 			case errors.Is(e, broker.ErrLeaseLost):
 				f.cancel(broker.ErrLeaseLost)
-			case now.Sub(f.extended) >= p.cfg.LeaseDuration:
-				// The lease may have run out without us; stop the handler so
-				// that two workers do not run the task for long.
-				f.cancel(broker.ErrLeaseLost)
 			}
+			// Otherwise the lease stands as long as its last renewal
+			// allows; the watchdog stops the handler when that ends.
 		}
 		p.mu.Unlock()
 		if err == nil {

@@ -179,6 +179,210 @@ func TestProcessor(t *testing.T) {
 	})
 }
 
+// TestProcessorWatchdog checks the lease watchdog on a fake local clock: a
+// handler is stopped at the deadline counted from when its lease was asked
+// for, while a renewal is still waiting for its answer, and a renewal
+// moves the deadline from when it was sent, not from when its answer came.
+func TestProcessorWatchdog(t *testing.T) {
+	t.Parallel()
+	// With a 600ms lease a worker counts on it for 540ms after sending the
+	// request that granted or renewed it (see leaseBudget).
+	const (
+		lease  = 600 * time.Millisecond
+		budget = 540 * time.Millisecond
+	)
+
+	// start runs a processor on a stallBroker and a fake local clock with
+	// one task, "job", whose handler waits for its context to end and then
+	// for finish to be called; it returns the handler's context.
+	start := func(t *testing.T) (p *processor, sb *stallBroker, ft *fakeTimers, ctx context.Context, finish func()) {
+		ctxs := make(chan context.Context, 1)
+		release := make(chan struct{})
+		var once sync.Once
+		finish = func() { once.Do(func() { close(release) }) }
+		bd := setup(t, func(ctx context.Context, d *broker.Delivery) (broker.Settlement, bool) {
+			ctxs <- ctx
+			<-ctx.Done()
+			<-release
+			return broker.Settlement{}, false
+		})
+		bd.cfg.LeaseDuration = lease
+		sb = &stallBroker{Broker: bd.b, clock: bd.clock, dequeued: make(chan time.Time, 1),
+			extends: make(chan time.Time, 16), reply: make(chan struct{}), done: make(chan struct{})}
+		bd.cfg.Broker = sb
+		bd.enqueue(t, 0, "job")
+		p = newProcessor(bd.cfg)
+		ft = &fakeTimers{c: bd.clock}
+		p.clock = ft
+		p.start()
+		t.Cleanup(func() {
+			finish()
+			close(sb.done)
+			p.stop()
+		})
+		p.wake()
+		return p, sb, ft, <-ctxs, finish
+	}
+
+	t.Run("StopsHandlerWhileRenewalBlocks", func(t *testing.T) {
+		t.Parallel()
+		p, sb, ft, ctx, finish := start(t)
+		sent := <-sb.dequeued
+		<-sb.extends // a renewal is on its way and gets no answer
+		deadline := sent.Add(budget)
+		ft.Advance(deadline.Sub(ft.Now()) - time.Millisecond)
+		if ctx.Err() != nil {
+			t.Fatalf("handler stopped (%v) 1ms before the deadline", context.Cause(ctx))
+		}
+		ft.Advance(time.Millisecond)
+		if c := context.Cause(ctx); !errors.Is(c, broker.ErrLeaseLost) {
+			t.Fatalf("at the lease deadline, with a renewal blocked, the handler's context cause is %v, want ErrLeaseLost", c)
+		}
+		if n := sb.blocked.Load(); n != 1 {
+			t.Fatalf("%d renewals blocked, want the handler stopped while one is", n)
+		}
+		// The worker slot is free only when the handler has returned.
+		if n := p.activeCount(); n != 1 {
+			t.Fatalf("%d tasks active while the stopped handler still runs, want 1", n)
+		}
+		finish()
+		waitFor(t, "the stopped handler's slot to be free", func() bool { return p.activeCount() == 0 })
+	})
+
+	t.Run("RenewalCountsFromItsSendTime", func(t *testing.T) {
+		t.Parallel()
+		_, sb, ft, ctx, _ := start(t)
+		s0 := <-sb.dequeued
+		<-sb.extends // sent at s0
+		ft.Advance(100 * time.Millisecond)
+		sb.reply <- struct{}{}
+		s1 := <-sb.extends
+		if want := s0.Add(100 * time.Millisecond); !s1.Equal(want) {
+			t.Fatalf("second renewal sent at %v, want %v", s1, want)
+		}
+		ft.Advance(300 * time.Millisecond) // its answer comes 300ms late
+		sb.reply <- struct{}{}
+		<-sb.extends // the next renewal: the answer above has been applied
+		// The dequeue's deadline, s0+540ms, has passed; the renewal's is
+		// s1+540ms, however late its answer came.
+		ft.Advance(s1.Add(budget).Sub(ft.Now()) - time.Millisecond)
+		if ctx.Err() != nil {
+			t.Fatalf("handler stopped (%v) before the renewed deadline: the renewal did not move it", context.Cause(ctx))
+		}
+		ft.Advance(time.Millisecond)
+		if c := context.Cause(ctx); !errors.Is(c, broker.ErrLeaseLost) {
+			t.Fatalf("at the renewal's send time + %v the handler's context cause is %v, want ErrLeaseLost: a late answer moved the deadline", budget, c)
+		}
+	})
+}
+
+// stallBroker records the local (fake) time of each Dequeue that hands out
+// tasks and of each Extend call, and holds every Extend call until the test
+// sends on reply (or closes done), ignoring the call's context as a Redis
+// client without context timeouts does.
+type stallBroker struct {
+	broker.Broker
+	clock    *fakeClock
+	dequeued chan time.Time
+	extends  chan time.Time
+	reply    chan struct{}
+	done     chan struct{}
+	blocked  atomic.Int32
+}
+
+func (s *stallBroker) Dequeue(ctx context.Context, qs []string, n int, lease time.Duration) ([]*broker.Delivery, error) {
+	at := s.clock.Now()
+	ds, err := s.Broker.Dequeue(ctx, qs, n, lease)
+	if len(ds) > 0 {
+		select {
+		case s.dequeued <- at:
+		default:
+		}
+	}
+	return ds, err
+}
+
+func (s *stallBroker) Extend(_ context.Context, leases []broker.LeaseRef, d time.Duration) ([]error, error) {
+	select {
+	case s.extends <- s.clock.Now():
+	case <-s.done:
+	}
+	s.blocked.Add(1)
+	defer s.blocked.Add(-1)
+	select {
+	case <-s.reply:
+	case <-s.done:
+	}
+	return s.Broker.Extend(context.Background(), leases, d)
+}
+
+// fakeTimers is a leaseClock on a fakeClock: a timer's function runs in the
+// goroutine that moves the clock past it with Advance (or resets it to a
+// time already past).
+type fakeTimers struct {
+	c  *fakeClock
+	mu sync.Mutex
+	ts []*fakeTimer
+}
+
+type fakeTimer struct {
+	ft    *fakeTimers
+	at    time.Time
+	f     func()
+	armed bool
+}
+
+func (ft *fakeTimers) Now() time.Time { return ft.c.Now() }
+
+func (ft *fakeTimers) AfterFunc(d time.Duration, f func()) leaseTimer {
+	t := &fakeTimer{ft: ft, f: f}
+	t.Reset(d)
+	ft.mu.Lock()
+	ft.ts = append(ft.ts, t)
+	ft.mu.Unlock()
+	return t
+}
+
+// Advance moves the clock by d and runs the functions of the timers due.
+func (ft *fakeTimers) Advance(d time.Duration) {
+	ft.c.Advance(d)
+	now := ft.c.Now()
+	var due []func()
+	ft.mu.Lock()
+	for _, t := range ft.ts {
+		if t.armed && !t.at.After(now) {
+			t.armed = false
+			due = append(due, t.f)
+		}
+	}
+	ft.mu.Unlock()
+	for _, f := range due {
+		f()
+	}
+}
+
+func (t *fakeTimer) Stop() bool {
+	t.ft.mu.Lock()
+	defer t.ft.mu.Unlock()
+	was := t.armed
+	t.armed = false
+	return was
+}
+
+func (t *fakeTimer) Reset(d time.Duration) bool {
+	t.ft.mu.Lock()
+	was := t.armed
+	if d <= 0 {
+		t.armed = false
+		t.ft.mu.Unlock()
+		t.f()
+		return was
+	}
+	t.armed, t.at = true, t.ft.c.Now().Add(d)
+	t.ft.mu.Unlock()
+	return was
+}
+
 // settleSpy records whether Settle was called.
 type settleSpy struct {
 	broker.Broker
