@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/tidetype"
 )
 
 func TestProcessor(t *testing.T) {
@@ -276,13 +278,48 @@ func TestProcessorWatchdog(t *testing.T) {
 	})
 }
 
+// TestProcessorLateDequeue checks that a delivery whose Dequeue answered
+// only after the lease could have ended is not run: its task may already be
+// someone else's. The task stays leased until lease recovery takes it back.
+func TestProcessorLateDequeue(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int32
+	bd := setup(t, func(ctx context.Context, d *broker.Delivery) (broker.Settlement, bool) {
+		runs.Add(1)
+		return broker.Settlement{Kind: broker.SettleDone}, true
+	})
+	sb := &stallBroker{Broker: bd.b, clock: bd.clock, dequeued: make(chan time.Time, 1),
+		extends: make(chan time.Time, 16), reply: make(chan struct{}), done: make(chan struct{}),
+		lateBy: bd.cfg.LeaseDuration - bd.cfg.LeaseDuration/10}
+	close(sb.done)
+	bd.cfg.Broker = sb
+	bd.enqueue(t, 0, "job")
+	p := newProcessor(bd.cfg)
+	p.clock = &fakeTimers{c: bd.clock}
+	p.start()
+	t.Cleanup(p.stop)
+	p.wake()
+	waitFor(t, "the late delivery to be refused or run", func() bool {
+		return runs.Load() > 0 || strings.Contains(bd.logs.String(), "dequeue answered too late")
+	})
+	waitFor(t, "every worker slot to be free", func() bool { return len(p.slots) == cap(p.slots) })
+	if n := runs.Load(); n != 0 {
+		t.Fatalf("a delivery answered after its lease could have ended was run %d times", n)
+	}
+	if st := bd.state(t, "job"); st != tidetype.StateActive {
+		t.Fatalf("the late delivery's task is %v, want still active (until lease recovery)", st)
+	}
+}
+
 // stallBroker records the local (fake) time of each Dequeue that hands out
 // tasks and of each Extend call, and holds every Extend call until the test
 // sends on reply (or closes done), ignoring the call's context as a Redis
-// client without context timeouts does.
+// client without context timeouts does. A Dequeue that hands out tasks
+// answers lateBy late.
 type stallBroker struct {
 	broker.Broker
 	clock    *fakeClock
+	lateBy   time.Duration
 	dequeued chan time.Time
 	extends  chan time.Time
 	reply    chan struct{}
@@ -294,6 +331,7 @@ func (s *stallBroker) Dequeue(ctx context.Context, qs []string, n int, lease tim
 	at := s.clock.Now()
 	ds, err := s.Broker.Dequeue(ctx, qs, n, lease)
 	if len(ds) > 0 {
+		s.clock.Advance(s.lateBy)
 		select {
 		case s.dequeued <- at:
 		default:
@@ -303,12 +341,12 @@ func (s *stallBroker) Dequeue(ctx context.Context, qs []string, n int, lease tim
 }
 
 func (s *stallBroker) Extend(_ context.Context, leases []broker.LeaseRef, d time.Duration) ([]error, error) {
+	s.blocked.Add(1)
+	defer s.blocked.Add(-1)
 	select {
 	case s.extends <- s.clock.Now():
 	case <-s.done:
 	}
-	s.blocked.Add(1)
-	defer s.blocked.Add(-1)
 	select {
 	case <-s.reply:
 	case <-s.done:
