@@ -177,8 +177,10 @@ func (c *Client) EnqueueMany(ctx context.Context, ts []*Task, opts ...Option) ([
 // returns ErrTaskNotFound when there is no such task and ErrTaskActive when
 // the task is being processed (use Cancel, which stops it whatever its
 // state). A workflow step or batch task that has not finished is not
-// deleted but failed: a server archives it at once ("deleted by an
-// operator"), so that its workflow learns and cancels the steps after it.
+// deleted but archived ("deleted by an operator"), which is its end: its
+// workflow learns in the same atomic step and cancels the steps after it
+// (a batch counts it failed). A workflow follow-up (FlowType) is refused
+// with ErrInternalTask.
 func (c *Client) Delete(ctx context.Context, queue, id string) error {
 	if c.closed.Load() {
 		return ErrClientClosed
@@ -197,7 +199,8 @@ func (c *Client) Delete(ctx context.Context, queue, id string) error {
 // latest if the notice is lost), and unless the handler still succeeds the
 // task is archived as cancelled, never retried. A waiting workflow step or
 // batch task is archived as cancelled instead of deleted, so that its
-// workflow learns (see Delete; CancelWorkflow stops a whole workflow).
+// workflow learns (see Delete; CancelWorkflow stops a whole workflow). A
+// workflow follow-up (FlowType) is refused with ErrInternalTask.
 // Cancel returns ErrTaskNotFound when there is no such task.
 func (c *Client) Cancel(ctx context.Context, queue, id string) error {
 	if c.closed.Load() {

@@ -60,6 +60,16 @@ var (
 	// ErrQueueNotEmpty is wrapped by the error of Inspector.DeleteQueue for
 	// a queue that still holds tasks.
 	ErrQueueNotEmpty = broker.ErrQueueNotEmpty
+	// ErrFlowStep is wrapped by the error of Inspector.RunTask for an
+	// archived workflow step or batch task: its end is recorded with its
+	// workflow, so it does not run again (RunAllTasks passes over such
+	// tasks).
+	ErrFlowStep = broker.ErrFlowStep
+	// ErrInternalTask is wrapped by the error of Delete, Cancel,
+	// Inspector.ArchiveTask and Inspector.CancelProcessing for a workflow
+	// follow-up (FlowType): tide's own bookkeeping of a step's end, which
+	// finishes by itself (bulk deletes and archives pass over it).
+	ErrInternalTask = broker.ErrInternalTask
 )
 
 // ErrServerClosed is returned by Server.Start and Server.Run after Shutdown.

@@ -16,22 +16,23 @@ import (
 )
 
 // FlowType is the type of the tasks that carry a workflow step's or batch
-// member's end to its workflow: stored in the same atomic step as the
-// step's outcome (in the step's queue), they record the end and enqueue the
-// steps it makes ready. Servers run them themselves, whatever their
-// handler; they are retried FlowMaxRetry times with back-off while the
-// store cannot be reached.
-const FlowType = "tide:flow"
+// member's end to its workflow: the broker stores one in the same atomic
+// step as the step's end, however it ends (a settlement, lease recovery, an
+// operator's archive or delete), in the step's queue; it records the end
+// and enqueues the steps it makes ready. Servers run them themselves,
+// whatever their handler; they are retried FlowMaxRetry times with back-off
+// while the store cannot be reached. No enqueue accepts the type.
+const FlowType = broker.FlowType
 
 // FlowMaxRetry is how often a FlowType task that could not reach the store
 // is retried.
-const FlowMaxRetry = 50
+const FlowMaxRetry = broker.FlowMaxRetry
 
 // Headers that make a task a step: the flow ("w:<id>" or "b:<id>") and the
 // step's name. Enqueue refuses them from users.
 const (
 	flowHeader = broker.FlowHeader
-	stepHeader = "tide-step"
+	stepHeader = broker.StepHeader
 )
 
 // flowRef splits a flow header into its kind and ID.
@@ -219,42 +220,6 @@ func ownStep(ctx context.Context, b broker.Broker, t *TaskInfo) error {
 	return ErrTaskIDConflict
 }
 
-// flowPayload is what a FlowType task carries.
-type flowPayload struct {
-	Flow    string         `json:"flow"`
-	Step    string         `json:"step"`
-	Queue   string         `json:"queue"`
-	TaskID  string         `json:"task_id"`
-	Outcome string         `json:"outcome"` // "completed", "archived", or "check": look at the task
-	Err     string         `json:"error,omitempty"`
-	Notify  *notifyPayload `json:"notify,omitempty"`
-}
-
-// flowFollowup is the FlowType task of a step's settlement. Every
-// settlement of a step has one: a retry or requeue may be turned into an
-// archive by the store (the task was cancelled meanwhile), so for those the
-// follow-up looks at the task before recording anything.
-func flowFollowup(m *TaskInfo, set broker.Settlement) *TaskInfo {
-	p := flowPayload{Flow: m.Headers[flowHeader], Step: m.Headers[stepHeader], Queue: m.Queue, TaskID: m.ID, Outcome: "check"}
-	switch set.Kind {
-	case broker.SettleDone:
-		p.Outcome = StateCompleted.String()
-	case broker.SettleArchive:
-		p.Outcome, p.Err = StateArchived.String(), set.Err
-	}
-	if p.Outcome != "check" {
-		p.Notify = notificationOf(m, set)
-	}
-	payload, err := json.Marshal(p)
-	if err != nil {
-		return nil // cannot happen: plain strings
-	}
-	return &TaskInfo{
-		Type: FlowType, Payload: payload, Queue: m.Queue, MaxRetry: FlowMaxRetry,
-		EnqueuedAt: set.At, NextProcessAt: set.At, State: StatePending,
-	}
-}
-
 // flowHook, when set (tests only), is called at each point of advancing a
 // flow, so a test can kill the process there.
 var flowHook func(point, step string)
@@ -265,49 +230,56 @@ func hook(point, step string) {
 	}
 }
 
-// advanceFlow runs a FlowType task: it records the step's end and enqueues
-// the steps that became ready, then sends the step's notification if it
-// asked for one. Each part is safe to run again.
-func (s *Server) advanceFlow(ctx context.Context, t *Task) error {
-	var p flowPayload
-	if err := json.Unmarshal(t.Payload(), &p); err != nil || p.Step == "" || p.TaskID == "" {
-		return fmt.Errorf("tide: workflow follow-up payload is not one tide wrote: %w", SkipRetry)
+// advanceFlow runs a FlowType task of queue: it records the step's end
+// and enqueues the steps that became ready, then sends the step's
+// notification if it asked for one. Each part is safe to run again.
+func (s *Server) advanceFlow(ctx context.Context, queue string, t *Task) error {
+	e, err := broker.ParseEnding(queue, t.Payload())
+	if err != nil || e.Step == "" {
+		return fmt.Errorf("tide: workflow follow-up payload is not one tide wrote (%v): %w", err, SkipRetry)
 	}
-	_, id, ok := flowRef(p.Flow)
+	_, id, ok := flowRef(e.Flow)
 	fl, isFlows := s.b.(broker.Flows)
 	if !ok || !isFlows {
-		return fmt.Errorf("tide: workflow follow-up for %q cannot be applied here: %w", p.Flow, SkipRetry)
+		return fmt.Errorf("tide: workflow follow-up for %q cannot be applied here: %w", e.Flow, SkipRetry)
 	}
-	hook("advance", p.Step)
-	succeeded, reason := p.Outcome == StateCompleted.String(), p.Err
-	if p.Outcome == "check" {
-		info, err := s.b.GetTask(ctx, p.Queue, p.TaskID)
-		switch {
-		case errors.Is(err, ErrTaskNotFound):
-			reason = "tide: the step's task was deleted"
-		case err != nil:
-			return err
-		case info.State == StateCompleted:
-			succeeded = true
-		case info.State == StateArchived:
-			reason = info.LastErr
-		default:
-			return nil // it runs again: its next settlement has its own follow-up
-		}
-	}
-	ready, err := fl.EndStep(ctx, id, p.Step, p.TaskID, succeeded, reason)
+	hook("advance", e.Step)
+	ready, err := fl.EndStep(ctx, id, e.Step, e.TaskID, e.Outcome == broker.OutcomeCompleted, e.Err)
 	if errors.Is(err, ErrWorkflowNotFound) {
 		return fmt.Errorf("%w: %w", err, SkipRetry)
 	}
 	if err != nil {
 		return err
 	}
-	hook("ended", p.Step)
+	hook("ended", e.Step)
 	if err := releaseReady(ctx, s.b, fl, id, ready, nil, s.now(), false); err != nil {
 		return err
 	}
-	if p.Notify != nil {
-		return s.post(ctx, *p.Notify)
+	if e.Notify != "" {
+		return s.post(ctx, e)
+	}
+	return nil
+}
+
+// flowLive checks, before a workflow step's or batch task's handler runs,
+// that its flow was not cancelled: a step released while (or just before)
+// its workflow was cancelled, whose task no canceller reached, is archived
+// instead of run (its end is then recorded as cancelled). A flow that is
+// gone (kept past WorkflowRetention) does not stop it.
+func (s *Server) flowLive(ctx context.Context, m *TaskInfo) error {
+	_, id, ok := flowRef(m.Headers[flowHeader])
+	fl, isFlows := s.b.(broker.Flows)
+	if !ok || !isFlows {
+		return nil
+	}
+	f, err := fl.GetFlow(ctx, id, false)
+	switch {
+	case errors.Is(err, ErrWorkflowNotFound):
+		return nil
+	case err != nil:
+		return fmt.Errorf("tide: cannot tell whether workflow %s was cancelled: %w", id, err)
+	case f.State == FlowCanceled:
+		return fmt.Errorf("tide: not run: its workflow was cancelled: %w", SkipRetry)
 	}
 	return nil
 }

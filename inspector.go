@@ -230,7 +230,9 @@ func (in *Inspector) DeleteTask(ctx context.Context, queue, id string) error {
 	return in.b.Delete(ctx, queue, id)
 }
 
-// RunTask makes a scheduled, retry or archived task pending now.
+// RunTask makes a scheduled, retry or archived task pending now. An
+// archived workflow step or batch task is refused with ErrFlowStep: its
+// end (failed) is recorded with its workflow, which has moved on.
 func (in *Inspector) RunTask(ctx context.Context, queue, id string) error {
 	if err := in.needAdmin(); err != nil {
 		return err
@@ -241,7 +243,11 @@ func (in *Inspector) RunTask(ctx context.Context, queue, id string) error {
 	return in.admin.RunTask(ctx, queue, id)
 }
 
-// ArchiveTask archives a pending, scheduled or retry task.
+// ArchiveTask archives a pending, scheduled or retry task. Archiving is the
+// task's end: a workflow step fails (its workflow cancels the steps after
+// it, a batch counts it failed) and a task with a NotifyURL notifies, in
+// the same atomic step. A workflow follow-up (FlowType) is refused with
+// ErrInternalTask.
 func (in *Inspector) ArchiveTask(ctx context.Context, queue, id string) error {
 	if err := in.needAdmin(); err != nil {
 		return err
@@ -277,7 +283,9 @@ func (in *Inspector) bulk(ctx context.Context, queue string, state TaskState,
 }
 
 // DeleteAllTasks deletes every task of queue in state (not active) in
-// chunks, and returns how many it deleted.
+// chunks, and returns how many it deleted. As Client.Delete, it archives
+// workflow steps and batch tasks that have not finished (their end), and
+// it passes over workflow follow-ups.
 func (in *Inspector) DeleteAllTasks(ctx context.Context, queue string, state TaskState) (int, error) {
 	return in.bulk(ctx, queue, state, func(ctx context.Context, q string, s TaskState, n int) (int, error) {
 		return in.admin.DeleteTasks(ctx, q, s, n)
@@ -285,7 +293,8 @@ func (in *Inspector) DeleteAllTasks(ctx context.Context, queue string, state Tas
 }
 
 // RunAllTasks makes every scheduled, retry or archived task of queue in
-// state pending now, in chunks, and returns how many it moved.
+// state pending now, in chunks, and returns how many it moved. Archived
+// workflow steps and batch tasks are passed over (see RunTask).
 func (in *Inspector) RunAllTasks(ctx context.Context, queue string, state TaskState) (int, error) {
 	return in.bulk(ctx, queue, state, func(ctx context.Context, q string, s TaskState, n int) (int, error) {
 		return in.admin.RunTasks(ctx, q, s, n)
@@ -293,7 +302,8 @@ func (in *Inspector) RunAllTasks(ctx context.Context, queue string, state TaskSt
 }
 
 // ArchiveAllTasks archives every pending, scheduled or retry task of queue
-// in state, in chunks, and returns how many it archived.
+// in state, in chunks, and returns how many it archived: each one's end,
+// as ArchiveTask. Workflow follow-ups are passed over.
 func (in *Inspector) ArchiveAllTasks(ctx context.Context, queue string, state TaskState) (int, error) {
 	return in.bulk(ctx, queue, state, func(ctx context.Context, q string, s TaskState, n int) (int, error) {
 		return in.admin.ArchiveTasks(ctx, q, s, n)

@@ -1,7 +1,6 @@
 package tide
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/url"
 	"time"
@@ -9,24 +8,27 @@ import (
 	"github.com/tidequeue/tide/broker"
 )
 
-// NotifyType is the type of the task that carries a NotifyURL notification;
-// servers run it themselves, whatever their handler.
-const NotifyType = "tide:notify"
+// NotifyType is the type of the task that carries a NotifyURL notification:
+// the broker stores it when the task ends, and servers run it themselves,
+// whatever their handler. No enqueue accepts it.
+const NotifyType = broker.NotifyType
 
 // notifyHeader is the task header NotifyURL sets.
-const notifyHeader = "tide-notify-url"
+const notifyHeader = broker.NotifyHeader
 
 // Bounds of NotifyURL.
 const (
 	// MaxNotifyURL is the longest URL NotifyURL accepts, in bytes.
 	MaxNotifyURL = 2048
 	// NotifyMaxRetry is how often a notification that failed is retried.
-	NotifyMaxRetry = 10
+	NotifyMaxRetry = broker.NotifyMaxRetry
 )
 
 // NotifyURL makes the server POST the task's outcome to u when the task
-// finishes: completed, or archived after failing. The notification is a
-// task of its own (type NotifyType, in the task's queue) stored in the same
+// finishes: completed, or archived (after failing, by a worker whose lease
+// ran out with no retries left, or by an operator; a task deleted before it
+// ran notifies nobody). The notification is a task of its own (type
+// NotifyType, in the task's queue) that the broker stores in the same
 // atomic step as the outcome, so it is neither lost when a server dies nor
 // sent for an outcome that did not stand; it is retried NotifyMaxRetry
 // times with back-off until u answers 2xx (a 4xx other than 408 and 429
@@ -75,7 +77,6 @@ func checkNotifyURL(u string) error {
 
 // notification is the body of a notification POST.
 type notification struct {
-	URL        string    `json:"-"`
 	TaskID     string    `json:"task_id"`
 	Queue      string    `json:"queue"`
 	Type       string    `json:"type"`
@@ -85,43 +86,11 @@ type notification struct {
 	Retried    int       `json:"retried"`
 }
 
-// notifyPayload is what a notification task carries.
-type notifyPayload struct {
-	URL  string       `json:"url"`
-	Body notification `json:"body"`
-}
-
-// followup returns the task to store with m's settlement set
-// (broker.Settlement.Then): a workflow step's FlowType task (which also
-// carries its notification), else the notification, or nil.
-func followup(m *TaskInfo, set broker.Settlement) *TaskInfo {
-	if m.Headers[flowHeader] != "" && m.Type != FlowType && m.Type != NotifyType {
-		return flowFollowup(m, set)
+// notificationOf is the body of the notification of ending e.
+func notificationOf(e broker.Ending) notification {
+	n := notification{TaskID: e.TaskID, Queue: e.Queue, Type: e.Type, State: StateCompleted.String(), FinishedAt: e.At.UTC(), Retried: e.Retried}
+	if e.Outcome == broker.OutcomeArchived {
+		n.State, n.Error = StateArchived.String(), e.Err
 	}
-	n := notificationOf(m, set)
-	if n == nil {
-		return nil
-	}
-	payload, err := json.Marshal(n)
-	if err != nil {
-		return nil // cannot happen: plain strings and a time
-	}
-	return &TaskInfo{
-		Type: NotifyType, Payload: payload, Queue: m.Queue, MaxRetry: NotifyMaxRetry,
-		EnqueuedAt: set.At, NextProcessAt: set.At, State: StatePending,
-	}
-}
-
-// notificationOf returns the notification of m's settlement set, or nil
-// when m asked for none or the settlement is not final.
-func notificationOf(m *TaskInfo, set broker.Settlement) *notifyPayload {
-	u := m.Headers[notifyHeader]
-	if u == "" || m.Type == NotifyType || (set.Kind != broker.SettleDone && set.Kind != broker.SettleArchive) {
-		return nil
-	}
-	n := notification{TaskID: m.ID, Queue: m.Queue, Type: m.Type, State: StateCompleted.String(), FinishedAt: set.At.UTC(), Retried: m.Retried}
-	if set.Kind == broker.SettleArchive {
-		n.State, n.Error = StateArchived.String(), set.Err
-	}
-	return &notifyPayload{URL: u, Body: n}
+	return n
 }

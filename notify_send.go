@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"time"
 
+	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/internal/outbound"
 )
 
@@ -34,33 +35,33 @@ func (c Config) notifySender() (*outbound.Sender, error) {
 	return out, nil
 }
 
-// deliverNotification runs a NotifyType task: one POST.
-func (s *Server) deliverNotification(ctx context.Context, t *Task) error {
-	var p notifyPayload
-	if err := json.Unmarshal(t.Payload(), &p); err != nil {
-		return fmt.Errorf("tide: notification payload is not one tide wrote: %w", SkipRetry)
+// deliverNotification runs a NotifyType task of queue: one POST.
+func (s *Server) deliverNotification(ctx context.Context, queue string, t *Task) error {
+	e, err := broker.ParseEnding(queue, t.Payload())
+	if err != nil || e.Notify == "" {
+		return fmt.Errorf("tide: notification payload is not one tide wrote (%v): %w", err, SkipRetry)
 	}
-	return s.post(ctx, p)
+	return s.post(ctx, e)
 }
 
 // post sends one notification through the server's guarded sender. A 2xx
 // answer delivers it; a refused request (address, host, or a redirect's
 // target) and a 4xx other than 408 and 429 archive it (SkipRetry); anything
 // else, a 3xx that was not followed included, is retried.
-func (s *Server) post(ctx context.Context, p notifyPayload) error {
-	if checkNotifyURL(p.URL) != nil {
+func (s *Server) post(ctx context.Context, e broker.Ending) error {
+	if checkNotifyURL(e.Notify) != nil {
 		return fmt.Errorf("tide: notification payload is not one tide wrote: %w", SkipRetry)
 	}
-	u, _ := url.Parse(p.URL) // checked
+	u, _ := url.Parse(e.Notify) // checked
 	where := "tide: notification to " + outbound.Redact(u)
-	body, err := json.Marshal(p.Body)
+	body, err := json.Marshal(notificationOf(e))
 	if err != nil {
 		return fmt.Errorf("%s: %v: %w", where, err, SkipRetry)
 	}
 	h := make(http.Header, 3)
 	h.Set("Content-Type", "application/json")
 	h.Set("User-Agent", "tide-notify")
-	h.Set("Tide-Task-ID", p.Body.TaskID)
+	h.Set("Tide-Task-ID", e.TaskID)
 	resp, err := s.notify.Send(ctx, outbound.Request{Method: http.MethodPost, URL: u, Header: h, Body: body})
 	if err != nil {
 		var oe *outbound.Error

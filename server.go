@@ -381,16 +381,11 @@ func (s *Server) run(ctx context.Context, d *broker.Delivery) (broker.Settlement
 		// signed notification of the sender's choosing.
 		err = fmt.Errorf("tide: a %s task that tide did not store itself is never run: %w", m.Type, SkipRetry)
 	case m.Type == NotifyType:
-		err = s.deliverNotification(ctx, t)
+		err = s.deliverNotification(ctx, m.Queue, t)
 	case m.Type == FlowType:
-		err = s.advanceFlow(ctx, t)
+		err = s.advanceFlow(ctx, m.Queue, t)
 	default:
-		switch {
-		case m.Retried > m.MaxRetry:
-			// Handed out to be archived by a worker (broker.FlowHeader):
-			// its retries are used up, or it was cancelled.
-			err = fmt.Errorf("%s: %w", m.LastErr, SkipRetry)
-		default:
+		if err = s.flowLive(ctx, m); err == nil {
 			if err = loadBatch(ctx); err == nil {
 				err = s.call(ctx, t)
 			}
@@ -398,7 +393,6 @@ func (s *Server) run(ctx context.Context, d *broker.Delivery) (broker.Settlement
 	}
 	now := s.now()
 	set, why := decide(m, err, context.Cause(ctx), now)
-	set.Then = followup(m, set)
 	attrs := []any{"type", m.Type, "queue", m.Queue, "id", m.ID, "retried", m.Retried}
 	switch set.Kind {
 	case 0:

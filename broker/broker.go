@@ -26,7 +26,6 @@ package broker
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/tidequeue/tide/tidetype"
@@ -89,11 +88,11 @@ type Delivery struct {
 	Token uint64
 	// LeaseFor is how long the lease lasts from the moment of delivery.
 	LeaseFor time.Duration
-	// Internal reports that the broker itself stored the task, with a
-	// settlement (Settlement.Then): a workflow follow-up or a notification.
-	// No Enqueue can store a task that is delivered as internal, so a
-	// server runs tide's own task types only for internal deliveries. The
-	// mark stays with the task through retries, archiving and an
+	// Internal reports that the broker itself stored the task: a
+	// follow-up of a followed task's end (FlowType, NotifyType; see
+	// Ending). No Enqueue can store a task that is delivered as internal,
+	// so a server runs tide's own task types only for internal deliveries.
+	// The mark stays with the task through retries, archiving and an
 	// operator's run.
 	Internal bool
 }
@@ -176,12 +175,6 @@ type Settlement struct {
 	// task of the group starts before RetryAt (tide.ThrottleGroup). It is
 	// ignored for a task without a group.
 	Throttle bool
-	// Then, when not nil, is a task stored in the same atomic step as the
-	// settlement, only when the settlement applies (a notification of the
-	// outcome, tide.NotifyURL): pending at once, in the settled task's
-	// queue, with an ID that FollowupID gives, delivered as internal
-	// (Delivery.Internal). A settlement sent twice stores it once.
-	Then *tidetype.TaskInfo
 }
 
 // SealedHeader marks a task that a broker wrapper hands back without being
@@ -190,17 +183,12 @@ type Settlement struct {
 // is. It is never stored; tide refuses it on every task a caller enqueues.
 const SealedHeader = "tide-sealed"
 
-// ReservedIDPrefix starts the ID of every task a broker stores itself
-// (FollowupID). tide refuses it in the IDs callers choose (tide.TaskID,
-// EnqueuePrepared), so such an ID is never taken before the broker needs it.
+// ReservedIDPrefix starts the ID of every task a broker stores itself (the
+// follow-ups of followed tasks: "tide:f<n>{<tag>}", where tag places the
+// follow-up in the partition of the task it follows). tide refuses it in the
+// IDs callers choose (tide.TaskID, EnqueuePrepared), so such an ID is never
+// taken before the broker needs it.
 const ReservedIDPrefix = "tide:"
-
-// FollowupID is the ID of the task stored with the settlement of lease
-// (Settlement.Then): "tide:n<token>{<tag>}", where tag is the settled task's
-// hash tag (its ID when it has none), so both live in one partition.
-func FollowupID(lease LeaseRef) string {
-	return fmt.Sprintf("%sn%d{%s}", ReservedIDPrefix, lease.Token, HashTag(lease.ID))
-}
 
 // EnqueueOptions apply to one Enqueue call.
 type EnqueueOptions struct {

@@ -18,14 +18,6 @@ var (
 	ErrFlowNotFound = errors.New("tide: workflow or batch not found")
 )
 
-// FlowHeader is the task header that makes a task a step of a flow (its
-// value names the flow). Brokers never archive such a task without a
-// worker: where they would (its lease expired with no retries left, or
-// after it was cancelled), they make it pending once more with Retried
-// above MaxRetry and the reason as LastErr, so that a worker archives it
-// with its settlement, whose follow-up tells the flow.
-const FlowHeader = "tide-flow"
-
 // Limits of flows.
 const (
 	// MaxFlowSteps is the most steps a workflow (tasks a batch) may have.

@@ -305,16 +305,6 @@ func (w *wrapper) Extend(ctx context.Context, leases []broker.LeaseRef, d time.D
 func (w *wrapper) Settle(ctx context.Context, ss []broker.Settlement) ([]error, error) {
 	out, copied := ss, false
 	for i, s := range ss {
-		if s.Then != nil && len(s.Then.Payload) > 0 {
-			// The follow-up is a task of its own: sealed for its ID, as
-			// Dequeue will open it.
-			if !copied {
-				out, copied = slices.Clone(ss), true
-			}
-			c := *s.Then
-			w.sealTask(&c, s.Lease.Queue, broker.FollowupID(s.Lease), bindID, s.Then)
-			out[i].Then = &c
-		}
 		if s.Task == nil || (len(s.Task.Payload) == 0 && len(s.Task.Result) == 0) {
 			continue
 		}

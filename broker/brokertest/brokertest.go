@@ -102,7 +102,7 @@ func Run(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
 		{"Closed", testClosed},
 		{"CloseEndsSubscriptions", testCloseEndsSubscriptions},
 	}
-	for _, tc := range slices.Concat(tests, groupBrokerTests, waitTests, eventTests, flowTests) {
+	for _, tc := range slices.Concat(tests, groupBrokerTests, waitTests, eventTests, flowTests, followTests) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			tc.fn(t, newBroker(t))

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -26,8 +25,6 @@ var flowTests = []struct {
 	{"FlowCancel", testFlowCancel},
 	{"FlowBatch", testFlowBatch},
 	{"FlowRetention", testFlowRetention},
-	{"FlowStepNotArchivedByRecovery", testFlowStepRecovery},
-	{"FlowStepDeleteFails", testFlowStepDelete},
 }
 
 // flowOf builds a flow: steps "name" or "name<-dep,dep" ("name<~dep" runs
@@ -269,23 +266,35 @@ func testFlowCancel(t *testing.T, b broker.Broker) {
 	}
 	release(t, fl, "cx", "a", "b")
 	wantNames(t, "ready after b", names(t, f, endStep(t, fl, f, "b", true)), "d")
-	// d is ready and not released when the flow is cancelled.
-	running, err := fl.CancelFlow(ctx, "cx")
-	if err != nil {
-		t.Fatal(err)
+	// d is ready and not released when the flow is cancelled: its task
+	// may have been stored by a release that never confirmed.
+	live := func(what string, want ...string) {
+		t.Helper()
+		running, err := fl.CancelFlow(ctx, "cx")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, s := range running {
+			got = append(got, s.Name)
+			if s.Queue != "flows" || s.TaskID != "cx."+s.Name {
+				t.Fatalf("%s: CancelFlow returned %+v", what, s)
+			}
+		}
+		wantNames(t, what, got, want...)
 	}
-	if len(running) != 1 || running[0].Name != "a" || running[0].TaskID != "cx.a" || running[0].Queue != "flows" {
-		t.Fatalf("CancelFlow returned %+v, want step a's task", running)
-	}
+	live("CancelFlow", "a", "d")
+	// A second call (a lost reply, a caller that retries) answers the same.
+	live("CancelFlow again", "a", "d")
 	wantNames(t, "cancelled among released", release(t, fl, "cx", "d"), "d")
 	wantNames(t, "ready after a ended", names(t, f, endStep(t, fl, f, "a", false)))
+	live("CancelFlow after a ended", "d")
+	wantNames(t, "ready after d's task ended", names(t, f, endStep(t, fl, f, "d", false)))
 	info := getFlow(t, fl, "cx", false)
 	if info.State != tidetype.FlowCanceled || info.Canceled != 3 || info.Succeeded != 1 || info.FinishedAt.IsZero() {
 		t.Fatalf("flow = %+v", info)
 	}
-	if again, err := fl.CancelFlow(ctx, "cx"); err != nil || len(again) != 0 {
-		t.Fatalf("cancelling an ended flow: %v, %v", again, err)
-	}
+	live("cancelling a flow whose tasks all ended")
 }
 
 func testFlowBatch(t *testing.T, b broker.Broker) {
@@ -375,101 +384,5 @@ func testFlowRetention(t *testing.T, b broker.Broker) {
 	})
 	if list, total, err := fl.ListFlows(t.Context(), tidetype.KindWorkflow, 0, 10); err != nil || len(list) != 0 || total != 0 {
 		t.Fatalf("ListFlows after the flow expired: %v, %d, %v", list, total, err)
-	}
-}
-
-// testFlowStepRecovery: a flow's step whose lease expires with no retries
-// left, or after it was cancelled, is not archived by Maintain but handed
-// out once more past its retries, with the reason, for a worker to archive
-// (broker.FlowHeader); a task without the header is archived as usual
-// (RecoveryExhausted).
-func testFlowStepRecovery(t *testing.T, b broker.Broker) {
-	for _, canceled := range []bool{false, true} {
-		q := fmt.Sprint("flow-recovery-", canceled)
-		m := newMsg(q, "step")
-		m.MaxRetry = 0
-		m.Headers = map[string]string{broker.FlowHeader: "w:x", "tide-step": "a"}
-		enqueue(t, b, m)
-		dequeueOne(t, b, q, 50*time.Millisecond)
-		if canceled {
-			if err := b.Cancel(t.Context(), q, "step"); err != nil {
-				t.Fatal(err)
-			}
-		}
-		awaitRecovered(t, b, q, 1)
-		awaitState(t, b, q, "step", tidetype.StatePending)
-		got := get(t, b, q, "step")
-		want := "no retries left"
-		if canceled {
-			want = "cancelled"
-		}
-		if got.Retried != 1 || !strings.Contains(got.LastErr, want) || got.Headers[broker.FlowHeader] != "w:x" {
-			t.Fatalf("cancelled %v: Retried %d LastErr %q headers %v, want 1 and %q", canceled, got.Retried, got.LastErr, got.Headers, want)
-		}
-		d := dequeueOne(t, b, q, time.Minute)
-		if d.Task.Retried != 1 || d.Task.MaxRetry != 0 {
-			t.Fatalf("handed out with Retried %d MaxRetry %d", d.Task.Retried, d.Task.MaxRetry)
-		}
-		s := outcomeOf(d, broker.SettleArchive)
-		s.Err, s.At = got.LastErr, time.Now()
-		settleOK(t, b, s)
-		if a := get(t, b, q, "step"); a.State != tidetype.StateArchived {
-			t.Fatalf("settled archive: state %v", a.State)
-		}
-	}
-}
-
-// testFlowStepDelete: Delete or Cancel of a flow's step that has not
-// finished does not delete it but hands it out past its retries for a
-// worker to archive (broker.FlowHeader); a finished step is deleted.
-func testFlowStepDelete(t *testing.T, b broker.Broker) {
-	ctx := t.Context()
-	step := func(q, id string, st tidetype.TaskState) {
-		m := newMsg(q, id)
-		m.Headers = map[string]string{broker.FlowHeader: "w:x"}
-		m.Retention = time.Hour
-		if st == tidetype.StateScheduled {
-			m.State, m.NextProcessAt = st, time.Now().Add(time.Hour)
-		}
-		enqueue(t, b, m)
-	}
-	step("fdel", "pending", tidetype.StatePending)
-	step("fdel", "later", tidetype.StateScheduled)
-	step("fdel", "cancelled", tidetype.StateScheduled)
-	if err := b.Delete(ctx, "fdel", "pending"); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Delete(ctx, "fdel", "later"); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Cancel(ctx, "fdel", "cancelled"); err != nil {
-		t.Fatal(err)
-	}
-	for id, want := range map[string]string{"pending": "deleted", "later": "deleted", "cancelled": "cancelled"} {
-		got := get(t, b, "fdel", id)
-		if got.State != tidetype.StatePending || got.Retried != got.MaxRetry+1 || !strings.Contains(got.LastErr, want) {
-			t.Fatalf("%s after Delete/Cancel: state %v Retried %d/%d LastErr %q", id, got.State, got.Retried, got.MaxRetry, got.LastErr)
-		}
-	}
-	// All three are handed out (the scheduled ones at once).
-	ds := dequeue(t, b, []string{"fdel"}, 10, time.Minute)
-	if len(ds) != 3 {
-		t.Fatalf("dequeued %d, want the 3 failed steps", len(ds))
-	}
-	for _, d := range ds {
-		settleOK(t, b, outcomeOf(d, broker.SettleDone))
-	}
-	// A finished step is deleted as any task.
-	step("fdel", "done", tidetype.StatePending)
-	d := dequeueOne(t, b, "fdel", time.Minute)
-	settleOK(t, b, outcomeOf(d, broker.SettleDone))
-	if got := get(t, b, "fdel", "done"); got.State != tidetype.StateCompleted {
-		t.Fatalf("finished step: %v", got.State)
-	}
-	if err := b.Delete(ctx, "fdel", "done"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.GetTask(ctx, "fdel", "done"); !errors.Is(err, broker.ErrTaskNotFound) {
-		t.Fatalf("a finished step was not deleted: %v", err)
 	}
 }

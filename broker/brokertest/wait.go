@@ -11,8 +11,8 @@ import (
 )
 
 // waitTests cover broker.Waiter and broker.ProgressReporter (each skipped by
-// a broker that does not implement the interface) and the follow-up task a
-// settlement carries.
+// a broker that does not implement the interface), and Replace of a flow's
+// step.
 var waitTests = []struct {
 	name string
 	fn   func(t *testing.T, b broker.Broker)
@@ -20,7 +20,6 @@ var waitTests = []struct {
 	{"WaitOutcomes", testWaitOutcomes},
 	{"WaitWatched", testWaitWatched},
 	{"Progress", testProgress},
-	{"SettleThen", testSettleThen},
 	{"ReplaceStep", testReplaceStep},
 }
 
@@ -210,61 +209,6 @@ func testProgress(t *testing.T, b broker.Broker) {
 	settleOK(t, b, outcomeOf(d, broker.SettleDone))
 	if got := get(t, b, "progress", "a").Progress; got.Percent != 40 {
 		t.Fatalf("progress of the completed task = %+v, want the last one reported", got)
-	}
-}
-
-// testSettleThen: a settlement's follow-up task is stored with it, pending
-// under FollowupID, only when the settlement applies.
-func testSettleThen(t *testing.T, b broker.Broker) {
-	enqueue(t, b, newMsg("then", "a"))
-	d := dequeueOne(t, b, "then", time.Minute)
-	then := newMsg("then", "")
-	then.Payload = []byte("outcome")
-	stale := outcomeOf(d, broker.SettleDone)
-	stale.Lease.Token++
-	stale.Then = then
-	if err := settle(t, b, stale); !errors.Is(err, broker.ErrLeaseLost) {
-		t.Fatalf("stale settlement: %v, want ErrLeaseLost", err)
-	}
-	if _, err := b.GetTask(t.Context(), "then", broker.FollowupID(stale.Lease)); !errors.Is(err, broker.ErrTaskNotFound) {
-		t.Fatalf("a refused settlement stored its follow-up: %v", err)
-	}
-	s := outcomeOf(d, broker.SettleDone)
-	s.Then = then
-	settleOK(t, b, s)
-	f := get(t, b, "then", broker.FollowupID(s.Lease))
-	if f.State != tidetype.StatePending || string(f.Payload) != "outcome" || f.Queue != "then" {
-		t.Fatalf("follow-up = %+v", f)
-	}
-	if d.Internal {
-		t.Fatal("an enqueued task was delivered as internal")
-	}
-	d2 := dequeueOne(t, b, "then", time.Minute)
-	if d2.Task.ID != f.ID || !d2.Internal {
-		t.Fatalf("dequeued %s (internal %v), want the follow-up %s, internal", d2.Task.ID, d2.Internal, f.ID)
-	}
-	// No enqueue takes the follow-up's place, not even with Replace.
-	forged := newMsg("then", f.ID)
-	if errs := enqueueErrsOpts(t, b, broker.EnqueueOptions{Replace: true}, forged); !errors.Is(errs[0], broker.ErrTaskIDConflict) {
-		t.Fatalf("Replace over an active follow-up: %v, want ErrTaskIDConflict", errs[0])
-	}
-	// The mark stays through a retry, an archive and an operator's run.
-	settleOK(t, b, retryOf(d2, time.Now().Add(-time.Millisecond), "boom"))
-	if errs := enqueueErrsOpts(t, b, broker.EnqueueOptions{Replace: true}, forged); !errors.Is(errs[0], broker.ErrTaskIDConflict) {
-		t.Fatalf("Replace over a follow-up waiting in retry: %v, want ErrTaskIDConflict", errs[0])
-	}
-	d3 := redeliver(t, b, "then", time.Minute)
-	if d3.Task.ID != f.ID || !d3.Internal {
-		t.Fatalf("retried follow-up delivered as %s (internal %v)", d3.Task.ID, d3.Internal)
-	}
-	settleOK(t, b, outcomeOf(d3, broker.SettleArchive))
-	if a, ok := b.(broker.Admin); ok {
-		if err := a.RunTask(t.Context(), "then", f.ID); err != nil {
-			t.Fatalf("RunTask of the archived follow-up: %v", err)
-		}
-		if d4 := dequeueOne(t, b, "then", time.Minute); d4.Task.ID != f.ID || !d4.Internal {
-			t.Fatalf("follow-up run again delivered as %s (internal %v)", d4.Task.ID, d4.Internal)
-		}
 	}
 }
 

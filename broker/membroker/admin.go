@@ -293,6 +293,9 @@ func (b *Broker) run(name string, q *queue, t *task) error {
 	default:
 		return fmt.Errorf("tide: cannot run a task that is %s", t.msg.State)
 	}
+	if t.msg.State == tidetype.StateArchived && t.msg.Headers[broker.FlowHeader] != "" {
+		return fmt.Errorf("%w (task %s/%s)", broker.ErrFlowStep, name, t.msg.ID)
+	}
 	q.detach(t)
 	t.msg.NextProcessAt = msTime(b.clock.Now())
 	b.pushPending(name, q, t, true)
@@ -316,6 +319,9 @@ func (b *Broker) archiveOne(q *queue, t *task) error {
 	case tidetype.StatePending, tidetype.StateScheduled, tidetype.StateRetry:
 	default:
 		return fmt.Errorf("tide: cannot archive a task that is %s", t.msg.State)
+	}
+	if t.flowFollowup() {
+		return fmt.Errorf("%w (task %s/%s)", broker.ErrInternalTask, t.msg.Queue, t.msg.ID)
 	}
 	q.detach(t)
 	now := msTime(b.clock.Now())
@@ -341,8 +347,9 @@ func (b *Broker) find(ctx context.Context, name, id string) (*queue, *task, erro
 	return q, t, nil
 }
 
-// bulk applies op to up to limit tasks of name in state.
-func (b *Broker) bulk(ctx context.Context, name string, state tidetype.TaskState, limit int, op func(q *queue, t *task) error) (int, error) {
+// bulk applies op to up to limit tasks of name in state, passing over those
+// skip says op would refuse.
+func (b *Broker) bulk(ctx context.Context, name string, state tidetype.TaskState, limit int, skip func(t *task) bool, op func(q *queue, t *task) error) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err := b.check(ctx); err != nil {
@@ -360,7 +367,7 @@ func (b *Broker) bulk(ctx context.Context, name string, state tidetype.TaskState
 	}
 	var ts []*task
 	for _, t := range q.tasks {
-		if t.msg.State == state {
+		if t.msg.State == state && (skip == nil || !skip(t)) {
 			ts = append(ts, t)
 			if len(ts) == limit {
 				break
@@ -378,19 +385,21 @@ func (b *Broker) bulk(ctx context.Context, name string, state tidetype.TaskState
 
 // RunTasks implements broker.Admin.
 func (b *Broker) RunTasks(ctx context.Context, name string, state tidetype.TaskState, limit int) (int, error) {
-	return b.bulk(ctx, name, state, limit, func(q *queue, t *task) error { return b.run(name, q, t) })
+	archivedStep := func(t *task) bool {
+		return t.msg.State == tidetype.StateArchived && t.msg.Headers[broker.FlowHeader] != ""
+	}
+	return b.bulk(ctx, name, state, limit, archivedStep, func(q *queue, t *task) error { return b.run(name, q, t) })
 }
 
 // ArchiveTasks implements broker.Admin.
 func (b *Broker) ArchiveTasks(ctx context.Context, name string, state tidetype.TaskState, limit int) (int, error) {
-	return b.bulk(ctx, name, state, limit, b.archiveOne)
+	return b.bulk(ctx, name, state, limit, (*task).flowFollowup, b.archiveOne)
 }
 
 // DeleteTasks implements broker.Admin.
 func (b *Broker) DeleteTasks(ctx context.Context, name string, state tidetype.TaskState, limit int) (int, error) {
-	return b.bulk(ctx, name, state, limit, func(q *queue, t *task) error {
-		b.event(q, t, tidetype.EventDeleted, "")
-		b.drop(q, t)
+	return b.bulk(ctx, name, state, limit, (*task).flowFollowup, func(q *queue, t *task) error {
+		b.dropOrFail(name, q, t, "tide: deleted by an operator", tidetype.EventDeleted)
 		return nil
 	})
 }
@@ -403,6 +412,9 @@ func (b *Broker) CancelProcessing(ctx context.Context, name, id string) error {
 	q, t, err := b.find(ctx, name, id)
 	if err != nil {
 		return err
+	}
+	if t.flowFollowup() {
+		return fmt.Errorf("%w (task %s/%s)", broker.ErrInternalTask, name, id)
 	}
 	if t.msg.State != tidetype.StateActive {
 		return fmt.Errorf("tide: cannot cancel task %s: it is %s, not active", id, t.msg.State)

@@ -39,6 +39,9 @@ type flowStep struct {
 	left              int
 	task              *tidetype.TaskInfo // a step with dependencies, until released
 	reason            string
+	// live: cancelled while ready, its release unconfirmed: its task may
+	// exist until EndStep says it ended (CancelFlow returns it).
+	live bool
 }
 
 // flowLocked returns flow id, forgetting it when its retention has passed.
@@ -201,6 +204,7 @@ func (b *Broker) EndStep(ctx context.Context, id, step, taskID string, succeeded
 		if s == nil || s.id != taskID {
 			return fmt.Errorf("%w: %q has no step %q with task %q", broker.ErrFlowNotFound, id, step, taskID)
 		}
+		s.live = false
 		if s.state == 'r' || s.state == 'e' {
 			f.endStep(s, succeeded, reason, b.Now())
 		}
@@ -270,19 +274,29 @@ func (b *Broker) ReleaseSteps(ctx context.Context, id string, steps []string) ([
 	return canceled, err
 }
 
-// CancelFlow implements broker.Flows.
+// CancelFlow implements broker.Flows. It returns the steps whose tasks may
+// live (enqueued ones, and ready ones whose release was not confirmed) on
+// every call while the flow stays cancelled, as flow.lua does.
 func (b *Broker) CancelFlow(ctx context.Context, id string) ([]tidetype.StepInfo, error) {
 	var out []tidetype.StepInfo
 	err := b.onFlow(ctx, id, func(f *flow) error {
-		if f.state != tidetype.FlowRunning {
+		switch f.state {
+		case tidetype.FlowSucceeded, tidetype.FlowFailed:
 			return nil
+		case tidetype.FlowRunning:
+			f.state = tidetype.FlowCanceled
+			for _, n := range f.names {
+				switch s := f.steps[n]; s.state {
+				case 'r':
+					s.live = true
+					f.tally(s, 'C', "tide: workflow cancelled")
+				case 'w':
+					f.tally(s, 'C', "tide: workflow cancelled")
+				}
+			}
 		}
-		f.state = tidetype.FlowCanceled
 		for _, n := range f.names {
-			switch s := f.steps[n]; s.state {
-			case 'w', 'r':
-				f.tally(s, 'C', "tide: workflow cancelled")
-			case 'e':
+			if s := f.steps[n]; s.state == 'e' || s.live {
 				out = append(out, s.info())
 			}
 		}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/tidequeue/tide/broker"
@@ -97,24 +98,29 @@ func (b *Broker) Settle(ctx context.Context, ss []broker.Settlement) ([]error, e
 	errs := make([]error, len(ss))
 	for i := range ss {
 		errs[i] = b.settle(&ss[i], now)
-		if errs[i] == nil && ss[i].Then != nil {
-			b.followup(&ss[i], now)
-		}
 	}
 	return errs, nil
 }
 
-// followup stores the task a settlement carries (Settlement.Then), pending
-// at once; one stored before under its ID is left alone.
-func (b *Broker) followup(s *broker.Settlement, now time.Time) {
-	t := clone(s.Then)
-	t.ID, t.Queue, t.State = broker.FollowupID(s.Lease), s.Lease.Queue, tidetype.StatePending
-	t.NextProcessAt, t.EnqueuedAt = msTime(now), msTime(now)
-	if q := b.queues[t.Queue]; q != nil && q.tasks[t.ID] != nil {
+// followEnd records that t, of queue q, ended (broker.Ending) for whoever
+// follows it: a follow-up, an internal task pending at once in q. Every
+// step that ends a task calls it once: a settlement done or archived,
+// lease recovery that archives, an operator's archive or delete of a
+// workflow step (see broker/followup.go).
+func (b *Broker) followEnd(q *queue, t *task, outcome broker.Outcome, at time.Time, errMsg string, now time.Time) {
+	typ, mr := broker.FollowupType(t.msg.Headers)
+	if typ == "" {
 		return
 	}
-	if b.enqueue(t, now, false) == nil { // validated by the caller; a conflict means it is stored
-		b.queues[t.Queue].tasks[t.ID].internal = true
+	e := broker.Ending{Flow: t.msg.Headers[broker.FlowHeader], Step: t.msg.Headers[broker.StepHeader], Notify: t.msg.Headers[broker.NotifyHeader],
+		TaskID: t.msg.ID, Type: t.msg.Type, Outcome: outcome, At: at, Retried: t.msg.Retried, Err: errMsg}
+	f := &tidetype.TaskInfo{ID: "tide:f:" + t.msg.ID, Queue: t.msg.Queue, Type: typ, Payload: e.Encode(), MaxRetry: mr,
+		State: tidetype.StatePending, NextProcessAt: msTime(now), EnqueuedAt: msTime(now)}
+	for k := 2; q.tasks[f.ID] != nil; k++ {
+		f.ID = "tide:f:" + t.msg.ID + "#" + strconv.Itoa(k)
+	}
+	if b.enqueue(f, now, false) == nil {
+		q.tasks[f.ID].internal = true
 	}
 }
 
@@ -179,6 +185,7 @@ func (b *Broker) settle(s *broker.Settlement, now time.Time) error {
 	}
 	switch kind {
 	case broker.SettleDone:
+		b.followEnd(q, t, broker.OutcomeCompleted, at, "", now)
 		q.releaseLock(t)
 		if t.msg.Retention <= 0 {
 			delete(q.tasks, t.msg.ID)

@@ -69,21 +69,9 @@ func (b *Broker) Maintain(ctx context.Context, req broker.MaintainRequest) (brok
 		q.count(now, 1, 1)
 		t.addAttempt(time.Time{}, msTime(now), "", "lease expired", leaseExpiredErr)
 		exhausted := t.canceled || t.msg.Retried >= t.msg.MaxRetry
-		handBack := exhausted && t.msg.Headers[broker.FlowHeader] != ""
-		b.release(q, t, true, exhausted && !handBack)
+		b.release(q, t, true, exhausted)
 		b.event(q, t, tidetype.EventFailed, leaseExpiredErr)
 		switch {
-		case handBack:
-			// A flow's step is archived by a worker, whose settlement
-			// tells the flow: pending once more, past its retries.
-			t.msg.LastErr = leaseExpiredErr + "; no retries left"
-			if t.canceled {
-				t.msg.LastErr = canceledErr + "; " + leaseExpiredErr
-			}
-			t.canceled = false
-			t.msg.Retried = t.msg.MaxRetry + 1
-			t.msg.LastFailedAt, t.msg.NextProcessAt = msTime(now), msTime(now)
-			b.pushPending(req.Queue, q, t, false)
 		case t.canceled:
 			b.archive(q, t, canceledErr+"; "+leaseExpiredErr, msTime(now), now)
 		case t.msg.Retried < t.msg.MaxRetry:

@@ -159,10 +159,14 @@ type task struct {
 
 	watched bool // EnqueueOptions.Watch: its outcome is kept when it ends
 
-	// internal: stored by the broker with a settlement (Settlement.Then);
+	// internal: stored by the broker itself, a follow-up (followEnd);
 	// delivered with broker.Delivery.Internal. Enqueue never sets it.
 	internal bool
 }
+
+// flowFollowup reports whether t is a workflow follow-up: tide's own
+// bookkeeping, which operators cannot delete, cancel or archive.
+func (t *task) flowFollowup() bool { return t.internal && t.msg.Type == broker.FlowType }
 
 type uniqueLock struct {
 	id      string
@@ -363,7 +367,15 @@ func (q *queue) releaseLock(t *task) {
 	}
 }
 
+// archive moves t to the archive, its end: whoever follows it gets its
+// follow-up (followEnd) with why as the reason (errMsg, or why when errMsg
+// is empty).
 func (b *Broker) archive(q *queue, t *task, errMsg string, at, now time.Time) {
+	why := errMsg
+	if why == "" {
+		why = "tide: archived by an operator"
+	}
+	b.followEnd(q, t, broker.OutcomeArchived, at, why, now)
 	b.event(q, t, tidetype.EventArchived, errMsg)
 	t.msg.LastErr = errMsg
 	t.msg.LastFailedAt = at

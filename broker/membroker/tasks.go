@@ -43,6 +43,9 @@ func (b *Broker) Delete(ctx context.Context, queue, id string) error {
 	if t == nil {
 		return broker.ErrTaskNotFound
 	}
+	if t.flowFollowup() {
+		return fmt.Errorf("%w (task %s/%s)", broker.ErrInternalTask, queue, id)
+	}
 	if t.msg.State == tidetype.StateActive {
 		return broker.ErrTaskActive
 	}
@@ -54,9 +57,9 @@ func (b *Broker) Delete(ctx context.Context, queue, id string) error {
 const deletedErr = "tide: deleted by an operator"
 
 // dropOrFail deletes t, which is not active, unless it is a flow's step
-// that has not finished (broker.FlowHeader): that one is made pending once
-// more past its retries, with why, for a worker to archive it and tell
-// its flow. A task deleted is recorded as the event kind.
+// that has not finished (broker.FlowHeader): that one is archived with
+// why, its end (failed), which its flow learns from its follow-up. A task
+// deleted is recorded as the event kind.
 func (b *Broker) dropOrFail(qn string, q *queue, t *task, why string, kind tidetype.TaskEventKind) {
 	st := t.msg.State
 	if t.msg.Headers[broker.FlowHeader] == "" || (st != tidetype.StatePending && st != tidetype.StateScheduled && st != tidetype.StateRetry) {
@@ -64,14 +67,10 @@ func (b *Broker) dropOrFail(qn string, q *queue, t *task, why string, kind tidet
 		b.drop(q, t)
 		return
 	}
-	now := msTime(b.clock.Now())
-	t.msg.Retried, t.msg.LastErr, t.msg.LastFailedAt = t.msg.MaxRetry+1, why, now
-	if st == tidetype.StatePending {
-		return // it stays in its place
-	}
+	now := b.clock.Now()
 	q.detach(t)
-	t.msg.NextProcessAt = now
-	b.pushPending(qn, q, t, false)
+	b.archive(q, t, why, msTime(now), now)
+	b.release(q, t, false, true)
 }
 
 // Cancel implements broker.Broker.
@@ -86,6 +85,9 @@ func (b *Broker) Cancel(ctx context.Context, queue, id string) error {
 		return broker.ErrTaskNotFound
 	}
 	t := q.tasks[id]
+	if t.flowFollowup() {
+		return fmt.Errorf("%w (task %s/%s)", broker.ErrInternalTask, queue, id)
+	}
 	if t.msg.State == tidetype.StateActive {
 		if !t.canceled {
 			b.event(q, t, tidetype.EventCancelled, "")

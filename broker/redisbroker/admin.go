@@ -297,7 +297,7 @@ func (b *Broker) adminCall(p part, rid, cache string, exp int64, op string, targ
 	return &call{
 		script: b.s.admin,
 		keys:   append(append(append(p.keys("t", "pending", "scheduled", "retry", "archived", "completed", "result", "active", "u", "meta"), cache, p.k("h")), append(p.groupKeys(), p.endKeys()...)...), p.k(eventsKey)),
-		args:   []any{p.layout, rid, exp, op, target, limit, p.channel, p.idx, b.doneChannel(p.queue), b.eventsArg(p)},
+		args:   []any{p.layout, rid, exp, op, target, limit, p.channel, p.idx, b.doneChannel(p.queue), b.eventsArg(p), p.idTag},
 		queue:  p.queue,
 	}
 }
@@ -330,6 +330,10 @@ func (b *Broker) adminOne(ctx context.Context, op, queue, id string) error {
 		return broker.ErrTaskNotFound
 	case code == -99:
 		return fmt.Errorf("tide: cannot %s task %s: its record is unreadable (delete it instead)", op, id)
+	case code == -96:
+		return fmt.Errorf("%w (task %s/%s)", broker.ErrInternalTask, queue, id)
+	case code == -97:
+		return fmt.Errorf("%w (task %s/%s)", broker.ErrFlowStep, queue, id)
 	case code == -98:
 		return fmt.Errorf("%w: cannot %s task %s now: a repartition is moving it; try again", broker.ErrUnavailable, op, id)
 	case code < 0:

@@ -87,7 +87,32 @@ func (b *Broker) spanPart(queue string, l layout, s span, p, idx int, old bool) 
 		base:      base,
 		channel:   b.channel(queue),
 		plainKeys: [5]string{base + "t", base + "pending", base + "scheduled", base + "retry", base + "meta"},
+		idTag:     idTag(s.n, p),
 	}
+}
+
+// idTags caches, per partition count n, idTag of each partition.
+var idTags sync.Map // int -> []string
+
+// idTag returns a hash tag that places a task ID in partition p of n
+// (broker.Partition of "x{<tag>}" is p): the scripts name the follow-ups
+// they store "tide:f<n>{<tag>}", so that they are found by ID where they
+// are, whatever the ID of the task they follow.
+func idTag(n, p int) string {
+	if v, ok := idTags.Load(n); ok {
+		return v.([]string)[p]
+	}
+	tags := make([]string, max(n, 1))
+	left := len(tags)
+	for k := 0; left > 0; k++ {
+		t := "p" + strconv.Itoa(k)
+		if i := broker.Partition(t, n); tags[i] == "" {
+			tags[i] = t
+			left--
+		}
+	}
+	idTags.Store(n, tags)
+	return tags[p]
 }
 
 // partOf returns the partition of task id in the current span.

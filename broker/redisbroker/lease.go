@@ -202,8 +202,8 @@ func (b *Broker) Settle(ctx context.Context, ss []broker.Settlement) ([]error, e
 
 func (b *Broker) settleCall(p part, ss []broker.Settlement, idx []int) *call {
 	rid, cache, exp, _ := b.request(p)
-	args := make([]any, 0, 11+11*len(idx))
-	args = append(args, p.layout, rid, exp, p.channel, p.idx, b.today(), b.maxArchived, b.archiveTTL.Milliseconds(), b.minute(), b.doneChannel(p.queue), b.eventsArg(p))
+	args := make([]any, 0, 12+9*len(idx))
+	args = append(args, p.layout, rid, exp, p.channel, p.idx, b.today(), b.maxArchived, b.archiveTTL.Milliseconds(), b.minute(), b.doneChannel(p.queue), b.eventsArg(p), p.idTag)
 	for _, i := range idx {
 		s := ss[i]
 		at := s.At
@@ -218,7 +218,7 @@ func (b *Broker) settleCall(p part, ss []broker.Settlement, idx []int) *call {
 				t.State, t.CompletedAt = tidetype.StateCompleted, at
 				args = append(args, "c", id, tok, codec.Encode(&t, tok), at.Add(t.Retention).UnixMilli(), at.UnixMilli())
 			} else {
-				args = append(args, "d", id, tok, "", "", "")
+				args = append(args, "d", id, tok, "", "", at.UnixMilli())
 			}
 		case broker.SettleRetry:
 			args = append(args, "r", id, tok, s.RetryAt.UnixMilli(), at.UnixMilli(), s.Err)
@@ -242,13 +242,6 @@ func (b *Broker) settleCall(p part, ss []broker.Settlement, idx []int) *call {
 			group = s.Task.Group
 		}
 		args = append(args, started, s.Server, group)
-		if s.Then != nil {
-			t := *s.Then
-			t.ID, t.Queue, t.State = broker.FollowupID(s.Lease), p.queue, tidetype.StatePending
-			args = append(args, t.ID, codec.Encode(&t, 0))
-		} else {
-			args = append(args, "", "")
-		}
 	}
 	return &call{
 		script: b.s.settle,

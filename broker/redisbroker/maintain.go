@@ -30,7 +30,7 @@ func (b *Broker) Maintain(ctx context.Context, req broker.MaintainRequest) (brok
 		script: b.s.maintain,
 		keys:   append(p.keys("owner", "t", "pending", "active", "scheduled", "retry", "archived", "completed", "result", "u", "stat", "meta", "h", "m"), append(append(p.groupKeys(), p.endKeys()...), p.k("lim"), p.k(eventsKey))...),
 		args: []any{p.layout, req.Owner, ttl, p.channel, p.idx, b.maxArchived, b.archiveTTL.Milliseconds(),
-			maintainLimit, b.today(), release, req.RecoverBackoff.Milliseconds(), b.minute(), b.doneChannel(req.Queue), b.eventsArg(p), b.eventsAge.Milliseconds()},
+			maintainLimit, b.today(), release, req.RecoverBackoff.Milliseconds(), b.minute(), b.doneChannel(req.Queue), b.eventsArg(p), b.eventsAge.Milliseconds(), p.idTag},
 		queue: req.Queue,
 	}
 	b.run(ctx, []*call{c})

@@ -430,6 +430,8 @@ type part struct {
 	// plainKeys are the keys of enqueue_plain.lua but the reply cache,
 	// named with the partition.
 	plainKeys [5]string
+	// idTag places an ID in this partition (see idTag).
+	idTag string
 }
 
 func (b *Broker) channel(queue string) string { return b.prefix + ":ev:" + queue }

@@ -100,7 +100,7 @@ func (b *Broker) remove(ctx context.Context, queue, id, op string) (string, erro
 		c := &call{
 			script: b.s.remove,
 			keys:   append(append(append(p.keys("t", "pending", "scheduled", "retry", "archived", "completed", "result", "active", "u", "meta"), cache, p.k("moving"), p.k("h")), append(p.groupKeys(), p.endKeys()...)...), p.k(eventsKey)),
-			args:   []any{p.layout, rid, exp, id, op, p.channel, b.doneChannel(queue), b.eventsArg(p)},
+			args:   []any{p.layout, rid, exp, id, op, p.channel, b.doneChannel(queue), b.eventsArg(p), p.idTag, p.idx},
 			queue:  queue,
 		}
 		b.run(ctx, []*call{c})
@@ -129,6 +129,8 @@ func (b *Broker) Delete(ctx context.Context, queue, id string) error {
 		return broker.ErrTaskNotFound
 	case "2":
 		return broker.ErrTaskActive
+	case "6":
+		return fmt.Errorf("%w (task %s/%s)", broker.ErrInternalTask, queue, id)
 	}
 	return nil
 }
@@ -139,8 +141,11 @@ func (b *Broker) Cancel(ctx context.Context, queue, id string) error {
 	if err != nil {
 		return err
 	}
-	if code == "0" {
+	switch code {
+	case "0":
 		return broker.ErrTaskNotFound
+	case "6":
+		return fmt.Errorf("%w (task %s/%s)", broker.ErrInternalTask, queue, id)
 	}
 	return nil
 }
@@ -156,6 +161,8 @@ func (b *Broker) CancelProcessing(ctx context.Context, queue, id string) error {
 	switch {
 	case code == "0":
 		return broker.ErrTaskNotFound
+	case code == "6":
+		return fmt.Errorf("%w (task %s/%s)", broker.ErrInternalTask, queue, id)
 	case code[0] == '4':
 		st, _ := strconv.Atoi(code[1:])
 		return fmt.Errorf("tide: cannot cancel task %s: it is %s, not active", id, tidetype.TaskState(st))

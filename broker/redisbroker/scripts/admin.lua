@@ -11,14 +11,23 @@
 -- ARGV[6] limit (bulk)  ARGV[7] event channel  ARGV[8] partition
 -- ARGV[9] done channel: archived and deleted tasks tell their waiters
 -- ARGV[10] events stream MAXLEN ('' or '0': no events)
+-- ARGV[11] a hash tag of this partition (for follow-up IDs, fu_end)
 -- Returns, for one task: 1 done, 0 not found, -state when the task's state
--- does not allow the action, -98 while a repartition moves it, -99 when its
--- record is unreadable (answered from the reply cache when run again);
+-- does not allow the action, -97 for an archived workflow step or batch
+-- task (its end is recorded: it does not run again), -96 for archiving a
+-- workflow follow-up (rec_flowfu: tide's own bookkeeping), -98 while a
+-- repartition moves it, -99 when its record is unreadable (answered from
+-- the reply cache when run again);
 -- for bulk: the number of tasks handled (at most the limit; call again
 -- until 0).
--- 'run' makes a scheduled, retry or archived task pending at the front;
--- 'archive' archives a pending, scheduled or retry task (its unique lock is
--- released); 'deleteall' deletes tasks that are not active. A grouped task
+-- 'run' makes a scheduled, retry or archived task pending at the front
+-- ('runall' passes over archived workflow steps, looking at most ten times
+-- the limit); 'archive' archives a pending, scheduled or retry task (its
+-- unique lock is released); 'deleteall' deletes tasks that are not active,
+-- but archives a workflow step or batch task that has not finished (as
+-- remove.lua's delete does). 'archiveall' and 'deleteall' pass over
+-- workflow follow-ups. Archiving is a task's end: whoever follows it
+-- gets its follow-up (fu_end). A grouped task
 -- made pending joins its group's ready tasks; the bulk operations on
 -- pending tasks take the ungrouped ones first, then the grouped ones.
 -- The events stream gets 'r' for a task run, 'a' for one archived and 'x'
@@ -33,6 +42,7 @@ local G = g_keys(13)
 local W = w_keys(20)
 local woke = false
 local E = ev_new(KEYS[23], ARGV[10])
+local F = {t = KEYS[1], p = KEYS[2], tag = ARGV[11]}
 
 local function run(id, rec, st)
   redis.call('ZREM', zset_of(st, KEYS), id)
@@ -49,14 +59,15 @@ end
 
 -- archive moves a task to the archive; in_list says the caller removes a
 -- pending task from the list itself.
-local function archive(id, rec, st, in_list)
+local function archive(id, rec, st, in_list, why)
   local g, seq = g_of(G, id)
   if st ~= 1 then redis.call('ZREM', zset_of(st, KEYS), id)
   elseif g then g_unready(G, g, seq, id)
   elseif not in_list then redis.call('LREM', KEYS[2], 1, id) end
   if g and g_release(G, g, id, false, true) then woke = true end
   release_uniq(rec, KEYS[9], id)
-  redis.call('HSET', KEYS[1], id, rec_patch(rec, 5, nil, nil, nil, now, nil))
+  fu_end(F, E, id, rec, 'a', now, why or 'tide: archived by an operator', now)
+  redis.call('HSET', KEYS[1], id, rec_patch(rec, 5, nil, nil, nil, now, why))
   redis.call('ZADD', KEYS[5], now, id)
   w_ended(W, id, 'a' .. string.format('%d', now), now, ARGV[9])
   if E then ev_add(E, 'a', id, rec_type(rec)) end
@@ -96,9 +107,11 @@ if op == 'run' or op == 'archive' then
   local st = rec_state(rec)
   if op == 'run' then
     if st ~= 3 and st ~= 4 and st ~= 5 then return answer(-st) end
+    if st == 5 and rec_flow(rec) then return answer(-97) end
     run(id, rec, st)
   else
     if st ~= 1 and st ~= 3 and st ~= 4 then return answer(-st) end
+    if rec_flowfu(rec) then return answer(-96) end
     archive(id, rec, st, false)
   end
   return answer(done(1))
@@ -128,7 +141,14 @@ if st == 1 then
   local n = 0
   for _, id in ipairs(ids) do
     local rec = redis.call('HGET', KEYS[1], id)
-    if op == 'deleteall' then
+    if rec_flowfu(rec) then
+      -- tide's own: back in the list, behind the others, so that the next
+      -- call reaches them
+      redis.call('LPUSH', KEYS[2], id)
+      n = n - 1
+    elseif op == 'deleteall' and rec_ok(rec) and rec_flow(rec) then
+      archive(id, rec, 1, true, 'tide: deleted by an operator')
+    elseif op == 'deleteall' then
       if rec then remove(id, rec) end
     elseif rec_ok(rec) then
       archive(id, rec, 1, true)
@@ -141,25 +161,34 @@ if st == 1 then
     n = n + 1
   end
   return done(n)
-else
-  local z = zset_of(st, KEYS)
-  if not z then return 0 end
-  ids = redis.call('ZRANGE', z, 0, limit - 1)
 end
-local n = 0
-for _, id in ipairs(ids) do
-  local rec = redis.call('HGET', KEYS[1], id)
-  if op == 'deleteall' then
-    redis.call('ZREM', zset_of(st, KEYS), id)
-    if rec then remove(id, rec) end
-    n = n + 1
-  elseif rec_ok(rec) then
-    if op == 'runall' and (st == 3 or st == 4 or st == 5) then
+local z = zset_of(st, KEYS)
+if not z then return 0 end
+-- Tasks passed over (archived workflow steps that 'runall' does not run)
+-- stay in z: the next page starts after them.
+local n, skipped = 0, 0
+while n < limit and skipped < 10 * limit do
+  ids = redis.call('ZRANGE', z, skipped, skipped + limit - n - 1)
+  if #ids == 0 then break end
+  for _, id in ipairs(ids) do
+    local rec = redis.call('HGET', KEYS[1], id)
+    if rec_flowfu(rec) and op ~= 'runall' then
+      skipped = skipped + 1
+    elseif op == 'deleteall' and st ~= 5 and st ~= 6 and rec_ok(rec) and rec_flow(rec) then
+      archive(id, rec, st, false, 'tide: deleted by an operator')
+      n = n + 1
+    elseif op == 'deleteall' then
+      redis.call('ZREM', z, id)
+      if rec then remove(id, rec) end
+      n = n + 1
+    elseif rec_ok(rec) and op == 'runall' and (st == 3 or st == 4 or (st == 5 and not rec_flow(rec))) then
       run(id, rec, st)
       n = n + 1
-    elseif op == 'archiveall' and (st == 3 or st == 4) then
+    elseif rec_ok(rec) and op == 'archiveall' and (st == 3 or st == 4) then
       archive(id, rec, st, false)
       n = n + 1
+    else
+      skipped = skipped + 1
     end
   end
 end

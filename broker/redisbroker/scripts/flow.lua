@@ -11,7 +11,12 @@
 --   'e' end:     step, task ID, '1' succeeded or '0' failed, reason, now ms
 --                -> the ready steps, or 'x' (no such step or task)
 --   'l' release: step names -> the names among them that were cancelled
---   'x' cancel:  now ms -> the enqueued steps, each a spec; 'x' when no flow
+--   'x' cancel:  now ms -> the steps whose tasks may live, each name and
+--                spec: enqueued ones, and ready ones whose release was not
+--                confirmed (cancelled, marked k:<n> until their task ends);
+--                the same again on every call while the flow stays
+--                cancelled (a lost reply, a caller that retries); 'x' when
+--                no flow
 -- A spec is "<queue>\n<task ID>\n<after, comma-separated>\n<dependents>".
 -- Ready steps come back as a flat list: name, spec, record ('' for a step
 -- without dependencies), for every step that may start and is not released.
@@ -21,7 +26,8 @@
 -- _cbi its task ID and _cbs its final state: the counts leave it out) and per step
 -- s:<n> state (w waiting, r ready, e enqueued, S succeeded, F failed, C
 -- cancelled), r:<n> dependencies left, p:<n> run on failure, d:<n> spec,
--- t:<n> record until released, e:<n> why it failed or was cancelled.
+-- t:<n> record until released, e:<n> why it failed or was cancelled, k:<n>
+-- a cancelled step whose task may live (see 'x').
 -- Every op is safe to run twice: state decides, never a counter alone.
 
 local H = KEYS[1]
@@ -141,6 +147,7 @@ if op == 'e' then
   if not st then return 'x' end
   local sp = spec(n)
   if sp[2] ~= ARGV[3] then return 'x' end
+  redis.call('HDEL', H, 'k:' .. n) -- its task ended: cancel finds nothing to stop
   if st == 'r' or st == 'e' then
     local canceled = redis.call('HGET', H, '_s') == 'X'
     if ok then
@@ -189,13 +196,20 @@ if op == 'x' then
   local st = redis.call('HGET', H, '_s')
   if not st then return 'x' end
   local out = {}
-  if st ~= 'R' and st ~= 'P' then return out end
+  if st == 'S' or st == 'F' then return out end
+  local first = st ~= 'X'
   redis.call('HSET', H, '_s', 'X')
   for _, n in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
     local s = redis.call('HGET', H, 's:' .. n)
-    if s == 'w' or s == 'r' then
+    if first and s == 'r' then
+      -- Its task may have been stored by a release that never confirmed.
+      redis.call('HSET', H, 'k:' .. n, '1')
+    end
+    if first and (s == 'w' or s == 'r') then
       tally(n, 'C', '_x', 'tide: workflow cancelled')
-    elseif s == 'e' then
+      s = 'C'
+    end
+    if s == 'e' or (s == 'C' and redis.call('HEXISTS', H, 'k:' .. n) == 1) then
       out[#out + 1] = n
       out[#out + 1] = redis.call('HGET', H, 'd:' .. n) or ''
     end

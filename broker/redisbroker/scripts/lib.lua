@@ -1,8 +1,8 @@
 -- lib.lua: helpers prepended to every script (only those a script uses; see
 -- scripts.go). They read and patch the fixed 24-byte record header described
 -- in internal/codec (1-based offsets here):
---   1 version (2) | 2 state (low 4 bits) + internal (bit 4), flow (bit 5),
---   moving (bit 6) and cancel (bit 7) flags | 3-10 token
+--   1 version (2) | 2 state (low 3 bits) + followed (bit 3), internal
+--   (bit 4), flow (bit 5), moving (bit 6) and cancel (bit 7) flags | 3-10 token
 --   11-12 retried | 13-14 max retry | 15-20 process-at ms | 21-23 body len
 --   24 uniq len | 25.. body | unique key | failure (empty, or failed-at ms (6) .. last error)
 -- States: 1 pending, 2 active, 3 scheduled, 4 retry, 5 archived, 6 completed.
@@ -19,7 +19,7 @@ end
 -- placeholder a repartition writes where a task is about to move in.
 local function rec_absent(rec) return not rec or rec == '\0mv' end
 
-local function rec_state(rec) return string.byte(rec, 2) % 16 end
+local function rec_state(rec) return string.byte(rec, 2) % 8 end
 local function rec_canceled(rec) return string.byte(rec, 2) >= 128 end
 -- rec_flow: bit 5, a step of a workflow or batch (broker.FlowHeader).
 local function rec_flow(rec) return string.byte(rec, 2) % 64 >= 32 end
@@ -32,6 +32,9 @@ local function rec_mark_internal(rec)
   if rec_internal(rec) then return rec end
   return string.sub(rec, 1, 1) .. string.char(string.byte(rec, 2) + 16) .. string.sub(rec, 3)
 end
+-- rec_followed: bit 3, someone follows the task's end: its workflow or
+-- batch, or a NotifyURL (their headers are in the body; fu_end below).
+local function rec_followed(rec) return string.byte(rec, 2) % 16 >= 8 end
 -- rec_moving: bit 6, set while a repartition moves the task out.
 local function rec_moving(rec) return string.byte(rec, 2) % 128 >= 64 end
 local function rec_token(rec) return struct.unpack('>I8', rec, 3) end
@@ -59,10 +62,11 @@ local function rec_uniq(rec)
 end
 
 -- rec_patch returns rec with the given fields replaced; nil keeps a field.
--- A new state clears the cancel flag and keeps the flow and internal flags. failed and err replace the failure
+-- A new state clears the cancel flag and keeps the followed, internal and
+-- flow flags. failed and err replace the failure
 -- section together (either may be nil to keep its part).
 local function rec_patch(rec, state, token, retried, due, failed, err)
-  local st = state and string.char(state + string.byte(rec, 2) % 64 - string.byte(rec, 2) % 16) or string.sub(rec, 2, 2)
+  local st = state and string.char(state + string.byte(rec, 2) % 64 - string.byte(rec, 2) % 8) or string.sub(rec, 2, 2)
   local tk = token and struct.pack('>I8', token) or string.sub(rec, 3, 10)
   local rt = retried and struct.pack('>I2', math.min(retried, 65535)) or string.sub(rec, 11, 12)
   local du = due and struct.pack('>I6', due) or string.sub(rec, 15, 20)
@@ -85,6 +89,26 @@ end
 -- could not be parsed; the bytes themselves are kept as the task's result.
 local function rec_corrupt(now, err)
   return string.char(2, 5) .. struct.pack('>I8>I2>I2>I6>I3B', 0, 0, 0, now, 0, 0) .. struct.pack('>I6', now) .. err
+end
+
+-- uvarint is n (a whole number below 2^53) as a varint, as Go's
+-- binary.AppendUvarint writes it.
+local function uvarint(n)
+  local out = {}
+  while n >= 128 do
+    out[#out + 1] = string.char(n % 128 + 128)
+    n = math.floor(n / 128)
+  end
+  out[#out + 1] = string.char(n)
+  return table.concat(out)
+end
+
+-- rec_new returns the record of a new pending internal task of type typ
+-- with payload and max retry mr, due and enqueued at now (ms), as
+-- internal/codec encodes one (its tests compare the two).
+local function rec_new(typ, payload, mr, now)
+  local body = uvarint(#typ) .. typ .. uvarint(#payload) .. payload .. '\0' .. uvarint(2 * now)
+  return string.char(2, 1 + 16) .. struct.pack('>I8>I2>I2>I6>I3B', 0, 0, mr, now, #body, 0) .. body
 end
 
 -- redis_now is the Redis server's clock in ms: the one clock due times,
@@ -388,4 +412,81 @@ local function rec_type(rec)
     mul = mul * 128
   end
   return string.sub(rec, pos, pos + n - 1)
+end
+
+-- rec_flowfu: a workflow follow-up (an internal tide:flow task): tide's
+-- own bookkeeping, which operators cannot delete, cancel or archive.
+local function rec_flowfu(rec) return rec_ok(rec) and rec_internal(rec) and rec_type(rec) == 'tide:flow' end
+
+-- rec_follow reads, from the body of rec (internal/codec: type and payload
+-- length-prefixed, a flags byte, enqueued-at, then with flag 1 the headers,
+-- a count and length-prefixed names and values), the headers that name who
+-- follows the task: its flow, its step and its NotifyURL ('' each when
+-- absent, or when the body cannot be read).
+local function rec_follow(rec)
+  local pos, stop = 25, rec_end(rec)
+  local function uv()
+    local n, mul = 0, 1
+    while pos <= stop do
+      local c = string.byte(rec, pos)
+      pos = pos + 1
+      n = n + (c % 128) * mul
+      if c < 128 then return n end
+      mul = mul * 128
+    end
+    return nil
+  end
+  local out = {}
+  local l = uv()
+  if not l then return '', '', '' end
+  pos = pos + l
+  l = uv()
+  if not l then return '', '', '' end
+  pos = pos + l
+  local flags = string.byte(rec, pos)
+  pos = pos + 1
+  if not flags or flags % 2 == 0 or not uv() then return '', '', '' end
+  local n = uv() or 0
+  for _ = 1, n do
+    l = uv()
+    if not l then break end
+    local k = string.sub(rec, pos, pos + l - 1)
+    pos = pos + l
+    l = uv()
+    if not l then break end
+    out[k] = string.sub(rec, pos, pos + l - 1)
+    pos = pos + l
+  end
+  return out['tide-flow'] or '', out['tide-step'] or '', out['tide-notify-url'] or ''
+end
+
+-- fu_end records that task id, whose record is rec, ended (outcome 'c'
+-- completed or 'a' archived, at ms, with err) for whoever follows it
+-- (broker/followup.go): when rec_followed, it stores the follow-up, an
+-- internal pending task of type tide:flow (broker.FlowType, 50 retries)
+-- for a workflow step or batch task, else tide:notify (broker.NotifyType,
+-- 10 retries), whose payload is the broker.Ending. F names the keys: F.t
+-- the records hash, F.p the pending list, and F.tag a hash tag whose
+-- partition is this one: the follow-up's ID is "tide:f{<tag>}:<id>" (then
+-- "#2", "#3", ... while an earlier follow-up of the ID is still there).
+-- Only the step that ends the task calls it, so a task's end is recorded
+-- once (a NotifyURL task run again notifies again). It returns true when
+-- it stored a follow-up (the pending list grew).
+local function fu_end(F, E, id, rec, outcome, at, err, now)
+  if not rec_followed(rec) then return false end
+  local flow, step, url = rec_follow(rec)
+  if flow == '' and url == '' then return false end
+  local typ, mr = 'tide:notify', 10
+  if flow ~= '' then typ, mr = 'tide:flow', 50 end
+  local payload = 'f1\n' .. flow .. '\n' .. step .. '\n' .. url .. '\n' .. id .. '\n' .. rec_type(rec) .. '\n' ..
+    outcome .. '\n' .. string.format('%d', at) .. '\n' .. string.format('%d', rec_retried(rec)) .. '\n' .. (err or '')
+  local frec = rec_new(typ, payload, mr, now)
+  local fid, k = 'tide:f{' .. F.tag .. '}:' .. id, 1
+  while redis.call('HSETNX', F.t, fid, frec) == 0 do
+    k = k + 1
+    fid = 'tide:f{' .. F.tag .. '}:' .. id .. '#' .. k
+  end
+  redis.call('LPUSH', F.p, fid)
+  if E then ev_add(E, 'e', fid, typ) end
+  return true
 end

@@ -17,6 +17,7 @@
 -- ARGV[13] done channel (tasks someone waits for)
 -- ARGV[14] events stream MAXLEN ('' or '0': no events)
 -- ARGV[15] events kept at most this long, ms (0: no age bound)
+-- ARGV[16] a hash tag of this partition (for follow-up IDs, fu_end)
 -- Returns {owned, retry-in ms, pending, forwarded, recovered, trimmed, more,
 --          next due ms or -1, next lease expiry in ms or -1}.
 -- All times are the Redis clock's. When owned it forwards scheduled and
@@ -31,7 +32,8 @@
 -- another server claims the partition at once. A grouped task that becomes
 -- due joins its group's ready tasks; one whose lease expired gives its
 -- group's slot back (and its ordered place when it is archived); one that
--- is archived tells its waiters (w_ended). A recovered task is recorded in
+-- is archived tells its waiters (w_ended) and whoever follows it (fu_end: a
+-- workflow step's flow, a NotifyURL). A recovered task is recorded in
 -- the events stream as 'f' (lease expired) then 'r' or 'a'; events older
 -- than ARGV[15] are trimmed (ev_trim_age).
 local bad = layout_error(KEYS[12], ARGV[1])
@@ -57,6 +59,7 @@ if redis.call('EXISTS', G.id) == 0 then G = nil end
 local woke = false
 local W = w_keys(22)
 local E = ev_new(KEYS[26], ARGV[14])
+local F = {t = KEYS[2], p = KEYS[3], tag = ARGV[16]}
 
 local due = earliest(KEYS[5], KEYS[6])
 if due and due <= now then
@@ -101,19 +104,9 @@ if first[2] and tonumber(first[2]) <= now then
       local n = rec_retried(rec)
       local typ = E and rec_type(rec)
       if E then ev_add(E, 'f', id, typ, err) end
-      if rec_flow(rec) and (rec_canceled(rec) or n >= rec_maxretry(rec)) then
-        -- A flow's step is archived by a worker, whose settlement tells
-        -- the flow: pending once more, past its retries.
-        local why = rec_canceled(rec) and ('tide: task cancelled; ' .. err) or (err .. '; no retries left')
-        finished = false
-        redis.call('HSET', KEYS[2], id, rec_patch(rec, 1, nil, rec_maxretry(rec) + 1, now, now, why))
-        if g then
-          g_ready(G, g, seq, id)
-        else
-          redis.call('RPUSH', KEYS[3], id)
-          if was_empty == nil then was_empty = redis.call('LLEN', KEYS[3]) == 1 end
-        end
-      elseif rec_canceled(rec) then
+      if rec_canceled(rec) then
+        if was_empty == nil then was_empty = redis.call('LLEN', KEYS[3]) == 0 end
+        fu_end(F, E, id, rec, 'a', now, 'tide: task cancelled; ' .. err, now)
         release_uniq(rec, KEYS[10], id)
         redis.call('HSET', KEYS[2], id, rec_patch(rec, 5, nil, nil, nil, now, 'tide: task cancelled; ' .. err))
         redis.call('ZADD', KEYS[7], now, id)
@@ -141,6 +134,8 @@ if first[2] and tonumber(first[2]) <= now then
           redis.call('ZADD', KEYS[6], at, id)
         end
       else
+        if was_empty == nil then was_empty = redis.call('LLEN', KEYS[3]) == 0 end
+        fu_end(F, E, id, rec, 'a', now, err .. '; no retries left', now)
         release_uniq(rec, KEYS[10], id)
         redis.call('HSET', KEYS[2], id, rec_patch(rec, 5, nil, nil, nil, now, err .. '; no retries left'))
         redis.call('ZADD', KEYS[7], now, id)

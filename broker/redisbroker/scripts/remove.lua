@@ -9,6 +9,8 @@
 -- ARGV[1] layout  ARGV[2] request ID  ARGV[3] reply cache expiry (ms)
 -- ARGV[4] id  ARGV[5] op  ARGV[6] event channel  ARGV[7] done channel
 -- ARGV[8] events stream MAXLEN ('' or '0': no events)
+-- ARGV[9] a hash tag of this partition (for follow-up IDs, fu_end)
+-- ARGV[10] partition (for the 'p' event when a follow-up was stored)
 -- op 'delete': delete a task that is not active.
 -- op 'cancel': delete a task that is not active, or record the cancellation
 --   of an active one (flag in its record, read by Extend and Settle) and
@@ -17,9 +19,13 @@
 -- Returns '1' deleted, '0' not found, '2' active (delete refused),
 -- '3' cancellation recorded, '4<state>' not active (cancelactive refused),
 -- '5' the task was about to move in here from the old span of a repartition:
--- its placeholder is removed, the caller removes it there too.
--- A flow's step that has not finished is failed instead of deleted (see
--- below). A deleted task's waiters are told (w_ended). A request run again
+-- its placeholder is removed, the caller removes it there too; '6' a
+-- workflow follow-up (rec_flowfu), which is left alone.
+-- A flow's step that has not finished is archived instead of deleted
+-- ("deleted by an operator", "cancelled"), which is its end: its follow-up
+-- is stored (fu_end) so that its flow learns. A deleted task's waiters are
+-- told (w_ended); a deleted task that had not finished gets no follow-up (a
+-- NotifyURL reports completed and archived tasks only). A request run again
 -- answers from the reply cache. The events stream gets 'x' for a task
 -- deleted by 'delete', 'c' for one deleted by 'cancel' and for a
 -- cancellation recorded.
@@ -43,6 +49,7 @@ if rec_absent(rec) then
   redis.call('HDEL', KEYS[1], id)
   return answer('5')
 end
+if rec_flowfu(rec) then return answer('6') end -- tide's own bookkeeping
 local st = nil
 if rec_ok(rec) then st = rec_state(rec)
 elseif redis.call('ZSCORE', KEYS[8], id) then st = 2 end
@@ -59,17 +66,31 @@ if st == 2 then
   return answer('3')
 end
 if op == 'cancelactive' then return answer('4' .. (st or 0)) end
-if st and st ~= 5 and st ~= 6 and rec_flow(rec) and not rec_moving(rec) then
-  -- A flow's step that has not finished is not deleted: it is made pending
-  -- once more past its retries, for a worker to archive it and tell its
-  -- flow (broker.FlowHeader).
+if st and st ~= 5 and st ~= 6 and rec_flow(rec) then
+  -- A flow's step that has not finished is not deleted: it is archived,
+  -- and its end recorded for its flow. One a repartition is moving out
+  -- (its placeholder in the new partition is gone by now: see
+  -- Broker.remove) stays here, archived, and moves with the next round.
   local now = redis_now()
   local why = op == 'delete' and 'tide: deleted by an operator' or 'tide: task cancelled'
-  redis.call('HSET', KEYS[1], id, rec_patch(rec, 1, nil, rec_maxretry(rec) + 1, now, now, why))
-  if st ~= 1 then
-    redis.call('ZREM', zset_of(st, KEYS), id)
-    local g, seq = g_of(G, id)
-    if g then g_ready(G, g, seq, id) else redis.call('RPUSH', KEYS[2], id) end
+  local g, seq = g_of(G, id)
+  if rec_moving(rec) then redis.call('ZREM', KEYS[12], id)
+  elseif st == 1 then
+    if g then g_unready(G, g, seq, id) else redis.call('LREM', KEYS[2], 1, id) end
+  else redis.call('ZREM', zset_of(st, KEYS), id) end
+  local woke = g and g_release(G, g, id, false, true)
+  release_uniq(rec, KEYS[9], id)
+  local was_empty = redis.call('LLEN', KEYS[2]) == 0
+  local F = {t = KEYS[1], p = KEYS[2], tag = ARGV[9]}
+  if (fu_end(F, E, id, rec, 'a', now, why, now) and was_empty) or woke then
+    redis.call('PUBLISH', ARGV[6], 'p' .. ARGV[10])
+  end
+  redis.call('HSET', KEYS[1], id, rec_patch(rec, 5, nil, nil, nil, now, why))
+  redis.call('ZADD', KEYS[5], now, id)
+  w_ended(w_keys(21), id, 'a' .. string.format('%d', now), now, ARGV[7])
+  if E then
+    ev_add(E, 'a', id, rec_type(rec), why)
+    ev_flush(E)
   end
   return answer('1')
 end

@@ -13,14 +13,11 @@
 -- ARGV[7] max archived  ARGV[8] archive TTL ms  ARGV[9] this minute (Unix minutes)
 -- ARGV[10] done channel (tasks someone waits for)
 -- ARGV[11] events stream MAXLEN ('' or '0': no events)
--- then 11 per settlement: op, id, token, a, b, c, started ms, server, group
+-- ARGV[12] a hash tag of this partition (for follow-up IDs, fu_end)
+-- then 9 per settlement: op, id, token, a, b, c, started ms, server, group
 -- ('' for none, '?' when the caller does not know, else the task's group as
--- its record says), then the ID and record of a task to store with the
--- settlement when it applies ('' and '' for none: Settlement.Then, pending
--- at once, marked internal (rec_internal: the server runs such a task only
--- when the broker stored it); stored once however often the settlement
--- runs) where op is
---   'd' done:      a, b, c unused                      -> deleted
+-- its record says), where op is
+--   'd' done:      c = done-at ms; a, b unused            -> deleted
 --   'c' completed: a = new record, b = expire-at ms, c = completed-at ms -> kept until b
 --   'r' retry:     a = retry-at ms, b = failed-at ms, c = error
 --   'a' archive:   b = failed-at ms, c = error
@@ -46,7 +43,9 @@
 -- archive tell the task's waiters (w_ended). A request run again answers
 -- from the reply cache. Each settlement applied is recorded in the events
 -- stream: done and completed 'd'; retry 'f' then 'r'; archive 'f' then 'a';
--- defer and requeue 'r'; a follow-up task stored 'e'.
+-- defer and requeue 'r'; a follow-up task stored 'e'. Done, completed and
+-- archive are the task's end: a task someone follows (a workflow step, a
+-- NotifyURL) gets its follow-up in the same step (fu_end in lib.lua).
 local bad = layout_error(KEYS[11], ARGV[1])
 if bad then return bad end
 local cached = req_get(KEYS[12], ARGV[2], tonumber(ARGV[3]))
@@ -72,10 +71,11 @@ local now = nil
 if W then now = redis_now() end
 local followed = false
 local E = ev_new(KEYS[26], ARGV[11])
+local F = {t = KEYS[1], p = KEYS[3], tag = ARGV[12]}
 -- Tasks leaving active, and done tasks whose results and histories go, are
 -- removed with one command each after the loop (call_many).
 local left, gone = {}, {}
-for i = 12, #ARGV, 11 do
+for i = 13, #ARGV, 9 do
   local op, id, tok, a, b, c = ARGV[i], ARGV[i+1], tonumber(ARGV[i+2]), ARGV[i+3], ARGV[i+4], ARGV[i+5]
   local started, server = tonumber(ARGV[i+6]), ARGV[i+7]
   local rec = redis.call('HGET', KEYS[1], id)
@@ -89,6 +89,7 @@ for i = 12, #ARGV, 11 do
       c = 'tide: task cancelled' .. (c ~= '' and ('; last error: ' .. c) or '')
     end
     left[#left + 1] = id
+    if not now and rec_followed(rec) then now = redis_now() end
     if E then
       local typ = rec_type(rec)
       if op == 'd' or op == 'c' then ev_add(E, 'd', id, typ)
@@ -103,6 +104,7 @@ for i = 12, #ARGV, 11 do
     if op ~= 'q' and op ~= 'w' and op ~= 't' then processed = processed + 1 end
     if op == 'r' or op == 'a' then failed = failed + 1 end
     if op == 'd' then
+      if fu_end(F, E, id, rec, 'c', tonumber(c), nil, now) then followed = true end
       release_uniq(rec, KEYS[9], id)
       redis.call('HDEL', KEYS[1], id)
       gone[#gone + 1] = id -- its result, and history if retried or deferred
@@ -110,7 +112,9 @@ for i = 12, #ARGV, 11 do
       if g then redis.call('HDEL', G.id, id) end
       w_ended(W, id, 'd' .. string.format('%d', now or 0), now, ARGV[10])
     elseif op == 'c' then
+      if fu_end(F, E, id, rec, 'c', tonumber(c), nil, now) then followed = true end
       release_uniq(rec, KEYS[9], id)
+      if rec_internal(rec) then a = rec_mark_internal(a) end
       redis.call('HSET', KEYS[1], id, a)
       redis.call('ZADD', KEYS[6], tonumber(b), id)
       hist_add(KEYS[13], id, started, tonumber(c), 'd', server, '')
@@ -126,6 +130,7 @@ for i = 12, #ARGV, 11 do
       if g and op == 't' then g_throttle(G, g, at) end
       if not first_retry or at < first_retry then first_retry = at end
     elseif op == 'a' then
+      if fu_end(F, E, id, rec, 'a', tonumber(b), c, now) then followed = true end
       release_uniq(rec, KEYS[9], id)
       redis.call('HSET', KEYS[1], id, rec_patch(rec, 5, nil, nil, nil, tonumber(b), c))
       redis.call('ZADD', KEYS[5], tonumber(b), id)
@@ -143,11 +148,6 @@ for i = 12, #ARGV, 11 do
       end
     end
     if g and g_release(G, g, id, true, op == 'd' or op == 'c' or op == 'a', ordered) then woke = true end
-    if ARGV[i+9] ~= '' and redis.call('HSETNX', KEYS[1], ARGV[i+9], rec_mark_internal(ARGV[i+10])) == 1 then
-      redis.call('LPUSH', KEYS[3], ARGV[i+9])
-      followed = true
-      if E then ev_add(E, 'e', ARGV[i+9], rec_type(ARGV[i+10])) end
-    end
     out[#out + 1] = '0'
   end
 end

@@ -5,12 +5,13 @@
 //
 //	off len field
 //	0   1   version (2)
-//	1   1   state (tidetype.TaskState) in the low 4 bits; bit 7 is set when
+//	1   1   state (tidetype.TaskState) in the low 3 bits; bit 7 is set when
 //	        the task's cancellation was requested while it was active, bit 6
 //	        while a repartition moves it, bit 5 when it is a step of a flow
 //	        (broker.FlowHeader), bit 4 when the broker itself stored the task
-//	        with a settlement (broker.Settlement.Then, broker.Delivery.Internal):
-//	        only the settle script sets it, Encode never does
+//	        (a follow-up, broker.Delivery.Internal: only the scripts set it,
+//	        Encode never does), bit 3 when someone follows the task's end
+//	        (broker.Followed: its follow-up reference is kept beside it)
 //	2   8   token: the fencing token of the current (or last) lease, 0 before
 //	        the first delivery; drawn from a per-partition sequence that
 //	        never repeats, so a re-created task ID never reuses a token
@@ -64,7 +65,8 @@ const (
 	offBodyLen   = 20
 	offUniqLen   = 23
 
-	stateMask    = 0x0f
+	stateMask    = 0x07
+	flagFollowed = 0x08
 	flagInternal = 0x10
 	flagFlow     = 0x20
 	flagCancel   = 0x80
@@ -171,6 +173,9 @@ func Encode(m *tidetype.TaskInfo, token uint64) []byte {
 	out[offState] = byte(m.State)
 	if m.Headers[broker.FlowHeader] != "" {
 		out[offState] |= flagFlow
+	}
+	if broker.Followed(m.Headers) {
+		out[offState] |= flagFollowed
 	}
 	binary.BigEndian.PutUint64(out[offToken:], token)
 	binary.BigEndian.PutUint16(out[offRetried:], clampU16(m.Retried))
