@@ -234,6 +234,12 @@ func (r *evReader) start(ctx context.Context, after string, token []broker.Event
 			s.pos = last
 			continue
 		}
+		if info == nil && retired(ls[s.queue], s.epoch) && s.pos != (evPos{}) {
+			// A partition that a repartition retired since the token: its
+			// stream was kept for the events' age and is gone now, with
+			// whatever came after the token in it.
+			return fmt.Errorf("%w: queue %q partition %d of a layout replaced since (a repartition)", broker.ErrEventGap, s.queue, s.part)
+		}
 		if info == nil || last.cmp(s.pos.ms, s.pos.seq) < 0 {
 			// Deleted with its queue, or made anew since: all it holds
 			// comes after the token.
@@ -257,6 +263,18 @@ func (r *evReader) start(ctx context.Context, after string, token []broker.Event
 		}
 	}
 	return nil
+}
+
+// retired reports whether the partitions of span epoch were retired by a
+// repartition of a queue whose layout is now l: an earlier epoch than the
+// current span's that is not the old span of a running repartition. (A
+// queue deleted and used again starts anew at epoch 0, never below a
+// token's epoch.)
+func retired(l layout, epoch int) bool {
+	if l.old != nil && l.old.epoch == epoch {
+		return false
+	}
+	return epoch < l.cur.epoch
 }
 
 func toPos(id string) (evPos, error) {

@@ -102,3 +102,58 @@ func TestEventsSlowReaderEnds(t *testing.T) {
 		}
 	}
 }
+
+// TestEventsGapAfterRepartition: a token from before a repartition names
+// the old layout's streams. Once the retired partitions' streams are gone
+// (kept for the events' age, then expired), resuming from it reports the
+// gap instead of skipping what they held after the token; while they are
+// kept, it resumes with their events.
+func TestEventsGapAfterRepartition(t *testing.T) {
+	addr := redistest.Addr(t)
+	rdb := redistest.Client(t, addr)
+	prefix := redistest.Prefix(t)
+	b := redisbroker.New(rdb, redisbroker.WithPrefix(prefix), redisbroker.WithEvents(true))
+	t.Cleanup(func() { _ = b.Close() })
+	ctx := t.Context()
+	const q = "ev-repart"
+	enq := func(id string) {
+		t.Helper()
+		m := &tidetype.TaskInfo{ID: id, Queue: q, Type: "t", State: tidetype.StatePending, NextProcessAt: time.Now()}
+		if errs, err := b.Enqueue(ctx, []*tidetype.TaskInfo{m}, broker.EnqueueOptions{}); err != nil || errs[0] != nil {
+			t.Fatalf("Enqueue: %v %v", err, errs)
+		}
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	ch, err := b.ReadEvents(rctx, []string{q}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	enq("before")
+	first := <-ch
+	cancel()
+	for range ch {
+	}
+	enq("after") // in the old layout's stream, after the token
+	if err := b.Repartition(ctx, q, 2, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Kept: the token resumes with the event after it.
+	rctx, cancel = context.WithCancel(ctx)
+	ch, err = b.ReadEvents(rctx, []string{q}, first.ID)
+	if err != nil {
+		t.Fatalf("resume while the retired stream is kept: %v", err)
+	}
+	if ev := <-ch; ev.TaskID != "after" {
+		t.Fatalf("resumed with %+v, want after's enqueue", ev)
+	}
+	cancel()
+	for range ch {
+	}
+	// Expired: the gap is reported.
+	if err := rdb.Del(ctx, prefix+":{"+q+":0}:events").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.ReadEvents(ctx, []string{q}, first.ID); !errors.Is(err, broker.ErrEventGap) {
+		t.Fatalf("resume after the retired stream expired: %v, want ErrEventGap", err)
+	}
+}
