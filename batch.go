@@ -43,7 +43,12 @@ func OnBatchDone(t *Task) Option { return batchDone{t} }
 // once every task has ended: exactly once, a 10,000-task batch included.
 // A task that cannot be stored (its TaskID or uniqueness lock taken) counts
 // as failed. Invalid tasks (or more than broker.MaxFlowSteps) give an error
-// wrapping ErrInvalidTask and store nothing. It needs a broker.Flows (both
+// wrapping ErrInvalidTask and store nothing. A batch whose enqueue stops
+// halfway (the process dies, the store goes away) still finishes: its
+// tasks are kept with it until they are stored, and a server stores those
+// that are left after a while (Server's flow repair, which also cancels a
+// batch whose own bookkeeping was not all written); the error comes with
+// the BatchInfo when the batch exists. It needs a broker.Flows (both
 // shipped brokers are) and returns ErrNotSupported otherwise.
 func (c *Client) EnqueueBatch(ctx context.Context, tasks []*Task, opts ...Option) (*BatchInfo, error) {
 	if c.closed.Load() {
@@ -72,7 +77,6 @@ func (c *Client) EnqueueBatch(ctx context.Context, tasks []*Task, opts ...Option
 	now := c.now()
 	header := "b:" + id
 	f := &broker.Flow{ID: id, Kind: tidetype.KindBatch, Retention: WorkflowRetention, CreatedAt: now, Steps: make([]broker.FlowStep, 0, len(tasks)+1)}
-	held := make(map[string]*TaskInfo, len(tasks))
 	var members []string
 	cbID := ""
 	if cb != nil {
@@ -87,7 +91,6 @@ func (c *Client) EnqueueBatch(ctx context.Context, tasks []*Task, opts ...Option
 		if err := c.checkPlacement(ctx, info); err != nil {
 			return nil, fmt.Errorf("batch task %d: %w", i, err)
 		}
-		held[name] = info
 		s := broker.FlowStep{Name: name, Task: info}
 		if cb != nil {
 			s.Dependents = []string{callbackStep}
@@ -111,9 +114,10 @@ func (c *Client) EnqueueBatch(ctx context.Context, tasks []*Task, opts ...Option
 		return nil, fmt.Errorf("tide: enqueue batch: %w", err)
 	}
 	info := &BatchInfo{ID: id, State: FlowRunning, Total: len(tasks), CallbackID: cbID, CreatedAt: now}
-	if err := releaseReady(ctx, c.b, fl, id, ready, held, now, true); err != nil {
+	if err := releaseReady(ctx, c.b, fl, id, ready, now); err != nil {
 		return info, fmt.Errorf("tide: enqueue batch %s: %w", id, err)
 	}
+	_ = fl.ConfirmFlow(ctx, id) // as EnqueueWorkflow
 	return info, nil
 }
 

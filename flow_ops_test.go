@@ -11,6 +11,7 @@ import (
 
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/broker/redisbroker"
 )
 
 // ranLog records which tasks' handlers started, by task ID.
@@ -294,5 +295,55 @@ func TestStepOfCancelledWorkflowDoesNotRun(t *testing.T) {
 	}
 	if got := waitFlow(t, in, "late-1"); got.State != tide.FlowCanceled {
 		t.Fatalf("workflow %+v", got)
+	}
+}
+
+// failingEnqueue is a broker whose Enqueue fails while fail is set: the
+// store going away (or the process dying) right after a workflow's or
+// batch's bookkeeping was written.
+type failingEnqueue struct {
+	*redisbroker.Broker
+	fail atomic.Bool
+}
+
+func (f *failingEnqueue) Enqueue(ctx context.Context, ts []*tide.TaskInfo, o broker.EnqueueOptions) ([]error, error) {
+	if f.fail.Load() {
+		return nil, broker.ErrUnavailable
+	}
+	return f.Broker.Enqueue(ctx, ts, o)
+}
+
+// A batch or workflow whose enqueue stopped right after its bookkeeping was
+// written (nothing of its tasks stored) is finished by a server's repair:
+// the batch's tasks run and its callback runs once; the workflow runs.
+func TestFlowCreationStoppedHalfway(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	in := tide.NewInspector(e.b)
+	tide.SetFlowRepairForTest(50*time.Millisecond, 20*time.Millisecond)
+	t.Cleanup(func() { tide.SetFlowRepairForTest(30*time.Second, 0) })
+	fb := &failingEnqueue{Broker: e.broker()}
+	fb.fail.Store(true)
+	c := tide.NewClient(fb)
+	b, err := c.EnqueueBatch(ctx, []*tide.Task{tide.NewTask("row", nil), tide.NewTask("row", nil)},
+		tide.OnBatchDone(tide.NewTask("report", nil)))
+	if !errors.Is(err, broker.ErrUnavailable) || b == nil {
+		t.Fatalf("EnqueueBatch with the store gone: %+v, %v; want the batch and ErrUnavailable", b, err)
+	}
+	if _, err := c.EnqueueWorkflow(ctx, tide.NewWorkflow("half-1").Add("a", tide.NewTask("a", nil)).Add("b", tide.NewTask("b", nil), tide.After("a"))); !errors.Is(err, broker.ErrUnavailable) {
+		t.Fatalf("EnqueueWorkflow with the store gone: %v", err)
+	}
+	var ran ranLog
+	e.server(tide.Config{}, ran.handler(nil))
+	var got *tide.BatchInfo
+	eventually(t, 30*time.Second, "the batch to be repaired and end", func() bool {
+		got, err = in.GetBatch(ctx, b.ID)
+		return err == nil && got.State != tide.FlowRunning && ran.count(b.CallbackID) == 1
+	})
+	if got.State != tide.FlowSucceeded || got.Succeeded != 2 {
+		t.Fatalf("batch %+v", got)
+	}
+	if wf := waitFlow(t, in, "half-1"); wf.State != tide.FlowSucceeded || ran.count("half-1/b") != 1 {
+		t.Fatalf("workflow %+v", wf)
 	}
 }

@@ -115,15 +115,13 @@ func digest(f *broker.Flow) string {
 }
 
 // releaseReady enqueues the tasks of ready steps and confirms them
-// (broker.Flows protocol). held gives the tasks of steps without
-// dependencies, which the store does not keep. A step whose task ID is
-// taken by the step's own task (it carries this flow's and step's headers,
-// which no caller can set) is already released: its task stays kept
-// (WorkflowRetention), unless foreign says the IDs were never ours before.
-// A step whose task cannot be stored (uniqueness lock held, ID held by
+// (broker.Flows protocol). A step whose task ID is taken by the step's own
+// task (it carries this flow's and step's headers, which no caller can
+// set) is already released: its task stays kept (WorkflowRetention). A
+// step whose task cannot be stored (uniqueness lock held, ID held by
 // another task) fails, which may release or cancel others in turn. Steps
 // cancelled meanwhile have their tasks cancelled.
-func releaseReady(ctx context.Context, b broker.Broker, fl broker.Flows, flow string, ready []broker.ReadyStep, held map[string]*TaskInfo, now time.Time, foreign bool) error {
+func releaseReady(ctx context.Context, b broker.Broker, fl broker.Flows, flow string, ready []broker.ReadyStep, now time.Time) error {
 	now = now.Truncate(time.Millisecond)
 	for len(ready) > 0 {
 		chunk := ready[:min(len(ready), 1000)]
@@ -133,12 +131,14 @@ func releaseReady(ctx context.Context, b broker.Broker, fl broker.Flows, flow st
 		for _, r := range chunk {
 			t := r.Task
 			if t == nil {
-				t = held[r.Name]
+				return fmt.Errorf("tide: workflow %s: step %s is ready but its task is not stored", flow, r.Name)
+			}
+			// A step without dependencies may be due later (ProcessIn);
+			// any other starts now.
+			if t.NextProcessAt.After(now) {
+				t.State = StateScheduled
 			} else {
 				t.State, t.EnqueuedAt, t.NextProcessAt = StatePending, now, now
-			}
-			if t == nil {
-				return fmt.Errorf("tide: workflow %s: step %s is ready but its task is not known here; enqueue the workflow again with the same steps", flow, r.Name)
 			}
 			tasks = append(tasks, t)
 			names = append(names, r.Name)
@@ -149,7 +149,7 @@ func releaseReady(ctx context.Context, b broker.Broker, fl broker.Flows, flow st
 		}
 		released := names[:0:0]
 		for i, e := range errs {
-			if errors.Is(e, ErrTaskIDConflict) && !foreign {
+			if errors.Is(e, ErrTaskIDConflict) {
 				e = ownStep(ctx, b, tasks[i])
 			}
 			switch {
@@ -252,13 +252,54 @@ func (s *Server) advanceFlow(ctx context.Context, queue string, t *Task) error {
 		return err
 	}
 	hook("ended", e.Step)
-	if err := releaseReady(ctx, s.b, fl, id, ready, nil, s.now(), false); err != nil {
+	if err := releaseReady(ctx, s.b, fl, id, ready, s.now()); err != nil {
 		return err
 	}
 	if e.Notify != "" {
 		return s.post(ctx, e)
 	}
 	return nil
+}
+
+// Repairs of flows whose creator died (engine's repairer): how old an
+// unconfirmed creation must be, how often a server looks, and how many
+// flows one look takes. Variables for tests.
+var (
+	repairAge   = 30 * time.Second
+	repairEvery time.Duration // 0: engine.RepairEvery
+)
+
+const repairBatch = 100
+
+// repairFlows finishes the creation of flows whose creator stopped before
+// confirming it (broker.Flows.RepairFlows): it stores the tasks of their
+// ready steps that are not stored yet and confirms them (a flow whose
+// bookkeeping was not all written is cancelled by ReadySteps). It returns
+// how many flows it looked at.
+func (s *Server) repairFlows(ctx context.Context) (int, error) {
+	fl, ok := s.b.(broker.Flows)
+	if !ok {
+		return 0, nil
+	}
+	ids, err := fl.RepairFlows(ctx, repairAge, repairBatch)
+	if err != nil {
+		return 0, err
+	}
+	for i, id := range ids {
+		ready, err := fl.ReadySteps(ctx, id)
+		if err != nil && !errors.Is(err, ErrWorkflowNotFound) {
+			return i, err
+		}
+		if err == nil {
+			if err := releaseReady(ctx, s.b, fl, id, ready, s.now()); err != nil {
+				return i, fmt.Errorf("tide: repair of workflow %s: %w", id, err)
+			}
+		}
+		if err := fl.ConfirmFlow(ctx, id); err != nil {
+			return i, err
+		}
+	}
+	return len(ids), nil
 }
 
 // flowLive checks, before a workflow step's or batch task's handler runs,

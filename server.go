@@ -270,6 +270,8 @@ func (s *Server) Start(h Handler) error {
 		Logger:          s.log,
 		Run:             s.run,
 		Now:             s.now,
+		Repair:          s.repairFlows,
+		RepairEvery:     repairEvery,
 		Info: tidetype.ServerInfo{
 			Host: hostname(), PID: os.Getpid(), Concurrency: s.cfg.Concurrency,
 			Queues: s.cfg.Queues, StrictPriority: s.cfg.StrictPriority, StartedAt: time.Now(),

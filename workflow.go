@@ -174,7 +174,10 @@ func (w *Workflow) fail(err error) {
 // EnqueueWorkflow is idempotent by workflow ID: called again with the same
 // ID and steps (after an error, or from another process) it finishes what
 // the first call started and returns the workflow; with other steps it
-// returns ErrWorkflowExists. Invalid workflows (no steps, an unknown or
+// returns ErrWorkflowExists. A workflow whose enqueue stopped halfway and
+// is not enqueued again is finished by a server after a while: it stores
+// the steps that are ready (or cancels a workflow whose bookkeeping was
+// not all written). Invalid workflows (no steps, an unknown or
 // cyclic dependency, a bad name or task) give an error wrapping
 // ErrInvalidTask and store nothing. It needs a broker.Flows (both shipped
 // brokers are) and returns ErrNotSupported otherwise.
@@ -197,15 +200,12 @@ func (c *Client) EnqueueWorkflow(ctx context.Context, wf *Workflow, opts ...Opti
 	if err != nil {
 		return nil, fmt.Errorf("tide: enqueue workflow %s: %w", wf.id, err)
 	}
-	held := make(map[string]*TaskInfo)
-	for _, s := range f.Steps {
-		if len(s.After) == 0 {
-			held[s.Name] = s.Task
-		}
-	}
-	if err := releaseReady(ctx, c.b, fl, f.ID, ready, held, c.now(), false); err != nil {
+	if err := releaseReady(ctx, c.b, fl, f.ID, ready, c.now()); err != nil {
 		return nil, fmt.Errorf("tide: enqueue workflow %s: %w", wf.id, err)
 	}
+	// Unconfirmed, a server's repair would look at it in a while and
+	// find nothing to release: not worth an error.
+	_ = fl.ConfirmFlow(ctx, f.ID)
 	return infoOf(f), nil
 }
 

@@ -30,9 +30,9 @@ const (
 type FlowStep struct {
 	Name string
 	// Task is the step's task, ready to enqueue: Queue and ID set, and the
-	// flow's headers (the root package's). Brokers store it for steps that
-	// have dependencies and hand it back when they are ready; a step without
-	// dependencies is enqueued by the client itself, which keeps it.
+	// flow's headers (the root package's). Brokers store it until the
+	// step is released and hand it back when it is ready (ReadyStep), so
+	// that whoever releases a step, the creator or a repair, has it.
 	Task *tidetype.TaskInfo
 	// After names the steps it depends on; Dependents the steps that
 	// depend on it (the client computes both).
@@ -58,9 +58,8 @@ type Flow struct {
 	CreatedAt time.Time
 }
 
-// ReadyStep is a step whose dependencies have finished: its task is to be
-// enqueued, then confirmed with ReleaseSteps. Task is nil for a step without
-// dependencies (the client holds its task).
+// ReadyStep is a step whose dependencies have finished (or that has none):
+// its task is to be enqueued, then confirmed with ReleaseSteps.
 type ReadyStep struct {
 	Name string
 	Task *tidetype.TaskInfo
@@ -77,7 +76,11 @@ type ReadyStep struct {
 // ReleaseSteps. When a step's task finishes, EndStep records it and returns
 // the dependents now ready, which are enqueued and released the same way.
 // A caller that dies between EndStep and ReleaseSteps leaves the steps
-// ready: EndStep run again for the same step returns them again.
+// ready: EndStep run again for the same step returns them again (its
+// follow-up task is retried). A creator that dies before it confirmed the
+// creation (ConfirmFlow) leaves the flow on the list that RepairFlows
+// reads: whoever repairs it releases its ready steps (ReadySteps), or
+// cancels a flow whose steps were not all stored.
 type Flows interface {
 	// CreateFlow stores f and returns the steps without dependencies that
 	// are not released yet. A flow with f's ID and Digest is not stored
@@ -113,4 +116,20 @@ type Flows interface {
 	// ListFlows returns up to limit flows of kind, newest first, from
 	// offset, without their steps, and how many there are.
 	ListFlows(ctx context.Context, kind tidetype.FlowKind, offset, limit int) ([]*tidetype.WorkflowInfo, int, error)
+
+	// ConfirmFlow records that the creator of a flow released every step
+	// CreateFlow returned: the flow leaves the list of RepairFlows.
+	ConfirmFlow(ctx context.Context, flow string) error
+
+	// RepairFlows returns up to limit flows whose creation began more than
+	// olderThan ago and was never confirmed (ConfirmFlow): their creator
+	// may have died with steps ready and not released.
+	RepairFlows(ctx context.Context, olderThan time.Duration, limit int) ([]string, error)
+
+	// ReadySteps returns the ready steps of a flow that are not released,
+	// with their tasks, for a repair to release them. A flow whose steps
+	// were not all stored (its creation stopped halfway) is cancelled
+	// instead ("tide: the workflow's creation did not finish"), and none is
+	// returned. It returns ErrFlowNotFound for a flow that is not stored.
+	ReadySteps(ctx context.Context, flow string) ([]ReadyStep, error)
 }

@@ -7,20 +7,21 @@ import (
 	"encoding/base64"
 	"errors"
 	"maps"
+	"time"
 
 	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/tidetype"
 )
 
 // Every broker Wrap returns is a broker.Flows, which fails when the wrapped
-// broker is not. The tasks a flow keeps for its steps with dependencies are
-// sealed as Enqueue seals them (bound to their queue and task ID: a step's
+// broker is not. The tasks a flow keeps for its steps until they are
+// released are sealed as Enqueue seals them (bound to their queue and task ID: a step's
 // ID is fixed when the flow is created), and come back opened, ready for
 // the Enqueue that stores them. A kept task whose payload does not open
 // here (its key is not in this process) comes back sealed, marked with
 // broker.SealedHeader: Enqueue stores it as it is, so the step's task keeps
-// its payload (Dequeue archives it until the key is back, and it can be run
-// again then); it never runs with an empty payload. The digest a flow is
+// its payload (Dequeue archives it, its end; the payload stays readable
+// with the key); it never runs with an empty payload. The digest a flow is
 // kept with (broker.Flow.Digest, which the caller computes over the
 // plaintext to recognise the same workflow enqueued again) is stored keyed
 // with a key derived from the first key, so that the stored digest does
@@ -49,7 +50,7 @@ func (w *wrapper) CreateFlow(ctx context.Context, f *broker.Flow) ([]broker.Read
 	c.Steps = make([]broker.FlowStep, len(f.Steps))
 	for i, s := range f.Steps {
 		c.Steps[i] = s
-		if s.Task != nil && len(s.After) > 0 && (len(s.Task.Payload) > 0 || len(s.Task.Result) > 0) {
+		if s.Task != nil && (len(s.Task.Payload) > 0 || len(s.Task.Result) > 0) {
 			t := *s.Task
 			w.sealTask(&t, t.Queue, t.ID, bindID, s.Task)
 			c.Steps[i].Task = &t
@@ -147,4 +148,33 @@ func (w *wrapper) ListFlows(ctx context.Context, kind tidetype.FlowKind, offset,
 		return nil, 0, err
 	}
 	return fl.ListFlows(ctx, kind, offset, limit)
+}
+
+// ConfirmFlow implements broker.Flows.
+func (w *wrapper) ConfirmFlow(ctx context.Context, flow string) error {
+	fl, err := w.flows()
+	if err != nil {
+		return err
+	}
+	return fl.ConfirmFlow(ctx, flow)
+}
+
+// RepairFlows implements broker.Flows.
+func (w *wrapper) RepairFlows(ctx context.Context, olderThan time.Duration, limit int) ([]string, error) {
+	fl, err := w.flows()
+	if err != nil {
+		return nil, err
+	}
+	return fl.RepairFlows(ctx, olderThan, limit)
+}
+
+// ReadySteps implements broker.Flows.
+func (w *wrapper) ReadySteps(ctx context.Context, flow string) ([]broker.ReadyStep, error) {
+	fl, err := w.flows()
+	if err != nil {
+		return nil, err
+	}
+	ready, err := fl.ReadySteps(ctx, flow)
+	w.openReady(ready)
+	return ready, err
 }

@@ -25,6 +25,7 @@ var flowTests = []struct {
 	{"FlowCancel", testFlowCancel},
 	{"FlowBatch", testFlowBatch},
 	{"FlowRetention", testFlowRetention},
+	{"FlowRepair", testFlowRepair},
 }
 
 // flowOf builds a flow: steps "name" or "name<-dep,dep" ("name<~dep" runs
@@ -81,8 +82,8 @@ func flows(t *testing.T, b broker.Broker) broker.Flows {
 	return f
 }
 
-// names returns the names of ready steps, sorted, and checks that a step
-// with dependencies comes with its task.
+// names returns the names of ready steps, sorted, and checks that each
+// comes with its task.
 func names(t *testing.T, f *broker.Flow, ready []broker.ReadyStep) []string {
 	t.Helper()
 	var out []string
@@ -97,9 +98,7 @@ func names(t *testing.T, f *broker.Flow, ready []broker.ReadyStep) []string {
 		switch {
 		case spec == nil:
 			t.Fatalf("ready step %q is not a step", r.Name)
-		case len(spec.After) == 0 && r.Task != nil:
-			t.Fatalf("ready step %q has no dependencies but came with a task", r.Name)
-		case len(spec.After) > 0 && (r.Task == nil || r.Task.ID != spec.Task.ID || r.Task.Queue != "flows" || string(r.Task.Payload) != r.Name):
+		case r.Task == nil || r.Task.ID != spec.Task.ID || r.Task.Queue != "flows" || string(r.Task.Payload) != r.Name:
 			t.Fatalf("ready step %q came with task %+v", r.Name, r.Task)
 		}
 	}
@@ -384,5 +383,56 @@ func testFlowRetention(t *testing.T, b broker.Broker) {
 	})
 	if list, total, err := fl.ListFlows(t.Context(), tidetype.KindWorkflow, 0, 10); err != nil || len(list) != 0 || total != 0 {
 		t.Fatalf("ListFlows after the flow expired: %v, %d, %v", list, total, err)
+	}
+}
+
+// testFlowRepair: a created flow is on RepairFlows' list until ConfirmFlow;
+// ReadySteps gives its unreleased ready steps with their tasks, the same
+// that CreateFlow returned, for a repair to release them.
+func testFlowRepair(t *testing.T, b broker.Broker) {
+	fl := flows(t, b)
+	ctx := t.Context()
+	f := flowOf("rp", tidetype.KindWorkflow, "a", "b", "c<-a")
+	if _, err := fl.CreateFlow(ctx, f); err != nil {
+		t.Fatal(err)
+	}
+	listed := func() bool {
+		t.Helper()
+		ids, err := fl.RepairFlows(ctx, 0, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.Contains(ids, "rp")
+	}
+	if !listed() {
+		t.Fatal("a flow not confirmed is not on RepairFlows' list")
+	}
+	if ids, err := fl.RepairFlows(ctx, time.Hour, 100); err != nil || slices.Contains(ids, "rp") {
+		t.Fatalf("RepairFlows of flows begun an hour ago: %v, %v", ids, err)
+	}
+	ready, err := fl.ReadySteps(ctx, "rp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantNames(t, "ready", names(t, f, ready), "a", "b")
+	for _, r := range ready {
+		if r.Task == nil || r.Task.ID != "rp."+r.Name || string(r.Task.Payload) != r.Name {
+			t.Fatalf("ready step %s with task %+v", r.Name, r.Task)
+		}
+	}
+	release(t, fl, "rp", "a")
+	ready, err = fl.ReadySteps(ctx, "rp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantNames(t, "ready after a's release", names(t, f, ready), "b")
+	if err := fl.ConfirmFlow(ctx, "rp"); err != nil {
+		t.Fatal(err)
+	}
+	if listed() {
+		t.Fatal("a confirmed flow is still on RepairFlows' list")
+	}
+	if _, err := fl.ReadySteps(ctx, "none"); !errors.Is(err, broker.ErrFlowNotFound) {
+		t.Fatalf("ReadySteps of no flow: %v, want ErrFlowNotFound", err)
 	}
 }

@@ -29,6 +29,10 @@ type flow struct {
 	steps     map[string]*flowStep
 	names     []string
 	failed    []string
+	// begun is when its creation began; confirmed, that its creator
+	// released what CreateFlow returned (RepairFlows).
+	begun     time.Time
+	confirmed bool
 }
 
 type flowStep struct {
@@ -91,10 +95,9 @@ func (b *Broker) CreateFlow(ctx context.Context, f *broker.Flow) ([]broker.Ready
 		s := &f.Steps[i]
 		st := &flowStep{name: s.Name, queue: s.Task.Queue, id: s.Task.ID, after: slices.Clone(s.After), dependents: slices.Clone(s.Dependents),
 			runOnFailure: s.RunOnFailure, state: 'w', left: len(s.After)}
+		st.task = clone(s.Task)
 		if len(s.After) == 0 {
 			st.state = 'r'
-		} else {
-			st.task = clone(s.Task)
 		}
 		if s.Name == f.Callback {
 			nf.cbID = s.Task.ID
@@ -102,8 +105,51 @@ func (b *Broker) CreateFlow(ctx context.Context, f *broker.Flow) ([]broker.Ready
 		nf.steps[s.Name] = st
 		nf.names = append(nf.names, s.Name)
 	}
+	nf.begun = b.Now()
 	b.flows[f.ID] = nf
 	return nf.readyAll(), nil
+}
+
+// ConfirmFlow implements broker.Flows.
+func (b *Broker) ConfirmFlow(ctx context.Context, id string) error {
+	err := b.onFlow(ctx, id, func(f *flow) error {
+		f.confirmed = true
+		return nil
+	})
+	if errors.Is(err, broker.ErrFlowNotFound) {
+		err = nil
+	}
+	return err
+}
+
+// RepairFlows implements broker.Flows. A creation here is one step (it
+// cannot stop halfway), so a flow to repair has its steps, not all
+// released.
+func (b *Broker) RepairFlows(ctx context.Context, olderThan time.Duration, limit int) ([]string, error) {
+	if err := b.check(ctx); err != nil {
+		return nil, err
+	}
+	b.flowsMu.Lock()
+	defer b.flowsMu.Unlock()
+	cut := b.Now().Add(-olderThan)
+	var out []string
+	for id, f := range b.flows {
+		if len(out) < limit && !f.confirmed && !f.begun.After(cut) && b.flowLocked(id) != nil {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// ReadySteps implements broker.Flows.
+func (b *Broker) ReadySteps(ctx context.Context, id string) ([]broker.ReadyStep, error) {
+	var out []broker.ReadyStep
+	err := b.onFlow(ctx, id, func(f *flow) error {
+		out = f.readyAll()
+		return nil
+	})
+	return out, err
 }
 
 func (s *flowStep) ready() broker.ReadyStep {

@@ -31,6 +31,10 @@ func (b *Broker) flowKeys(id string) []string {
 
 func (b *Broker) flowIndex(k tidetype.FlowKind) string { return b.prefix + ":flows:" + kindChar(k) }
 
+// newFlows is the sorted set of flows whose creation began (score: when, ms)
+// and was not confirmed (ConfirmFlow): what RepairFlows reads.
+func (b *Broker) newFlows() string { return b.prefix + ":flows:new" }
+
 // flowChunk bounds the steps of one append call, so that no script runs long
 // enough to stall Redis for the others.
 const flowChunk = 500
@@ -70,6 +74,12 @@ func (b *Broker) CreateFlow(ctx context.Context, f *broker.Flow) ([]broker.Ready
 			cbID = f.Steps[i].Task.ID
 		}
 	}
+	// Listed before anything is stored, so that a creator that dies at any
+	// point leaves a flow that RepairFlows finds. ZADD NX keeps the first
+	// time.
+	if err := b.rdb.ZAddNX(ctx, b.newFlows(), redis.Z{Score: float64(b.Now().UnixMilli()), Member: f.ID}).Err(); err != nil {
+		return nil, callErr("list new flow "+f.ID, classify(err))
+	}
 	cmd, err := b.flowCall(ctx, f.ID, "create flow", "c", kindChar(f.Kind), f.Digest, f.CreatedAt.UnixMilli(),
 		max(f.Retention.Milliseconds(), 1), f.Callback, len(f.Steps), cbID)
 	if err != nil {
@@ -96,11 +106,7 @@ func (b *Broker) CreateFlow(ctx context.Context, f *broker.Flow) ([]broker.Ready
 			if s.RunOnFailure {
 				rof = "1"
 			}
-			var rec []byte
-			if len(s.After) > 0 {
-				rec = codec.Encode(s.Task, 0)
-			}
-			args = append(args, s.Name, rof, len(s.After), specOf(s), rec)
+			args = append(args, s.Name, rof, len(s.After), specOf(s), codec.Encode(s.Task, 0))
 		}
 		calls = append(calls, &call{script: b.s.flow, keys: b.flowKeys(f.ID), args: args})
 	}
@@ -232,6 +238,45 @@ func (b *Broker) ReleaseSteps(ctx context.Context, flow string, steps []string) 
 		canceled = append(canceled, c...)
 	}
 	return canceled, nil
+}
+
+// ConfirmFlow implements broker.Flows.
+func (b *Broker) ConfirmFlow(ctx context.Context, flow string) error {
+	if err := b.check(); err != nil {
+		return err
+	}
+	if err := b.rdb.ZRem(ctx, b.newFlows(), flow).Err(); err != nil {
+		return callErr("confirm flow "+flow, classify(err))
+	}
+	return nil
+}
+
+// RepairFlows implements broker.Flows.
+func (b *Broker) RepairFlows(ctx context.Context, olderThan time.Duration, limit int) ([]string, error) {
+	if err := b.check(); err != nil {
+		return nil, err
+	}
+	until := strconv.FormatInt(b.Now().Add(-olderThan).UnixMilli(), 10)
+	ids, err := b.rdb.ZRangeByScore(ctx, b.newFlows(), &redis.ZRangeBy{Min: "-inf", Max: until, Count: int64(limit)}).Result()
+	if err != nil {
+		return nil, callErr("list flows to repair", classify(err))
+	}
+	return ids, nil
+}
+
+// ReadySteps implements broker.Flows.
+func (b *Broker) ReadySteps(ctx context.Context, flow string) ([]broker.ReadyStep, error) {
+	if err := b.check(); err != nil {
+		return nil, err
+	}
+	cmd, err := b.flowCall(ctx, flow, "ready steps of", "r", b.Now().UnixMilli())
+	if err != nil {
+		return nil, err
+	}
+	if s, isStr := cmd.Val().(string); isStr && s == "x" {
+		return nil, fmt.Errorf("%w: %q", broker.ErrFlowNotFound, flow)
+	}
+	return readySteps(cmd)
 }
 
 // CancelFlow implements broker.Flows.

@@ -2,8 +2,9 @@
 // (fetch, workers, lease keeper, settlements), one maintainer per queue
 // partition (forwarding due tasks, recovering expired leases, trimming), the
 // layout watcher that starts and stops maintainers as partitions come and go,
-// the notifier that turns broker events into wake-ups, and the heartbeat that
-// keeps the server's record in the registry. Each service has the same
+// the notifier that turns broker events into wake-ups, the heartbeat that
+// keeps the server's record in the registry, and the repairer that finishes
+// the creation of workflows and batches whose creator died. Each service has the same
 // shape: start launches its goroutines, stop returns when they have all
 // exited.
 //
@@ -65,6 +66,11 @@ type Config struct {
 	// Now is the clock due times are compared with: the broker's when it is
 	// a broker.Clock. Default time.Now.
 	Now func() time.Time
+	// Repair, when not nil, is called every RepairEvery (jittered) to
+	// finish the creation of workflows and batches whose creator died; it
+	// returns how many it repaired. RepairEvery 0 means the default.
+	Repair      func(ctx context.Context) (int, error)
+	RepairEvery time.Duration
 
 	health *health // shared by the services; set by New
 }
@@ -80,6 +86,7 @@ type Engine struct {
 	notifier  *notifier
 	layouts   *layoutWatcher
 	heartbeat *heartbeat
+	repairer  *repairer
 }
 
 // New builds an engine; Start runs it.
@@ -97,6 +104,7 @@ func New(cfg Config) *Engine {
 	sort.Strings(names)
 	e.layouts = newLayoutWatcher(cfg, names, e.proc.wake)
 	e.heartbeat = newHeartbeat(cfg, e.proc.snapshot)
+	e.repairer = newRepairer(cfg)
 	e.notifier = newNotifier(cfg, names, e.proc.wake, e.proc.cancelTask, e.layouts.hint, e.layouts.recheck, e.layouts.pokeAll)
 	return e
 }
@@ -107,6 +115,7 @@ func (e *Engine) Start() {
 	e.notifier.start()
 	e.proc.start()
 	e.heartbeat.start()
+	e.repairer.start()
 }
 
 // Stop stops fetching, lets in-flight tasks finish within the shutdown grace
@@ -115,6 +124,7 @@ func (e *Engine) Start() {
 // server takes over at once. It returns when no goroutine of the engine is
 // left.
 func (e *Engine) Stop() {
+	e.repairer.stop()
 	e.proc.stop()
 	e.heartbeat.stop()
 	e.notifier.stop()

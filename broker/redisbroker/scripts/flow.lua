@@ -11,6 +11,10 @@
 --   'e' end:     step, task ID, '1' succeeded or '0' failed, reason, now ms
 --                -> the ready steps, or 'x' (no such step or task)
 --   'l' release: step names -> the names among them that were cancelled
+--   'r' ready:   now ms -> the ready steps (as 'g' returns them, for a
+--                repair: the creator died before confirming); a flow still
+--                preparing (its steps were not all stored) is cancelled
+--                and ended instead, -> none; 'x' when no flow
 --   'x' cancel:  now ms -> the steps whose tasks may live, each name and
 --                spec: enqueued ones, and ready ones whose release was not
 --                confirmed (cancelled, marked k:<n> until their task ends);
@@ -215,6 +219,30 @@ if op == 'x' then
     end
   end
   ended(ARGV[2])
+  return out
+end
+
+if op == 'r' then
+  local st = redis.call('HGET', H, '_s')
+  if not st then return 'x' end
+  local out = {}
+  if st == 'P' then
+    redis.call('HSET', H, '_s', 'X', '_n', redis.call('LLEN', KEYS[3]))
+    for _, n in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
+      local s = redis.call('HGET', H, 's:' .. n)
+      if s == 'w' or s == 'r' then tally(n, 'C', '_x', "tide: the workflow's creation did not finish") end
+    end
+    ended(ARGV[2])
+    return out
+  end
+  if st == 'X' then return out end
+  for _, n in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
+    if redis.call('HGET', H, 's:' .. n) == 'r' then
+      out[#out + 1] = n
+      out[#out + 1] = redis.call('HGET', H, 'd:' .. n) or ''
+      out[#out + 1] = redis.call('HGET', H, 't:' .. n) or ''
+    end
+  end
   return out
 end
 
