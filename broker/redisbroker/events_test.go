@@ -22,13 +22,7 @@ func TestEventsAgeTrim(t *testing.T) {
 	t.Cleanup(func() { _ = b.Close() })
 	ctx := t.Context()
 	const q = "ev-age"
-	enq := func(id string) {
-		t.Helper()
-		m := &tidetype.TaskInfo{ID: id, Queue: q, Type: "t", State: tidetype.StatePending, NextProcessAt: time.Now()}
-		if errs, err := b.Enqueue(ctx, []*tidetype.TaskInfo{m}, broker.EnqueueOptions{}); err != nil || errs[0] != nil {
-			t.Fatalf("Enqueue: %v %v", err, errs)
-		}
-	}
+	enq := func(id string) { enqueueNow(t, b, q, id) }
 	rctx, cancel := context.WithCancel(ctx)
 	ch, err := b.ReadEvents(rctx, []string{q}, "")
 	if err != nil {
@@ -116,13 +110,7 @@ func TestEventsGapAfterRepartition(t *testing.T) {
 	t.Cleanup(func() { _ = b.Close() })
 	ctx := t.Context()
 	const q = "ev-repart"
-	enq := func(id string) {
-		t.Helper()
-		m := &tidetype.TaskInfo{ID: id, Queue: q, Type: "t", State: tidetype.StatePending, NextProcessAt: time.Now()}
-		if errs, err := b.Enqueue(ctx, []*tidetype.TaskInfo{m}, broker.EnqueueOptions{}); err != nil || errs[0] != nil {
-			t.Fatalf("Enqueue: %v %v", err, errs)
-		}
-	}
+	enq := func(id string) { enqueueNow(t, b, q, id) }
 	rctx, cancel := context.WithCancel(ctx)
 	ch, err := b.ReadEvents(rctx, []string{q}, "")
 	if err != nil {
@@ -155,5 +143,14 @@ func TestEventsGapAfterRepartition(t *testing.T) {
 	}
 	if _, err := b.ReadEvents(ctx, []string{q}, first.ID); !errors.Is(err, broker.ErrEventGap) {
 		t.Fatalf("resume after the retired stream expired: %v, want ErrEventGap", err)
+	}
+}
+
+// enqueueNow stores a pending task id in queue q.
+func enqueueNow(t *testing.T, b *redisbroker.Broker, q, id string) {
+	t.Helper()
+	m := &tidetype.TaskInfo{ID: id, Queue: q, Type: "t", State: tidetype.StatePending, NextProcessAt: time.Now()}
+	if errs, err := b.Enqueue(t.Context(), []*tidetype.TaskInfo{m}, broker.EnqueueOptions{}); err != nil || errs[0] != nil {
+		t.Fatalf("Enqueue: %v %v", err, errs)
 	}
 }

@@ -78,6 +78,19 @@ local function collect(n)
   return out
 end
 
+-- ready_all lists every ready step that is not released, as collect does.
+local function ready_all()
+  local out = {}
+  for _, n in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
+    if redis.call('HGET', H, 's:' .. n) == 'r' then
+      out[#out + 1] = n
+      out[#out + 1] = redis.call('HGET', H, 'd:' .. n) or ''
+      out[#out + 1] = redis.call('HGET', H, 't:' .. n) or ''
+    end
+  end
+  return out
+end
+
 -- tally sets step n's final state and counts it: in _ok, _bad or _x, or
 -- for a batch's callback in _cbs (a batch's counts are of its tasks).
 local function tally(n, st, field, reason)
@@ -133,16 +146,8 @@ if op == 'a' or op == 'g' then
     return 'ok'
   end
   if st == 'P' then redis.call('HSET', H, '_s', 'R') end
-  local out = {}
-  if st == 'X' then return out end
-  for _, n in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
-    if redis.call('HGET', H, 's:' .. n) == 'r' then
-      out[#out + 1] = n
-      out[#out + 1] = redis.call('HGET', H, 'd:' .. n) or ''
-      out[#out + 1] = redis.call('HGET', H, 't:' .. n) or ''
-    end
-  end
-  return out
+  if st == 'X' then return {} end
+  return ready_all()
 end
 
 if op == 'e' then
@@ -236,14 +241,7 @@ if op == 'r' then
     return out
   end
   if st == 'X' then return out end
-  for _, n in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
-    if redis.call('HGET', H, 's:' .. n) == 'r' then
-      out[#out + 1] = n
-      out[#out + 1] = redis.call('HGET', H, 'd:' .. n) or ''
-      out[#out + 1] = redis.call('HGET', H, 't:' .. n) or ''
-    end
-  end
-  return out
+  return ready_all()
 end
 
 return redis.error_reply('ERR tide: flow.lua: unknown op ' .. tostring(op))
