@@ -282,7 +282,7 @@ func validateName(what, s string) error {
 // hold the task, for at most timeout, and fail with ErrNotReplicated
 // otherwise. Redis replicates asynchronously: without this option a task
 // acknowledged by Enqueue can be lost if the primary dies before replicating
-// it (see the README's reliability section). The task is stored either way;
+// it (see docs/design.md, Replication). The task is stored either way;
 // on ErrNotReplicated it is most likely safe, just not confirmed. n must be
 // 1 to 16 and timeout positive. Brokers without replicas (membroker) ignore it.
 func WaitForReplicas(n int, timeout time.Duration) Option {
