@@ -54,10 +54,7 @@ func (c *Client) EnqueueBatch(ctx context.Context, tasks []*Task, opts ...Option
 	if c.closed.Load() {
 		return nil, ErrClientClosed
 	}
-	fl, ok := c.b.(broker.Flows)
-	if !ok {
-		return nil, fmt.Errorf("%w: batches need a broker.Flows", ErrNotSupported)
-	}
+	fl := c.b
 	if len(tasks) == 0 || len(tasks) > broker.MaxFlowSteps {
 		return nil, fmt.Errorf("%w: a batch has 1 to %d tasks, not %d", ErrInvalidTask, broker.MaxFlowSteps, len(tasks))
 	}
@@ -155,8 +152,8 @@ func loadBatch(ctx context.Context) error {
 		return nil
 	}
 	kind, id, ok := flowRef(m.flow)
-	fl, isFlows := m.b.(broker.Flows)
-	if !ok || kind != tidetype.KindBatch || !isFlows {
+	fl := m.b
+	if !ok || kind != tidetype.KindBatch {
 		return nil
 	}
 	f, err := fl.GetFlow(ctx, id, false)
@@ -171,10 +168,7 @@ func loadBatch(ctx context.Context) error {
 // returns ErrWorkflowNotFound for an unknown ID (or one kept past
 // WorkflowRetention).
 func (in *Inspector) GetBatch(ctx context.Context, id string) (*BatchInfo, error) {
-	fl, ok := in.b.(broker.Flows)
-	if !ok {
-		return nil, fmt.Errorf("%w: batches need a broker.Flows", ErrNotSupported)
-	}
+	fl := in.b
 	if err := checkFlowName("batch ID", id); err != nil {
 		return nil, err
 	}

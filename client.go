@@ -34,10 +34,7 @@ func NewClient(b broker.Broker) *Client {
 // server's time for the Redis broker, the fake clock of a membroker in
 // tests), so that ProcessIn is measured on the clock the broker decides with.
 func clockOf(b broker.Broker) func() time.Time {
-	if c, ok := b.(broker.Clock); ok {
-		return c.Now
-	}
-	return time.Now
+	return b.Now
 }
 
 // Close marks the client closed; later calls return ErrClientClosed. It does

@@ -87,8 +87,7 @@ var ErrHandlerNotFound = errors.New("tide: no handler for task type")
 // for a Config with a bad value.
 var ErrInvalidConfig = errors.New("tide: invalid config")
 
-// ErrNotSupported is returned when the broker lacks the optional interface
-// a method needs: broker.Admin for the Inspector, broker.Waiter for
-// Client.Wait, broker.ProgressReporter for ReportProgress. The error names
-// the interface.
-var ErrNotSupported = errors.New("tide: not supported by the broker")
+// ErrNotSupported is wrapped by the error of a call that needs a part of
+// the broker it does not have (its Admin for the Inspector, Flows for
+// workflows, ...; see broker.Broker). The error names what is missing.
+var ErrNotSupported = broker.ErrNotSupported

@@ -93,10 +93,7 @@ type EventsFrom struct {
 // connection of its own, outside the client's pool, on a single node; one
 // per partition on a cluster).
 func (in *Inspector) Events(ctx context.Context, from EventsFrom) (<-chan TaskEvent, error) {
-	r, ok := in.b.(broker.EventReader)
-	if !ok {
-		return nil, fmt.Errorf("%w: task events need a broker.EventReader", ErrNotSupported)
-	}
+	r := in.b
 	for _, q := range from.Queues {
 		if err := ValidateQueueName(q); err != nil {
 			return nil, err
@@ -116,10 +113,7 @@ func (in *Inspector) Events(ctx context.Context, from EventsFrom) (<-chan TaskEv
 // setting is kept in the broker for every process; with the Redis broker,
 // servers see a change at once, other processes within half a minute.
 func (in *Inspector) SetQueueEvents(ctx context.Context, queue string, on bool) error {
-	r, ok := in.b.(broker.EventReader)
-	if !ok {
-		return fmt.Errorf("%w: task events need a broker.EventReader", ErrNotSupported)
-	}
+	r := in.b
 	if err := ValidateQueueName(queue); err != nil {
 		return err
 	}

@@ -239,8 +239,8 @@ func (s *Server) advanceFlow(ctx context.Context, queue string, t *Task) error {
 		return fmt.Errorf("tide: workflow follow-up payload is not one tide wrote (%v): %w", err, SkipRetry)
 	}
 	_, id, ok := flowRef(e.Flow)
-	fl, isFlows := s.b.(broker.Flows)
-	if !ok || !isFlows {
+	fl := s.b
+	if !ok {
 		return fmt.Errorf("tide: workflow follow-up for %q cannot be applied here: %w", e.Flow, SkipRetry)
 	}
 	hook("advance", e.Step)
@@ -277,10 +277,7 @@ const repairBatch = 100
 // bookkeeping was not all written is cancelled by ReadySteps). It returns
 // how many flows it looked at.
 func (s *Server) repairFlows(ctx context.Context) (int, error) {
-	fl, ok := s.b.(broker.Flows)
-	if !ok {
-		return 0, nil
-	}
+	fl := s.b
 	ids, err := fl.RepairFlows(ctx, repairAge, repairBatch)
 	if err != nil {
 		return 0, err
@@ -309,8 +306,8 @@ func (s *Server) repairFlows(ctx context.Context) (int, error) {
 // gone (kept past WorkflowRetention) does not stop it.
 func (s *Server) flowLive(ctx context.Context, m *TaskInfo) error {
 	_, id, ok := flowRef(m.Headers[flowHeader])
-	fl, isFlows := s.b.(broker.Flows)
-	if !ok || !isFlows {
+	fl := s.b
+	if !ok {
 		return nil
 	}
 	f, err := fl.GetFlow(ctx, id, false)
@@ -338,8 +335,8 @@ func StepResult(ctx context.Context, step string) ([]byte, error) {
 		return nil, ErrNotInWorkflow
 	}
 	kind, id, _ := flowRef(m.flow)
-	fl, isFlows := m.b.(broker.Flows)
-	if kind != tidetype.KindWorkflow || !isFlows {
+	fl := m.b
+	if kind != tidetype.KindWorkflow {
 		return nil, ErrNotInWorkflow
 	}
 	si, err := fl.GetStep(ctx, id, step)

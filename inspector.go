@@ -13,11 +13,10 @@ import (
 // behind the CLI and the dashboard. Every call is bounded in cost: listings
 // page, and the bulk operations work through a state in chunks. It is safe
 // for concurrent use. Methods other than GetTaskInfo, DeleteTask, PauseQueue
-// and UnpauseQueue need a broker that implements broker.Admin (both shipped
-// brokers do) and return ErrNotSupported otherwise.
+// and UnpauseQueue need the broker's Admin part (both shipped brokers have
+// it); a broker without it answers ErrNotSupported.
 type Inspector struct {
-	b     broker.Broker
-	admin broker.Admin
+	b broker.Broker
 }
 
 // NewInspector returns an Inspector of b. It panics if b is nil.
@@ -25,8 +24,7 @@ func NewInspector(b broker.Broker) *Inspector {
 	if b == nil {
 		panic("tide: NewInspector: nil broker")
 	}
-	a, _ := b.(broker.Admin)
-	return &Inspector{b: b, admin: a}
+	return &Inspector{b: b}
 }
 
 // QueueInfo describes a queue: sizes by state, today's counters, pause state
@@ -69,13 +67,6 @@ type Rate = tidetype.Rate
 // tidetype.GroupInfo.
 type GroupInfo = tidetype.GroupInfo
 
-func (in *Inspector) needAdmin() error {
-	if in.admin == nil {
-		return fmt.Errorf("%w: inspection needs a broker.Admin", ErrNotSupported)
-	}
-	return nil
-}
-
 func checkQueueAndID(queue, id string) error {
 	if err := ValidateQueueName(queue); err != nil {
 		return err
@@ -85,33 +76,24 @@ func checkQueueAndID(queue, id string) error {
 
 // Queues returns the names of all queues, sorted.
 func (in *Inspector) Queues(ctx context.Context) ([]string, error) {
-	if err := in.needAdmin(); err != nil {
-		return nil, err
-	}
-	return in.admin.Queues(ctx)
+	return in.b.Queues(ctx)
 }
 
 // QueueInfo returns sizes by state, today's counters, pause state and
 // latency of queue.
 func (in *Inspector) QueueInfo(ctx context.Context, queue string) (*QueueInfo, error) {
-	if err := in.needAdmin(); err != nil {
-		return nil, err
-	}
 	if err := ValidateQueueName(queue); err != nil {
 		return nil, err
 	}
-	return in.admin.QueueInfo(ctx, queue)
+	return in.b.QueueInfo(ctx, queue)
 }
 
 // History returns the counters of the last n days (1 to 90), newest first.
 func (in *Inspector) History(ctx context.Context, queue string, n int) ([]DailyStats, error) {
-	if err := in.needAdmin(); err != nil {
-		return nil, err
-	}
 	if err := ValidateQueueName(queue); err != nil {
 		return nil, err
 	}
-	return in.admin.History(ctx, queue, n)
+	return in.b.History(ctx, queue, n)
 }
 
 // GetTaskInfo returns the task with the given queue and ID, or
@@ -130,9 +112,6 @@ const MaxPageSize = 1000
 // state: pending oldest first, scheduled and retry by due time, archived and
 // completed by time, active by lease expiry. size must be 1 to MaxPageSize.
 func (in *Inspector) ListTasks(ctx context.Context, queue string, state TaskState, page, size int) ([]*TaskInfo, error) {
-	if err := in.needAdmin(); err != nil {
-		return nil, err
-	}
 	if err := ValidateQueueName(queue); err != nil {
 		return nil, err
 	}
@@ -142,7 +121,7 @@ func (in *Inspector) ListTasks(ctx context.Context, queue string, state TaskStat
 	if state < StatePending || state > StateCompleted {
 		return nil, fmt.Errorf("%w: unknown state %d", ErrInvalidTask, state)
 	}
-	ts, err := in.admin.ListTasks(ctx, queue, state, (page-1)*size, size)
+	ts, err := in.b.ListTasks(ctx, queue, state, (page-1)*size, size)
 	if err == nil && state == StateActive {
 		in.joinRunning(ctx, ts)
 	}
@@ -155,7 +134,7 @@ func (in *Inspector) joinRunning(ctx context.Context, ts []*TaskInfo) {
 	if len(ts) == 0 {
 		return
 	}
-	ss, err := in.admin.Servers(ctx)
+	ss, err := in.b.Servers(ctx)
 	if err != nil {
 		return // the tasks are shown without it
 	}
@@ -181,9 +160,6 @@ func (in *Inspector) joinRunning(ctx context.Context, ts []*TaskInfo) {
 // continue from (-1 when nothing is left). One call reads a bounded number
 // of tasks, so it may return fewer than limit with a next offset.
 func (in *Inspector) SearchTasks(ctx context.Context, queue string, state TaskState, f TaskFilter, offset, limit int) ([]*TaskInfo, int, error) {
-	if err := in.needAdmin(); err != nil {
-		return nil, -1, err
-	}
 	if err := ValidateQueueName(queue); err != nil {
 		return nil, -1, err
 	}
@@ -193,7 +169,7 @@ func (in *Inspector) SearchTasks(ctx context.Context, queue string, state TaskSt
 	if !state.Valid() {
 		return nil, -1, fmt.Errorf("%w: unknown state %d", ErrInvalidTask, state)
 	}
-	ts, next, err := in.admin.SearchTasks(ctx, queue, state, f, offset, limit)
+	ts, next, err := in.b.SearchTasks(ctx, queue, state, f, offset, limit)
 	if err == nil && state == StateActive {
 		in.joinRunning(ctx, ts)
 	}
@@ -204,22 +180,16 @@ func (in *Inspector) SearchTasks(ctx context.Context, queue string, state TaskSt
 // three hours back; the broker keeps two) to now: attempts processed and
 // failed, and the pending count. It feeds the dashboard's live view.
 func (in *Inspector) Series(ctx context.Context, queue string, since time.Time) ([]Point, error) {
-	if err := in.needAdmin(); err != nil {
-		return nil, err
-	}
 	if err := ValidateQueueName(queue); err != nil {
 		return nil, err
 	}
-	return in.admin.Series(ctx, queue, since)
+	return in.b.Series(ctx, queue, since)
 }
 
 // StoreInfo describes the store behind the broker: for Redis its version,
 // memory used and limit, eviction policy and connected clients.
 func (in *Inspector) StoreInfo(ctx context.Context) (*StoreInfo, error) {
-	if err := in.needAdmin(); err != nil {
-		return nil, err
-	}
-	return in.admin.StoreInfo(ctx)
+	return in.b.StoreInfo(ctx)
 }
 
 // DeleteTask deletes a task that is not active; see Client.Delete.
@@ -234,13 +204,10 @@ func (in *Inspector) DeleteTask(ctx context.Context, queue, id string) error {
 // archived workflow step or batch task is refused with ErrFlowStep: its
 // end (failed) is recorded with its workflow, which has moved on.
 func (in *Inspector) RunTask(ctx context.Context, queue, id string) error {
-	if err := in.needAdmin(); err != nil {
-		return err
-	}
 	if err := checkQueueAndID(queue, id); err != nil {
 		return err
 	}
-	return in.admin.RunTask(ctx, queue, id)
+	return in.b.RunTask(ctx, queue, id)
 }
 
 // ArchiveTask archives a pending, scheduled or retry task. Archiving is the
@@ -249,13 +216,10 @@ func (in *Inspector) RunTask(ctx context.Context, queue, id string) error {
 // the same atomic step. A workflow follow-up (FlowType) is refused with
 // ErrInternalTask.
 func (in *Inspector) ArchiveTask(ctx context.Context, queue, id string) error {
-	if err := in.needAdmin(); err != nil {
-		return err
-	}
 	if err := checkQueueAndID(queue, id); err != nil {
 		return err
 	}
-	return in.admin.ArchiveTask(ctx, queue, id)
+	return in.b.ArchiveTask(ctx, queue, id)
 }
 
 // bulkChunk is how many tasks one step of a bulk operation handles.
@@ -263,9 +227,6 @@ const bulkChunk = 500
 
 func (in *Inspector) bulk(ctx context.Context, queue string, state TaskState,
 	step func(context.Context, string, TaskState, int) (int, error)) (int, error) {
-	if err := in.needAdmin(); err != nil {
-		return 0, err
-	}
 	if err := ValidateQueueName(queue); err != nil {
 		return 0, err
 	}
@@ -288,7 +249,7 @@ func (in *Inspector) bulk(ctx context.Context, queue string, state TaskState,
 // it passes over workflow follow-ups.
 func (in *Inspector) DeleteAllTasks(ctx context.Context, queue string, state TaskState) (int, error) {
 	return in.bulk(ctx, queue, state, func(ctx context.Context, q string, s TaskState, n int) (int, error) {
-		return in.admin.DeleteTasks(ctx, q, s, n)
+		return in.b.DeleteTasks(ctx, q, s, n)
 	})
 }
 
@@ -297,7 +258,7 @@ func (in *Inspector) DeleteAllTasks(ctx context.Context, queue string, state Tas
 // workflow steps and batch tasks are passed over (see RunTask).
 func (in *Inspector) RunAllTasks(ctx context.Context, queue string, state TaskState) (int, error) {
 	return in.bulk(ctx, queue, state, func(ctx context.Context, q string, s TaskState, n int) (int, error) {
-		return in.admin.RunTasks(ctx, q, s, n)
+		return in.b.RunTasks(ctx, q, s, n)
 	})
 }
 
@@ -306,7 +267,7 @@ func (in *Inspector) RunAllTasks(ctx context.Context, queue string, state TaskSt
 // as ArchiveTask. Workflow follow-ups are passed over.
 func (in *Inspector) ArchiveAllTasks(ctx context.Context, queue string, state TaskState) (int, error) {
 	return in.bulk(ctx, queue, state, func(ctx context.Context, q string, s TaskState, n int) (int, error) {
-		return in.admin.ArchiveTasks(ctx, q, s, n)
+		return in.b.ArchiveTasks(ctx, q, s, n)
 	})
 }
 
@@ -317,13 +278,10 @@ func (in *Inspector) ArchiveAllTasks(ctx context.Context, queue string, state Ta
 // lease renewal. It returns ErrTaskNotFound, or an error when the task is
 // not active (Client.Cancel stops a task in any state).
 func (in *Inspector) CancelProcessing(ctx context.Context, queue, id string) error {
-	if err := in.needAdmin(); err != nil {
-		return err
-	}
 	if err := checkQueueAndID(queue, id); err != nil {
 		return err
 	}
-	return in.admin.CancelProcessing(ctx, queue, id)
+	return in.b.CancelProcessing(ctx, queue, id)
 }
 
 // DeleteQueue forgets an empty queue: it disappears from Queues and its
@@ -331,13 +289,10 @@ func (in *Inspector) CancelProcessing(ctx context.Context, queue, id string) err
 // wrapping ErrQueueNotEmpty while the queue holds a task in any state (delete
 // them first with DeleteAllTasks); a later Enqueue creates the queue again.
 func (in *Inspector) DeleteQueue(ctx context.Context, queue string) error {
-	if err := in.needAdmin(); err != nil {
-		return err
-	}
 	if err := ValidateQueueName(queue); err != nil {
 		return err
 	}
-	return in.admin.DeleteQueue(ctx, queue)
+	return in.b.DeleteQueue(ctx, queue)
 }
 
 // PauseQueue stops servers from taking tasks of queue until UnpauseQueue.
@@ -359,16 +314,13 @@ const MaxPauseFor = 365 * 24 * time.Hour
 // PauseQueue makes the pause indefinite; QueueInfo.PausedUntil tells when
 // it ends. It needs a broker that implements broker.Admin.
 func (in *Inspector) PauseQueueFor(ctx context.Context, queue string, d time.Duration) error {
-	if err := in.needAdmin(); err != nil {
-		return err
-	}
 	if err := ValidateQueueName(queue); err != nil {
 		return err
 	}
 	if d < time.Millisecond || d > MaxPauseFor {
 		return fmt.Errorf("%w: PauseQueueFor(%q, %v): the pause must be 1ms to %v", ErrInvalidTask, queue, d, MaxPauseFor)
 	}
-	return in.admin.PauseFor(ctx, queue, d)
+	return in.b.PauseFor(ctx, queue, d)
 }
 
 // SetQueueLimits records queue's limits in the broker, replacing the ones it
@@ -386,28 +338,22 @@ func (in *Inspector) PauseQueueFor(ctx context.Context, queue string, d time.Dur
 // Config.QueueLimits for the queue writes its own limits again at Start.
 // It needs a broker that implements broker.Admin.
 func (in *Inspector) SetQueueLimits(ctx context.Context, queue string, l QueueLimits) error {
-	if err := in.needAdmin(); err != nil {
-		return err
-	}
 	if err := ValidateQueueName(queue); err != nil {
 		return err
 	}
 	if err := broker.CheckQueueLimits(l); err != nil {
 		return err
 	}
-	return in.admin.SetQueueLimits(ctx, queue, l)
+	return in.b.SetQueueLimits(ctx, queue, l)
 }
 
 // QueueLimits returns the limits recorded for queue: the zero QueueLimits
 // when it has none. It needs a broker that implements broker.Admin.
 func (in *Inspector) QueueLimits(ctx context.Context, queue string) (QueueLimits, error) {
-	if err := in.needAdmin(); err != nil {
-		return QueueLimits{}, err
-	}
 	if err := ValidateQueueName(queue); err != nil {
 		return QueueLimits{}, err
 	}
-	return in.admin.QueueLimits(ctx, queue)
+	return in.b.QueueLimits(ctx, queue)
 }
 
 // Groups returns up to n groups (Group) of queue that have tasks waiting or
@@ -415,16 +361,13 @@ func (in *Inspector) QueueLimits(ctx context.Context, queue string) (QueueLimits
 // that fill the queue. n is 1 to broker.MaxGroupsListed (1000). It needs a
 // broker that implements broker.Admin.
 func (in *Inspector) Groups(ctx context.Context, queue string, n int) ([]GroupInfo, error) {
-	if err := in.needAdmin(); err != nil {
-		return nil, err
-	}
 	if err := ValidateQueueName(queue); err != nil {
 		return nil, err
 	}
 	if n < 1 || n > broker.MaxGroupsListed {
 		return nil, fmt.Errorf("%w: Groups(%q, %d): n must be 1 to %d", ErrInvalidTask, queue, n, broker.MaxGroupsListed)
 	}
-	return in.admin.Groups(ctx, queue, n)
+	return in.b.Groups(ctx, queue, n)
 }
 
 // UnpauseQueue resumes a paused queue.
@@ -438,18 +381,12 @@ func (in *Inspector) UnpauseQueue(ctx context.Context, queue string) error {
 // Servers returns the live servers and the tasks they are running (as of
 // their last heartbeat, at most 5 s old).
 func (in *Inspector) Servers(ctx context.Context) ([]ServerInfo, error) {
-	if err := in.needAdmin(); err != nil {
-		return nil, err
-	}
-	return in.admin.Servers(ctx)
+	return in.b.Servers(ctx)
 }
 
 // SchedulerEntries returns the periodic tasks of the live schedulers.
 func (in *Inspector) SchedulerEntries(ctx context.Context) ([]SchedulerEntry, error) {
-	if err := in.needAdmin(); err != nil {
-		return nil, err
-	}
-	return in.admin.SchedulerEntries(ctx)
+	return in.b.SchedulerEntries(ctx)
 }
 
 // Repartition changes queue to n partitions (1 to 1024) while servers and
@@ -464,9 +401,6 @@ func (in *Inspector) Repartition(ctx context.Context, queue string, n int, progr
 	if err := ValidateQueueName(queue); err != nil {
 		return err
 	}
-	r, ok := in.b.(broker.Repartitioner)
-	if !ok {
-		return ErrNotSupported
-	}
+	r := in.b
 	return r.Repartition(ctx, queue, n, progress)
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/tidetype"
 )
 
@@ -32,9 +31,6 @@ func ReportProgress(ctx context.Context, percent int, note string) error {
 	if len(note) > tidetype.MaxProgressNote {
 		return fmt.Errorf("%w: ReportProgress: note is %d bytes, over the %d limit", ErrInvalidTask, len(note), tidetype.MaxProgressNote)
 	}
-	pr, ok := m.b.(broker.ProgressReporter)
-	if !ok {
-		return fmt.Errorf("%w: progress needs a broker.ProgressReporter", ErrNotSupported)
-	}
+	pr := m.b
 	return pr.SetProgress(ctx, m.lease, Progress{Percent: percent, Note: note, At: time.Now()})
 }

@@ -339,10 +339,7 @@ func (s *Server) writeLimits() error {
 	if len(s.cfg.QueueLimits) == 0 {
 		return nil
 	}
-	a, ok := s.b.(broker.Admin)
-	if !ok {
-		return fmt.Errorf("%w: Config.QueueLimits needs a broker that implements broker.Admin", ErrNotSupported)
-	}
+	a := s.b
 	ctx, cancel := context.WithTimeout(context.Background(), layoutCheckTimeout)
 	defer cancel()
 	for q, l := range s.cfg.QueueLimits {

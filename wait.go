@@ -2,9 +2,6 @@ package tide
 
 import (
 	"context"
-	"fmt"
-
-	"github.com/tidequeue/tide/broker"
 )
 
 // Wait blocks until the task is completed or archived and returns it, or
@@ -26,10 +23,7 @@ func (c *Client) Wait(ctx context.Context, queue, id string) (*TaskInfo, error) 
 	if err := checkQueueAndID(queue, id); err != nil {
 		return nil, err
 	}
-	w, ok := c.b.(broker.Waiter)
-	if !ok {
-		return nil, fmt.Errorf("%w: waiting for a task needs a broker.Waiter", ErrNotSupported)
-	}
+	w := c.b
 	return w.Wait(ctx, queue, id)
 }
 
@@ -38,9 +32,6 @@ func (c *Client) Wait(ctx context.Context, queue, id string) (*TaskInfo, error) 
 // the task a Retention to read its result (TaskInfo.Result). When ctx ends
 // first, the task is not cancelled: it still runs, and the error is ctx's.
 func (c *Client) EnqueueAndWait(ctx context.Context, t *Task, opts ...Option) (*TaskInfo, error) {
-	if _, ok := c.b.(broker.Waiter); !ok {
-		return nil, fmt.Errorf("%w: waiting for a task needs a broker.Waiter", ErrNotSupported)
-	}
 	// The waiter is registered with the task, so a task that ends before
 	// Wait looks is still reported.
 	info, err := c.enqueue(ctx, t, opts, true)

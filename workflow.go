@@ -185,10 +185,7 @@ func (c *Client) EnqueueWorkflow(ctx context.Context, wf *Workflow, opts ...Opti
 	if c.closed.Load() {
 		return nil, ErrClientClosed
 	}
-	fl, ok := c.b.(broker.Flows)
-	if !ok {
-		return nil, fmt.Errorf("%w: workflows need a broker.Flows", ErrNotSupported)
-	}
+	fl := c.b
 	if wf == nil {
 		return nil, fmt.Errorf("%w: nil workflow", ErrInvalidTask)
 	}
@@ -325,10 +322,7 @@ func (c *Client) CancelWorkflow(ctx context.Context, id string) error {
 	if c.closed.Load() {
 		return ErrClientClosed
 	}
-	fl, ok := c.b.(broker.Flows)
-	if !ok {
-		return fmt.Errorf("%w: workflows need a broker.Flows", ErrNotSupported)
-	}
+	fl := c.b
 	if err := checkFlowName("workflow ID", id); err != nil {
 		return err
 	}
@@ -359,10 +353,7 @@ func (c *Client) CancelWorkflow(ctx context.Context, id string) error {
 // or retries (looked up for the first 500 such steps). It returns
 // ErrWorkflowNotFound for an unknown ID.
 func (in *Inspector) GetWorkflow(ctx context.Context, id string) (*WorkflowInfo, error) {
-	fl, ok := in.b.(broker.Flows)
-	if !ok {
-		return nil, fmt.Errorf("%w: workflows need a broker.Flows", ErrNotSupported)
-	}
+	fl := in.b
 	if err := checkFlowName("workflow ID", id); err != nil {
 		return nil, err
 	}
@@ -393,10 +384,7 @@ func (in *Inspector) Workflows(ctx context.Context, offset, limit int) ([]*Workf
 }
 
 func (in *Inspector) listFlows(ctx context.Context, kind tidetype.FlowKind, offset, limit int) ([]*WorkflowInfo, int, error) {
-	fl, ok := in.b.(broker.Flows)
-	if !ok {
-		return nil, 0, fmt.Errorf("%w: workflows need a broker.Flows", ErrNotSupported)
-	}
+	fl := in.b
 	if offset < 0 || limit < 1 || limit > 1000 {
 		return nil, 0, fmt.Errorf("%w: offset %d and limit %d (offset ≥ 0, limit 1 to 1000)", ErrInvalidTask, offset, limit)
 	}

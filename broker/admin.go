@@ -21,9 +21,8 @@ var ErrInvalidTask = errors.New("tide: invalid task")
 // that still holds tasks.
 var ErrQueueNotEmpty = errors.New("tide: queue is not empty")
 
-// Admin is the operator side of a broker: what the Inspector, the CLI and the
-// dashboard use. It is separate from Broker so that the hot path stays
-// small; both shipped brokers implement it.
+// Admin is the operator side of a broker (a part of Broker): what the
+// Inspector, the CLI and the dashboard use; both shipped brokers have it.
 //
 // Every method is bounded in cost: listings page, bulk operations handle at
 // most limit tasks per call (callers loop), and nothing scans all tasks of a
@@ -229,8 +228,9 @@ func Share(limit, n, p int) int {
 	return s
 }
 
-// Repartitioner is implemented by brokers whose queues have partitions that
-// an operator can change while the queue is in use (the Redis broker).
+// Repartitioner is the part of Broker that changes a queue's partitions
+// while it is in use (the Redis broker; the in-memory broker has no
+// partitions and answers ErrNotSupported).
 type Repartitioner interface {
 	// Repartition changes queue to n partitions without losing or doubling
 	// a task while servers and clients keep working, and returns when it is
@@ -241,9 +241,9 @@ type Repartitioner interface {
 	Repartition(ctx context.Context, queue string, n int, progress func(moved, left int)) error
 }
 
-// Registry is where servers and schedulers announce themselves: what
-// Admin.Servers and Admin.SchedulerEntries read. Both shipped brokers
-// implement it; a broker without it simply lists no servers.
+// Registry is where servers and schedulers announce themselves (a part of
+// Broker): what Admin.Servers and Admin.SchedulerEntries read. Both shipped
+// brokers have it; a server on a broker without it runs unlisted.
 type Registry interface {
 	// RegisterServer records (or refreshes) a live server for ttl.
 	RegisterServer(ctx context.Context, s tidetype.ServerInfo, ttl time.Duration) error

@@ -1,11 +1,15 @@
 // Package broker defines the storage contract of tide.
 //
-// The root tide package knows storage only through the Broker interface. A
-// Broker keeps tasks in queues, hands them out under leases and applies the
-// settlement a worker reports. Two implementations ship with tide:
-// broker/redisbroker (production) and broker/membroker (in-process, for demos
-// and tests). broker/brokertest is the behavioural suite both pass; a new
-// implementation must pass it too.
+// The root tide package knows storage only through the Broker interface, one
+// contract made of parts: Core keeps tasks in queues, hands them out under
+// leases and applies the settlement a worker reports; Admin, Flows, Waiter,
+// ProgressReporter, EventReader, Registry, Repartitioner and Clock do the
+// rest. A broker without a part answers its methods with ErrNotSupported
+// (embed Unsupported), so wrappers such as package encrypt are one type. Two
+// implementations ship with tide: broker/redisbroker (production) and
+// broker/membroker (in-process, for demos and tests). broker/brokertest is
+// the behavioural suite both pass, the one definition of behaviour; a new
+// implementation must pass it too (it skips the parts a broker lacks).
 //
 // Every method is safe for concurrent use. Methods that take a slice return one
 // error per element (nil when that element succeeded) plus an error for the call
@@ -304,9 +308,32 @@ type Event struct {
 	ID        string // EventCancel only
 }
 
-// Broker stores tasks. See the package documentation for the conventions on
-// per-element errors and faults.
+// Broker is the whole storage contract: the task life every broker
+// carries (Core) and the parts around it. A broker that lacks a part
+// answers its methods with an error wrapping ErrNotSupported (embed
+// Unsupported to get those answers), so that wrappers and callers deal
+// with one type; brokertest checks each part where the broker has it. Both
+// shipped brokers have every part but the in-memory broker's
+// Repartitioner.
 type Broker interface {
+	Core
+	Clock
+	Admin
+	Registry
+	Flows
+	Waiter
+	ProgressReporter
+	EventReader
+	Repartitioner
+}
+
+// ErrNotSupported is wrapped by the error of a method of a part of Broker
+// that the broker does not have (see Unsupported).
+var ErrNotSupported = errors.New("tide: not supported by the broker")
+
+// Core stores tasks: what every broker does. See the package documentation
+// for the conventions on per-element errors and faults.
+type Core interface {
 	// Enqueue stores new tasks. Each has Queue, Type, State (StatePending
 	// or StateScheduled) and NextProcessAt set. A task with an empty ID gets
 	// one from the broker (written to its ID field), chosen so that it does
@@ -375,12 +402,12 @@ type Broker interface {
 	Close() error
 }
 
-// Clock is implemented by brokers that keep their own time. Due times,
-// leases and retention are decided on the broker's clock; a client or server
-// on a broker that is a Clock computes due times with it, so that a process
-// whose own clock is off neither starts tasks early nor schedules them late.
-// The Redis broker's clock is the Redis server's; membroker's is the clock
-// it was given (WithClock).
+// Clock is the broker's time. Due times, leases and retention are decided
+// on the broker's clock; a client or server computes due times with it, so
+// that a process whose own clock is off neither starts tasks early nor
+// schedules them late. The Redis broker's clock is the Redis server's;
+// membroker's is the clock it was given (WithClock); a broker without a
+// clock of its own answers time.Now (Unsupported).
 type Clock interface {
 	Now() time.Time
 }

@@ -13,9 +13,9 @@ import (
 	"github.com/tidequeue/tide/tidetype"
 )
 
-// EventReader is implemented by brokers that keep a durable record of task
-// lifecycle events (both shipped brokers do): what tide.Inspector.Events
-// reads. The events are written in the same atomic step as the state change
+// EventReader is the part of Broker that keeps a durable record of task
+// lifecycle events (both shipped brokers have it): what
+// tide.Inspector.Events reads. The events are written in the same atomic step as the state change
 // they report, so none is lost between the two.
 type EventReader interface {
 	// ReadEvents delivers the events of the queues, at least once and in

@@ -65,8 +65,8 @@ type ReadyStep struct {
 	Task *tidetype.TaskInfo
 }
 
-// Flows is implemented by brokers that keep workflows and batches; both
-// shipped brokers do. A flow's bookkeeping lives in one place (one hash slot
+// Flows is the part of Broker that keeps workflows and batches; both
+// shipped brokers have it. A flow's bookkeeping lives in one place (one hash slot
 // of Redis Cluster) apart from its tasks; every method is safe to run twice:
 // a second run changes nothing and answers like the first, so a caller that
 // lost an answer calls again.

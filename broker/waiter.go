@@ -6,8 +6,8 @@ import (
 	"github.com/tidequeue/tide/tidetype"
 )
 
-// Waiter is implemented by brokers that tell when a task ends (both shipped
-// brokers do): what tide.Client.Wait uses.
+// Waiter is the part of Broker that tells when a task ends (both shipped
+// brokers have it): what tide.Client.Wait uses.
 type Waiter interface {
 	// Wait blocks until the task is completed or archived and returns it,
 	// or until ctx ends. A task deleted when it succeeded (no Retention) is
@@ -18,8 +18,8 @@ type Waiter interface {
 	Wait(ctx context.Context, queue, id string) (*tidetype.TaskInfo, error)
 }
 
-// ProgressReporter is implemented by brokers that keep a running task's
-// progress (tide.ReportProgress); both shipped brokers do.
+// ProgressReporter is the part of Broker that keeps a running task's
+// progress (tide.ReportProgress); both shipped brokers have it.
 type ProgressReporter interface {
 	// SetProgress records p for the task of lease; a lease that is no
 	// longer current gets ErrLeaseLost. The progress is kept with the

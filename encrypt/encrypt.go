@@ -37,18 +37,20 @@ func Wrap(b broker.Broker, keys ...Key) (broker.Broker, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &wrapper{b: b, kr: kr, now: time.Now}
-	if c, ok := b.(broker.Clock); ok {
-		w.now = c.Now
-	}
-	return compose(w), nil
+	return &wrapper{Broker: b, b: b, kr: kr, now: b.Now}, nil
 }
 
-// wrapper is the broker.Broker part of every broker Wrap returns.
+// wrapper is the broker Wrap returns. It embeds the wrapped broker, so that
+// every method passes through, and overrides those that carry payloads or
+// results: Enqueue, Settle and SetResult seal them; Dequeue, GetTask, Wait,
+// ListTasks, SearchTasks and the flows' CreateFlow, EndStep and ReadySteps
+// open them (TestEveryTaskMethodWrapped checks that no method carrying a
+// task is left to pass through).
 type wrapper struct {
-	b   broker.Broker
+	broker.Broker
+	b   broker.Broker // the same, named for the overrides
 	kr  *keyring
-	now func() time.Time // the broker's clock when it has one
+	now func() time.Time // the broker's clock
 }
 
 // maxRedraws bounds how often a task ID the wrapper drew, which met another
@@ -293,11 +295,6 @@ func (w *wrapper) openDelivery(t *tidetype.TaskInfo) error {
 	return nil
 }
 
-// Extend implements broker.Broker.
-func (w *wrapper) Extend(ctx context.Context, leases []broker.LeaseRef, d time.Duration) ([]error, error) {
-	return w.b.Extend(ctx, leases, d)
-}
-
 // Settle implements broker.Broker. The task a settlement carries (which a
 // broker may write back, as the Redis broker does for a completed task kept
 // with Retention) is sealed again, bound to its lease's queue and ID; the
@@ -327,21 +324,6 @@ func (w *wrapper) SetResult(ctx context.Context, lease broker.LeaseRef, data []b
 	return w.b.SetResult(ctx, lease, data)
 }
 
-// Partitions implements broker.Broker.
-func (w *wrapper) Partitions(ctx context.Context, queue string) (int, error) {
-	return w.b.Partitions(ctx, queue)
-}
-
-// Maintain implements broker.Broker.
-func (w *wrapper) Maintain(ctx context.Context, req broker.MaintainRequest) (broker.MaintainResult, error) {
-	return w.b.Maintain(ctx, req)
-}
-
-// Subscribe implements broker.Broker.
-func (w *wrapper) Subscribe(ctx context.Context, queues []string) (<-chan broker.Event, error) {
-	return w.b.Subscribe(ctx, queues)
-}
-
 // GetTask implements broker.Broker. The task comes back decrypted; a payload
 // or result that does not decrypt is returned as nil and the reason is put
 // in front of LastErr (see openTask).
@@ -355,71 +337,15 @@ func (w *wrapper) GetTask(ctx context.Context, queue, id string) (*tidetype.Task
 }
 
 // Wait implements broker.Waiter: the task comes back decrypted, as GetTask
-// returns it. A wrapped broker that cannot wait gives an error.
+// returns it.
 func (w *wrapper) Wait(ctx context.Context, queue, id string) (*tidetype.TaskInfo, error) {
-	wt, ok := w.b.(broker.Waiter)
-	if !ok {
-		return nil, errors.New("encrypt: the wrapped broker does not implement broker.Waiter")
-	}
-	t, err := wt.Wait(ctx, queue, id)
+	t, err := w.b.Wait(ctx, queue, id)
 	if err != nil || t == nil {
 		return t, err
 	}
 	w.kr.openTask(t)
 	return t, nil
 }
-
-// SetProgress implements broker.ProgressReporter. The progress note is
-// stored as it is, not encrypted: keep secrets out of it. A wrapped broker
-// that keeps no progress gives an error.
-func (w *wrapper) SetProgress(ctx context.Context, lease broker.LeaseRef, p tidetype.Progress) error {
-	pr, ok := w.b.(broker.ProgressReporter)
-	if !ok {
-		return errors.New("encrypt: the wrapped broker does not implement broker.ProgressReporter")
-	}
-	return pr.SetProgress(ctx, lease, p)
-}
-
-// ReadEvents implements broker.EventReader: events carry no payload or
-// result, so they pass through as the wrapped broker reads them (an event's
-// Err is the task's error, which is not encrypted). A wrapped broker that
-// records no events gives an error.
-func (w *wrapper) ReadEvents(ctx context.Context, queues []string, after string) (<-chan tidetype.TaskEvent, error) {
-	r, ok := w.b.(broker.EventReader)
-	if !ok {
-		return nil, errors.New("encrypt: the wrapped broker does not implement broker.EventReader")
-	}
-	return r.ReadEvents(ctx, queues, after)
-}
-
-// SetEvents implements broker.EventReader: it passes through. A wrapped
-// broker that records no events gives an error.
-func (w *wrapper) SetEvents(ctx context.Context, queue string, on bool) error {
-	r, ok := w.b.(broker.EventReader)
-	if !ok {
-		return errors.New("encrypt: the wrapped broker does not implement broker.EventReader")
-	}
-	return r.SetEvents(ctx, queue, on)
-}
-
-// Delete implements broker.Broker.
-func (w *wrapper) Delete(ctx context.Context, queue, id string) error {
-	return w.b.Delete(ctx, queue, id)
-}
-
-// Cancel implements broker.Broker.
-func (w *wrapper) Cancel(ctx context.Context, queue, id string) error {
-	return w.b.Cancel(ctx, queue, id)
-}
-
-// Pause implements broker.Broker.
-func (w *wrapper) Pause(ctx context.Context, queue string) error { return w.b.Pause(ctx, queue) }
-
-// Unpause implements broker.Broker.
-func (w *wrapper) Unpause(ctx context.Context, queue string) error { return w.b.Unpause(ctx, queue) }
-
-// Close implements broker.Broker: it closes the wrapped broker.
-func (w *wrapper) Close() error { return w.b.Close() }
 
 // openTask decrypts a task read for inspection in place. A payload or result
 // that does not decrypt becomes nil, and LastErr starts with why ("encrypt:

@@ -62,7 +62,7 @@ func TestStoredSealed(t *testing.T) {
 		t.Fatalf("plain ListTasks: %v, %v", all, err)
 	}
 	checkSealed(t, "plain ListTasks payload", all[0].Payload, []byte(secret), 7)
-	list, err := b.(broker.Admin).ListTasks(ctx, "q", tidetype.StatePending, 0, 10)
+	list, err := b.ListTasks(ctx, "q", tidetype.StatePending, 0, 10)
 	if err != nil || len(list) != 1 || string(list[0].Payload) != secret {
 		t.Fatalf("ListTasks through the wrapper: %v, %v", list, err)
 	}
@@ -213,7 +213,7 @@ func TestKeyRotation(t *testing.T) {
 	if got := get(t, rotated, "q", "old"); string(got.Payload) != "sealed with key 1" {
 		t.Errorf("archived task with key 1 back: payload %q", got.Payload)
 	}
-	if err := rotated.(broker.Admin).RunTask(ctx, "q", "old"); err != nil {
+	if err := rotated.RunTask(ctx, "q", "old"); err != nil {
 		t.Fatal(err)
 	}
 	ds = dequeue(t, rotated, "q", 1)

@@ -5,16 +5,12 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
-	"errors"
 	"maps"
-	"time"
 
 	"github.com/tidequeue/tide/broker"
-	"github.com/tidequeue/tide/tidetype"
 )
 
-// Every broker Wrap returns is a broker.Flows, which fails when the wrapped
-// broker is not. The tasks a flow keeps for its steps until they are
+// The tasks a flow keeps for its steps until they are
 // released are sealed as Enqueue seals them (bound to their queue and task ID: a step's
 // ID is fixed when the flow is created), and come back opened, ready for
 // the Enqueue that stores them. A kept task whose payload does not open
@@ -29,22 +25,8 @@ import (
 // key, enqueuing again a workflow created before it reports
 // broker.ErrFlowExists.
 
-var errNoFlows = errors.New("encrypt: the wrapped broker does not implement broker.Flows")
-
-func (w *wrapper) flows() (broker.Flows, error) {
-	f, ok := w.b.(broker.Flows)
-	if !ok {
-		return nil, errNoFlows
-	}
-	return f, nil
-}
-
 // CreateFlow implements broker.Flows.
 func (w *wrapper) CreateFlow(ctx context.Context, f *broker.Flow) ([]broker.ReadyStep, error) {
-	fl, err := w.flows()
-	if err != nil {
-		return nil, err
-	}
 	c := *f
 	c.Digest = w.kr.flowDigest(f.Digest)
 	c.Steps = make([]broker.FlowStep, len(f.Steps))
@@ -56,7 +38,7 @@ func (w *wrapper) CreateFlow(ctx context.Context, f *broker.Flow) ([]broker.Read
 			c.Steps[i].Task = &t
 		}
 	}
-	ready, err := fl.CreateFlow(ctx, &c)
+	ready, err := w.b.CreateFlow(ctx, &c)
 	w.openReady(ready)
 	return ready, err
 }
@@ -96,85 +78,14 @@ func (kr *keyring) flowDigest(d string) string {
 
 // EndStep implements broker.Flows.
 func (w *wrapper) EndStep(ctx context.Context, flow, step, taskID string, succeeded bool, reason string) ([]broker.ReadyStep, error) {
-	fl, err := w.flows()
-	if err != nil {
-		return nil, err
-	}
-	ready, err := fl.EndStep(ctx, flow, step, taskID, succeeded, reason)
+	ready, err := w.b.EndStep(ctx, flow, step, taskID, succeeded, reason)
 	w.openReady(ready)
 	return ready, err
 }
 
-// ReleaseSteps implements broker.Flows.
-func (w *wrapper) ReleaseSteps(ctx context.Context, flow string, steps []string) ([]string, error) {
-	fl, err := w.flows()
-	if err != nil {
-		return nil, err
-	}
-	return fl.ReleaseSteps(ctx, flow, steps)
-}
-
-// CancelFlow implements broker.Flows.
-func (w *wrapper) CancelFlow(ctx context.Context, flow string) ([]tidetype.StepInfo, error) {
-	fl, err := w.flows()
-	if err != nil {
-		return nil, err
-	}
-	return fl.CancelFlow(ctx, flow)
-}
-
-// GetFlow implements broker.Flows.
-func (w *wrapper) GetFlow(ctx context.Context, flow string, steps bool) (*tidetype.WorkflowInfo, error) {
-	fl, err := w.flows()
-	if err != nil {
-		return nil, err
-	}
-	return fl.GetFlow(ctx, flow, steps)
-}
-
-// GetStep implements broker.Flows.
-func (w *wrapper) GetStep(ctx context.Context, flow, step string) (*tidetype.StepInfo, error) {
-	fl, err := w.flows()
-	if err != nil {
-		return nil, err
-	}
-	return fl.GetStep(ctx, flow, step)
-}
-
-// ListFlows implements broker.Flows.
-func (w *wrapper) ListFlows(ctx context.Context, kind tidetype.FlowKind, offset, limit int) ([]*tidetype.WorkflowInfo, int, error) {
-	fl, err := w.flows()
-	if err != nil {
-		return nil, 0, err
-	}
-	return fl.ListFlows(ctx, kind, offset, limit)
-}
-
-// ConfirmFlow implements broker.Flows.
-func (w *wrapper) ConfirmFlow(ctx context.Context, flow string) error {
-	fl, err := w.flows()
-	if err != nil {
-		return err
-	}
-	return fl.ConfirmFlow(ctx, flow)
-}
-
-// RepairFlows implements broker.Flows.
-func (w *wrapper) RepairFlows(ctx context.Context, olderThan time.Duration, limit int) ([]string, error) {
-	fl, err := w.flows()
-	if err != nil {
-		return nil, err
-	}
-	return fl.RepairFlows(ctx, olderThan, limit)
-}
-
 // ReadySteps implements broker.Flows.
 func (w *wrapper) ReadySteps(ctx context.Context, flow string) ([]broker.ReadyStep, error) {
-	fl, err := w.flows()
-	if err != nil {
-		return nil, err
-	}
-	ready, err := fl.ReadySteps(ctx, flow)
+	ready, err := w.b.ReadySteps(ctx, flow)
 	w.openReady(ready)
 	return ready, err
 }

@@ -30,12 +30,11 @@ var eventTests = []struct {
 // eventReader returns b's EventReader with events turned on for queues.
 func eventReader(t *testing.T, b broker.Broker, queues ...string) broker.EventReader {
 	t.Helper()
-	r, ok := b.(broker.EventReader)
-	if !ok {
-		t.Skip("the broker does not implement broker.EventReader")
-	}
+	r := b
 	for _, q := range queues {
-		if err := r.SetEvents(t.Context(), q, true); err != nil {
+		err := r.SetEvents(t.Context(), q, true)
+		needs(t, "EventReader", err)
+		if err != nil {
 			t.Fatalf("SetEvents(%s, true): %v", q, err)
 		}
 	}

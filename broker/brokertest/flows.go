@@ -75,11 +75,9 @@ func splitComma(s string) []string {
 
 func flows(t *testing.T, b broker.Broker) broker.Flows {
 	t.Helper()
-	f, ok := b.(broker.Flows)
-	if !ok {
-		t.Skip("the broker does not implement broker.Flows")
-	}
-	return f
+	_, err := b.GetFlow(t.Context(), "probe", false)
+	needs(t, "Flows", err)
+	return b
 }
 
 // names returns the names of ready steps, sorted, and checks that each

@@ -2,6 +2,7 @@ package brokertest
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -83,6 +84,15 @@ func putInState(t *testing.T, b broker.Broker, queue, id string, st tidetype.Tas
 	}
 	if got := get(t, b, queue, id).State; got != st {
 		t.Fatalf("putInState: task is %v, want %v", got, st)
+	}
+}
+
+// needs skips the test when err, the answer of a probe of one part of the
+// broker, says that the broker does not have the part.
+func needs(t *testing.T, part string, err error) {
+	t.Helper()
+	if errors.Is(err, broker.ErrNotSupported) {
+		t.Skipf("the broker has no %s (%v)", part, err)
 	}
 }
 

@@ -54,10 +54,11 @@ func awaitWait(t *testing.T, ch <-chan waitResult) waitResult {
 // was archived, or was deleted; an unknown task and an ended context are
 // reported at once.
 func testWaitOutcomes(t *testing.T, b broker.Broker) {
-	w, ok := b.(broker.Waiter)
-	if !ok {
-		t.Skip("the broker does not implement broker.Waiter")
-	}
+	w := b
+	probe, cancel := context.WithCancel(t.Context())
+	cancel()
+	_, err := w.Wait(probe, "probe", "probe")
+	needs(t, "Waiter", err)
 	settleWith := func(t *testing.T, q string, m *tidetype.TaskInfo, kind broker.SettleKind) waitResult {
 		t.Helper()
 		enqueue(t, b, m)
@@ -120,10 +121,11 @@ func testWaitOutcomes(t *testing.T, b broker.Broker) {
 // testWaitWatched: a task enqueued with Watch that ends (and is deleted)
 // before anyone waits is still reported to a later Wait.
 func testWaitWatched(t *testing.T, b broker.Broker) {
-	w, ok := b.(broker.Waiter)
-	if !ok {
-		t.Skip("the broker does not implement broker.Waiter")
-	}
+	w := b
+	probe, cancel := context.WithCancel(t.Context())
+	cancel()
+	_, err := w.Wait(probe, "probe", "probe")
+	needs(t, "Waiter", err)
 	if _, err := b.Enqueue(t.Context(), []*tidetype.TaskInfo{newMsg("watched", "a")}, broker.EnqueueOptions{Watch: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -182,10 +184,8 @@ func testWaitWatched(t *testing.T, b broker.Broker) {
 // testProgress: a leased task's progress is kept with it and read back by
 // GetTask; a stale lease is refused.
 func testProgress(t *testing.T, b broker.Broker) {
-	pr, ok := b.(broker.ProgressReporter)
-	if !ok {
-		t.Skip("the broker does not implement broker.ProgressReporter")
-	}
+	pr := b
+	needs(t, "ProgressReporter", pr.SetProgress(t.Context(), broker.LeaseRef{Queue: "probe", ID: "probe", Token: 1}, tidetype.Progress{}))
 	m := newMsg("progress", "a")
 	m.Retention = time.Hour
 	enqueue(t, b, m)

@@ -538,3 +538,9 @@ func (b *Broker) DeleteQueue(ctx context.Context, name string) error {
 	delete(b.queues, name) // subscribers are attached again if it comes back (see queue)
 	return nil
 }
+
+// Repartition implements broker.Repartitioner: the in-memory broker has no
+// partitions, so it answers with an error wrapping broker.ErrNotSupported.
+func (b *Broker) Repartition(ctx context.Context, queue string, n int, progress func(moved, left int)) error {
+	return fmt.Errorf("%w: the in-memory broker has no partitions to change", broker.ErrNotSupported)
+}

@@ -169,18 +169,14 @@ func (c *Cron) Len() int {
 	return len(c.entries)
 }
 
-// Start launches the loop and, when the broker is a broker.Registry, the
-// heartbeat.
+// Start launches the loop and the heartbeat (which ends at once when the
+// broker has no registry).
 func (c *Cron) Start() {
 	c.mu.Lock()
 	c.running = true
 	c.mu.Unlock()
 	c.g.Go(c.loop)
-	if reg, ok := c.cfg.Broker.(broker.Registry); ok {
-		c.g.Go(func() { c.heartbeat(reg) })
-	} else {
-		c.log.Debug("tide: broker does not implement broker.Registry; scheduler entries are not published", "scheduler", c.cfg.SchedulerID)
-	}
+	c.g.Go(func() { c.heartbeat(c.cfg.Broker) })
 }
 
 // Stop stops the service and returns when its goroutines have exited. An
@@ -358,11 +354,14 @@ func (c *Cron) heartbeat(reg broker.Registry) {
 	ticker := time.NewTicker(cronHeartbeat)
 	defer ticker.Stop()
 	failing := false
-	publish := func(entries []tidetype.SchedulerEntry, ttl time.Duration) {
+	publish := func(entries []tidetype.SchedulerEntry, ttl time.Duration) bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		err := reg.RegisterSchedulerEntries(ctx, c.cfg.SchedulerID, entries, ttl)
 		switch {
+		case errors.Is(err, broker.ErrNotSupported):
+			c.log.Debug("tide: the broker has no registry; scheduler entries are not published", "scheduler", c.cfg.SchedulerID)
+			return false
 		case err != nil && !failing:
 			failing = true
 			c.log.Warn("tide: cannot publish scheduler entries (the scheduler keeps running)", "scheduler", c.cfg.SchedulerID, "err", err)
@@ -372,9 +371,12 @@ func (c *Cron) heartbeat(reg broker.Registry) {
 			failing = false
 			c.log.Info("tide: publishing scheduler entries again", "scheduler", c.cfg.SchedulerID)
 		}
+		return true
 	}
 	for {
-		publish(c.Snapshot(), cronEntryTTL)
+		if !publish(c.Snapshot(), cronEntryTTL) {
+			return
+		}
 		select {
 		case <-c.stop:
 			publish([]tidetype.SchedulerEntry{}, time.Second) // withdraw

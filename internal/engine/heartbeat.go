@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -20,37 +21,30 @@ const heartbeatEvery = 5 * time.Second
 type heartbeat struct {
 	cfg    Config
 	log    *slog.Logger
-	admin  broker.Registry
+	reg    broker.Registry
 	active func() []tidetype.ActiveTask
 	done   chan struct{}
 	g      sync.WaitGroup
 }
 
 func newHeartbeat(cfg Config, active func() []tidetype.ActiveTask) *heartbeat {
-	a, _ := cfg.Broker.(broker.Registry)
-	return &heartbeat{cfg: cfg, log: cfg.Logger, admin: a, active: active, done: make(chan struct{})}
+	return &heartbeat{cfg: cfg, log: cfg.Logger, reg: cfg.Broker, active: active, done: make(chan struct{})}
 }
 
-func (h *heartbeat) start() {
-	if h.admin == nil {
-		return
-	}
-	h.g.Go(h.loop)
-}
+func (h *heartbeat) start() { h.g.Go(h.loop) }
 
 func (h *heartbeat) stop() {
 	close(h.done)
 	h.g.Wait()
-	if h.admin == nil {
-		return
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if err := h.admin.UnregisterServer(ctx, h.cfg.ServerID); err != nil {
+	if err := h.reg.UnregisterServer(ctx, h.cfg.ServerID); err != nil && !errors.Is(err, broker.ErrNotSupported) {
 		h.log.Debug("tide: could not remove the server record; it expires by itself", "err", err)
 	}
 }
 
+// loop refreshes the server's record until stopped; on a broker without a
+// registry it ends at once.
 func (h *heartbeat) loop() {
 	t := time.NewTicker(heartbeatEvery)
 	defer t.Stop()
@@ -59,9 +53,13 @@ func (h *heartbeat) loop() {
 		info.ID = h.cfg.ServerID
 		info.Active = h.active()
 		ctx, cancel := context.WithTimeout(context.Background(), heartbeatEvery)
-		err := h.admin.RegisterServer(ctx, info, 3*heartbeatEvery)
+		err := h.reg.RegisterServer(ctx, info, 3*heartbeatEvery)
 		cancel()
-		if err != nil {
+		switch {
+		case errors.Is(err, broker.ErrNotSupported):
+			h.log.Debug("tide: the broker has no registry; this server is not listed")
+			return
+		case err != nil:
 			h.log.Debug("tide: server heartbeat failed", "err", err)
 		}
 		select {
