@@ -34,21 +34,6 @@ type groupRow struct {
 	Name string
 }
 
-// limitsJSON is a queue's limits in the JSON API; 0 and a null rate mean
-// no limit.
-type limitsJSON struct {
-	Concurrency      int       `json:"concurrency"`
-	Rate             *rateJSON `json:"rate"`
-	GroupConcurrency int       `json:"group_concurrency"`
-	GroupRate        *rateJSON `json:"group_rate"`
-	Ordered          bool      `json:"ordered"`
-}
-
-type rateJSON struct {
-	Limit      int     `json:"limit"`
-	PerSeconds float64 `json:"per_seconds"`
-}
-
 // groupJSON is a group in the JSON API. ThrottledUntil is null when the
 // group is not held back.
 type groupJSON struct {
@@ -56,17 +41,6 @@ type groupJSON struct {
 	Waiting        int        `json:"waiting"`
 	Running        int        `json:"running"`
 	ThrottledUntil *time.Time `json:"throttled_until"`
-}
-
-func toRateJSON(r tide.Rate) *rateJSON {
-	if r.Limit == 0 {
-		return nil
-	}
-	return &rateJSON{r.Limit, r.Per.Seconds()}
-}
-
-func toLimitsJSON(l tide.QueueLimits) *limitsJSON {
-	return &limitsJSON{l.Concurrency, toRateJSON(l.Rate), l.GroupConcurrency, toRateJSON(l.GroupRate), l.Ordered}
 }
 
 func toGroupsJSON(gs []groupRow, now time.Time) []groupJSON {

@@ -27,7 +27,7 @@ func TestQueueLimitsAndGroups(t *testing.T) {
 		t.Errorf("a queue without limits or groups has the Groups panel:\n%s", body)
 	}
 	_, _, d := e.live("/api/live?q=plain", nil)
-	if d == nil || d.Limits == nil || *d.Limits != (limitsJSON{}) || d.Groups == nil || len(*d.Groups) != 0 {
+	if d == nil || d.Limits == nil || *d.Limits != (tide.QueueLimits{}) || d.Groups == nil || len(*d.Groups) != 0 {
 		t.Errorf("live JSON of a plain queue: %+v", d)
 	}
 	if _, body, _ := e.live("/api/live", nil); strings.Contains(body, `"limits"`) || strings.Contains(body, `"groups"`) {
@@ -47,8 +47,8 @@ func TestQueueLimitsAndGroups(t *testing.T) {
 		}
 	}
 	_, _, d = e.live("/api/live?q=plain", nil)
-	if d == nil || d.Limits == nil || d.Limits.Concurrency != 10 || d.Limits.Rate == nil || *d.Limits.Rate != (rateJSON{100, 1}) ||
-		d.Limits.GroupConcurrency != 2 || d.Limits.GroupRate == nil || *d.Limits.GroupRate != (rateJSON{5, 60}) || !d.Limits.Ordered {
+	if d == nil || d.Limits == nil || *d.Limits != (tide.QueueLimits{Concurrency: 10, Rate: tide.Rate{Limit: 100, Per: time.Second},
+		GroupConcurrency: 2, GroupRate: tide.Rate{Limit: 5, Per: time.Minute}, Ordered: true}) {
 		t.Errorf("live JSON limits: %+v", d.Limits)
 	}
 

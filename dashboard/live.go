@@ -31,8 +31,8 @@ type liveData struct {
 	// Limits and Groups (the groupsShown largest backlogs) are those of
 	// the named queue; absent for every queue, or when the broker keeps
 	// neither.
-	Limits *limitsJSON  `json:"limits,omitempty"`
-	Groups *[]groupJSON `json:"groups,omitempty"`
+	Limits *tide.QueueLimits `json:"limits,omitempty"`
+	Groups *[]groupJSON      `json:"groups,omitempty"`
 }
 
 type livePoint struct {
@@ -134,7 +134,7 @@ func (h *handler) live(ctx context.Context, queue string, named bool) (*liveData
 		}
 		if f != nil {
 			gs := toGroupsJSON(f.Groups, now)
-			d.Limits, d.Groups = toLimitsJSON(f.Limits), &gs
+			d.Limits, d.Groups = &f.Limits, &gs
 		}
 	}
 

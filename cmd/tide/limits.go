@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -183,36 +184,28 @@ func compactLimits(l tide.QueueLimits) string {
 	return strings.Join(f, " ")
 }
 
-// limitsJSON is a queue's limits in --json output; a zero number and a
-// null rate mean no limit.
-type limitsJSON struct {
-	Concurrency      int       `json:"concurrency"`
-	Rate             *rateJSON `json:"rate"`
-	GroupConcurrency int       `json:"group_concurrency"`
-	GroupRate        *rateJSON `json:"group_rate"`
-	Ordered          bool      `json:"ordered"`
-}
-
-type rateJSON struct {
-	Limit      int     `json:"limit"`
-	PerSeconds float64 `json:"per_seconds"`
-}
-
-func toRateJSON(r tide.Rate) *rateJSON {
-	if r.Limit == 0 {
-		return nil
-	}
-	return &rateJSON{r.Limit, r.Per.Seconds()}
-}
-
-func toLimitsJSON(l tide.QueueLimits) limitsJSON {
-	return limitsJSON{l.Concurrency, toRateJSON(l.Rate), l.GroupConcurrency, toRateJSON(l.GroupRate), l.Ordered}
-}
-
 // queueLimitsJSON is the output of 'tide limits get --json' and set.
 type queueLimitsJSON struct {
-	Queue string `json:"queue"`
-	limitsJSON
+	Queue  string
+	Limits tide.QueueLimits
+}
+
+// MarshalJSON writes {"queue":...} followed by the limits' own fields
+// (tide.QueueLimits.MarshalJSON).
+func (q queueLimitsJSON) MarshalJSON() ([]byte, error) {
+	lb, err := json.Marshal(q.Limits)
+	if err != nil {
+		return nil, err
+	}
+	qb, err := json.Marshal(q.Queue)
+	if err != nil {
+		return nil, err
+	}
+	out := append([]byte(`{"queue":`), qb...)
+	if len(lb) > 2 {
+		out = append(out, ',')
+	}
+	return append(out, lb[1:]...), nil
 }
 
 // queueLimits returns the limits of every queue of infos, by name.
@@ -362,7 +355,7 @@ var limitsFieldNames = strings.NewReplacer(
 // printLimits prints l, under head (or "Limits of queue Q:").
 func (a *app) printLimits(queue string, l tide.QueueLimits, head string) error {
 	if a.globals.json {
-		return a.printJSON(queueLimitsJSON{queue, toLimitsJSON(l)})
+		return a.printJSON(queueLimitsJSON{queue, l})
 	}
 	if head == "" {
 		head = "Limits of queue " + queue + ":"

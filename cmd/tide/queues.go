@@ -153,25 +153,25 @@ func (a *app) emptyQueueHint(ctx context.Context, queue string) string {
 
 // queueJSON is a queue in --json output.
 type queueJSON struct {
-	Queue          string     `json:"queue"`
-	Paused         bool       `json:"paused"`
-	PausedUntil    *time.Time `json:"paused_until,omitempty"`
-	Size           int        `json:"size"`
-	Pending        int        `json:"pending"`
-	Active         int        `json:"active"`
-	Scheduled      int        `json:"scheduled"`
-	Retry          int        `json:"retry"`
-	Archived       int        `json:"archived"`
-	Completed      int        `json:"completed"`
-	ProcessedToday int        `json:"processed_today"`
-	FailedToday    int        `json:"failed_today"`
-	LatencySeconds float64    `json:"latency_seconds"`
-	Limits         limitsJSON `json:"limits"`
+	Queue          string           `json:"queue"`
+	Paused         bool             `json:"paused"`
+	PausedUntil    *time.Time       `json:"paused_until,omitempty"`
+	Size           int              `json:"size"`
+	Pending        int              `json:"pending"`
+	Active         int              `json:"active"`
+	Scheduled      int              `json:"scheduled"`
+	Retry          int              `json:"retry"`
+	Archived       int              `json:"archived"`
+	Completed      int              `json:"completed"`
+	ProcessedToday int              `json:"processed_today"`
+	FailedToday    int              `json:"failed_today"`
+	LatencySeconds float64          `json:"latency_seconds"`
+	Limits         tide.QueueLimits `json:"limits"`
 }
 
 func toQueueJSON(q *tide.QueueInfo, l tide.QueueLimits) queueJSON {
 	j := queueJSON{q.Queue, q.Paused, nil, q.Size, q.Pending, q.Active, q.Scheduled, q.Retry, q.Archived, q.Completed,
-		q.Processed, q.Failed, q.Latency.Seconds(), toLimitsJSON(l)}
+		q.Processed, q.Failed, q.Latency.Seconds(), l}
 	if !q.PausedUntil.IsZero() {
 		u := q.PausedUntil.UTC()
 		j.PausedUntil = &u
