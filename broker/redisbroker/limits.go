@@ -198,7 +198,7 @@ func (b *Broker) applyLimits(ctx context.Context, queue string, l layout, v int6
 		if seeds != nil {
 			seed = seeds[i]
 		}
-		calls[i] = b.shareCall(b.partAt(queue, l, i), v, cs, rs, lim.Rate.Per, groupLimits(lim, l.old != nil && lim.Grouped()), seed)
+		calls[i] = b.shareCall(b.partAt(queue, l, i), v, cs, rs, lim.Rate.Per, groupLimits(lim, l.old != nil), seed)
 	}
 	return b.runAll(ctx, "set limits of "+queue, calls)
 }
@@ -215,10 +215,12 @@ func (b *Broker) runAll(ctx context.Context, op string, calls []*call) error {
 }
 
 // refreshLimits shares queue's recorded limits out on layout l again (a
-// repartition's steps); nothing when the queue has none.
+// repartition's steps). A queue without limits gets them too, as none: while
+// a repartition runs its grouped tasks are held all the same (a throttle set
+// in an old partition must reach the new one before the group starts there).
 func (b *Broker) refreshLimits(ctx context.Context, queue string, l layout) error {
-	v, lim, ok, err := b.readLimits(ctx, queue)
-	if err != nil || !ok {
+	v, lim, _, err := b.readLimits(ctx, queue)
+	if err != nil {
 		return err
 	}
 	return b.applyLimits(ctx, queue, l, v, lim)

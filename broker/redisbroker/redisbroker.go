@@ -111,6 +111,17 @@
 // partition) in the same step. A partition without grouped tasks takes the
 // plain path: one EXISTS more than before.
 //
+// A repartition keeps what it promised to groups. While it runs, grouped
+// tasks start in neither set of partitions (ungrouped ones go on): a group
+// may have tasks in both, and a task still running in an old partition may
+// yet throttle its group there. A moved task keeps its enqueue sequence, and
+// a new set of partitions numbers its tasks above every older one (epoch e
+// from e × 2^40), so an ordered group runs in the order of enqueue, not of
+// the move, also for tasks enqueued while the move runs. When an old
+// partition holds nothing more, its groups' rate windows and throttles are
+// copied to their new partitions; only then, once every old partition is
+// retired, do grouped tasks start again.
+//
 // When a settlement gives room back to a partition that was full and has
 // tasks waiting, the script publishes a pending event, so idle servers look
 // again at once; room freed by lease recovery is found by the server

@@ -15,6 +15,16 @@ import (
 // moveBatch is how many tasks one step of a repartition moves.
 const moveBatch = 200
 
+// A partition of span epoch e hands out its grouped tasks' enqueue
+// sequences from e << seqEpochShift on, so that tasks enqueued in a new span
+// sort after those moved in from older ones (a trillion enqueues a partition
+// and epoch); a sequence is a Lua number, exact below 2^53, which bounds the
+// epoch.
+const (
+	seqEpochShift = 40
+	maxEpoch      = 1 << (53 - seqEpochShift)
+)
+
 var _ broker.Repartitioner = (*Broker)(nil)
 
 // Repartition implements broker.Repartitioner: it changes queue to n
@@ -31,7 +41,10 @@ var _ broker.Repartitioner = (*Broker)(nil)
 // resumes a repartition that stopped. progress, when not nil, is called after
 // each step with the tasks moved so far and those still in the old span.
 //
-// Unique locks move with their tasks. A task whose ID the broker chose to
+// Grouped tasks keep their enqueue order, and their groups' rate windows
+// and throttles go with them; grouped tasks start nowhere until the
+// repartition is done (see the package documentation). Unique locks move
+// with their tasks. A task whose ID the broker chose to
 // share its lock's partition may land apart from its lock in the new span;
 // its lock is then held until its TTL even after the task finishes.
 // Processes configured with WithQueuePartitions for the queue refuse it
@@ -81,6 +94,9 @@ func (b *Broker) Repartition(ctx context.Context, queue string, n int, progress 
 				return err
 			}
 			if left == 0 {
+				if err := b.handOverGroups(ctx, l, old); err != nil {
+					return err
+				}
 				done, err := b.retire(ctx, l, old, o)
 				if err != nil {
 					return err
@@ -170,10 +186,16 @@ func (b *Broker) startRepartition(ctx context.Context, queue string, n int) (lay
 	if err != nil {
 		return layout{}, err
 	}
+	if next.epoch >= maxEpoch {
+		return layout{}, fmt.Errorf("%w: queue %q has been repartitioned %d times, the most its ordered groups' sequences allow", broker.ErrLayout, queue, l.cur.epoch)
+	}
 	pipe := b.rdb.Pipeline()
 	for i := range ml.cur.n {
 		p := b.partAt(queue, ml, i)
 		pipe.SetNX(ctx, p.k("meta"), p.layout, 0)
+		// Grouped tasks keep their enqueue sequence when they move (see
+		// move.lua): the new span's sequences start above the old ones.
+		pipe.HSetNX(ctx, p.k("gs"), "seq", int64(next.epoch)<<seqEpochShift)
 		if limited && (lim.Concurrency > 0 || lim.Rate.Limit > 0) {
 			pipe.HSet(ctx, p.k("lim"), "v", limV, "c", 0)
 		}
@@ -446,4 +468,40 @@ func (b *Broker) retire(ctx context.Context, l layout, o part, idx int) (bool, e
 		return true, nil
 	}
 	return false, nil
+}
+
+// handOverGroups copies the rate windows and throttles of old partition o's
+// groups to their partitions in the new span. It runs when o holds no task:
+// grouped tasks start nowhere while a repartition runs, so nothing changes
+// them in o any more, and the new span's groups see them before they start.
+func (b *Broker) handOverGroups(ctx context.Context, l layout, o part) error {
+	cursor := "0"
+	for {
+		res, err := b.moveCall(ctx, o, "groups", cursor).Slice()
+		if err != nil {
+			return fmt.Errorf("tide: redisbroker: repartition %s: groups: %w", o.queue, classify(err))
+		}
+		if len(res)%3 != 1 {
+			return fmt.Errorf("tide: redisbroker: repartition %s: groups returned %d values", o.queue, len(res))
+		}
+		cursor, _ = res[0].(string)
+		byPart := map[part][]any{}
+		for i := 1; i < len(res); i += 3 {
+			g, _ := res[i].(string)
+			np := b.partOf(o.queue, l, g) // a group's tasks are in the partition of its key
+			byPart[np] = append(byPart[np], res[i], res[i+1], res[i+2])
+		}
+		if len(byPart) > 0 {
+			pipe := b.rdb.Pipeline()
+			for p, args := range byPart {
+				b.s.move.Run(ctx, pipe, b.moveKeys(p), append([]any{p.layout, "adopt"}, args...)...)
+			}
+			if _, err := pipe.Exec(ctx); err != nil {
+				return fmt.Errorf("tide: redisbroker: repartition %s: adopt: %w", o.queue, classify(err))
+			}
+		}
+		if cursor == "0" || cursor == "" {
+			return nil
+		}
+	}
 }

@@ -31,8 +31,8 @@
 -- rotation, while it runs its concurrency limit's worth of tasks, while an
 -- earlier task of an ordered group has not finished, while it is throttled
 -- and while it is over its rate (these two return it at a time, announced
--- with a "p<partition>:<ms>" event). While a repartition runs, a queue with
--- group limits starts no grouped task (field gh of the limits hash).
+-- with a "p<partition>:<ms>" event). While a repartition runs, no grouped
+-- task starts (field gh of the limits hash; see move.lua).
 -- Each task leased is an 's' event in the events stream, each archived
 -- record an 'a' event.
 local bad = layout_error(KEYS[10], ARGV[1])

@@ -25,22 +25,32 @@
 --   18 minute counters hash  19..24 group keys (groups.lua)  25 progress
 --   hash  26..28 waiter keys (w_keys in lib.lua)
 -- ARGV[1] layout (the caller's view of the partition's meta)  ARGV[2] op
+--   groups (O)   after O holds nothing: a page of its groups' rate windows
+--                and throttles, for adopt
+--   adopt (N)    take over those windows and throttles (see below)
 -- A grouped task moves with its group (take returns it; an ordered group's
--- place moves with the task that holds it) and joins it in N with a new
--- enqueue sequence, in the order the tasks are placed.
+-- place moves with the task that holds it) and keeps its enqueue sequence,
+-- so its group's order is the order of enqueue, not of the move. A new
+-- span's sequences start above every older span's (the repartition sets its
+-- partitions' counters to epoch * 2^40 before any task can reach them), so
+-- a task enqueued in N while the move runs comes after every moved one.
+-- Grouped tasks start nowhere while a repartition runs (field gh of the
+-- limits hash), so a group's rate window and throttle in O stop changing
+-- once O has no task running; adopt copies them to N before the hold ends.
 local bad = layout_error(KEYS[12], ARGV[1])
 if bad then return bad end
 local op = ARGV[2]
 local PH = '\0mv'
 local G = g_keys(19)
 
--- group_field is what take tells of task id's group: '' for none, else the
--- group, followed by a NUL when the task holds its ordered group's place.
+-- group_field is what take tells of task id's group: '' for none, else
+-- "<group>\0<seq><h>": the group, the task's enqueue sequence (8 bytes) and
+-- 'h' when the task holds its ordered group's place, '-' when not.
 local function group_field(id)
-  local g = g_of(G, id)
+  local g, seq = g_of(G, id)
   if not g then return '' end
-  if redis.call('HGET', G.s, 'h:' .. g) == id then return g .. '\0' end
-  return g
+  if redis.call('HGET', G.s, 'h:' .. g) == id then return g .. '\0' .. seq .. 'h' end
+  return g .. '\0' .. seq .. '-'
 end
 
 if op == 'peek' then
@@ -173,16 +183,19 @@ if op == 'place' then
   local woke = false
   for i = 5, #ARGV, 7 do
     local id, rec, st, score, res, h, g = ARGV[i], ARGV[i+1], tonumber(ARGV[i+2]), tonumber(ARGV[i+3]), ARGV[i+4], ARGV[i+5], ARGV[i+6]
-    local holds = string.sub(g, -1) == '\0'
-    if holds then g = string.sub(g, 1, -2) end
+    local seq, holds = nil, false
+    if g ~= '' then
+      local sep = string.find(g, '\0', 1, true)
+      seq, holds = string.sub(g, sep + 1, sep + 8), string.sub(g, sep + 9) == 'h'
+      g = string.sub(g, 1, sep - 1)
+    end
     if redis.call('HGET', KEYS[1], id) == PH then
       if rec_ok(rec) then -- no longer moving; a cancel flag only matters while active
         rec = string.sub(rec, 1, 1) .. string.char(string.byte(rec, 2) % 64) .. string.sub(rec, 3)
       end
       redis.call('HSET', KEYS[1], id, rec)
-      local seq = nil
-      if g ~= '' then
-        seq = g_new(G, g, id)
+      if seq then
+        redis.call('HSET', G.id, id, g .. '\0' .. seq)
         if holds then redis.call('HSET', G.s, 'h:' .. g, id) end
       end
       if st == 1 and seq then
@@ -252,6 +265,42 @@ if op == 'retire' then
   for k = 2, 11 do redis.call('DEL', KEYS[k]) end
   for k = 13, #KEYS do redis.call('DEL', KEYS[k]) end
   return {1, 0}
+end
+
+if op == 'groups' then
+  -- ARGV[3] cursor ('0' to start). Returns the next cursor ('0': done),
+  -- then per group: group, rate window (G.l's start times, '' for none),
+  -- throttled until (ms, '' for none). The first page also lists every
+  -- throttled group.
+  local r = redis.call('HSCAN', G.l, ARGV[3], 'COUNT', 200)
+  local out = {r[1]}
+  for j = 1, #r[2], 2 do
+    local g = r[2][j]
+    for _, v in ipairs({g, r[2][j + 1], redis.call('HGET', G.s, 't:' .. g) or ''}) do out[#out + 1] = v end
+  end
+  if ARGV[3] == '0' then
+    for _, g in ipairs(redis.call('ZRANGE', G.w, 0, -1)) do
+      local t = redis.call('HGET', G.s, 't:' .. g)
+      if t then
+        for _, v in ipairs({g, '', t}) do out[#out + 1] = v end
+      end
+    end
+  end
+  return out
+end
+
+if op == 'adopt' then
+  -- ARGV: then triples as groups returns them, for groups of this
+  -- partition: each rate window replaces the group's (no grouped task
+  -- starts here while the repartition runs, so it has none of its own) and
+  -- each throttle still running holds the group back here too.
+  local now = redis_now()
+  for i = 3, #ARGV, 3 do
+    local g, log, t = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+    if log ~= '' then redis.call('HSET', G.l, g, log) end
+    if t and t > now then g_throttle(G, g, t) end
+  end
+  return 1
 end
 
 if op == 'stats' then
