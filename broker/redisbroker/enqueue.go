@@ -263,7 +263,9 @@ func parseEnqueueReply(reply string, n int) (codes string, firsts []string, err 
 // that a task in the old span still holds and a unique key whose lock is
 // held there: new tasks go to the new span, and without this look a task
 // could exist twice. A task that moves over meanwhile meets its new partition's
-// placeholder instead, so the look and the enqueue need not be atomic.
+// placeholder instead, so the look and the enqueue need not be atomic. A
+// task to Replace that waits in the old span is moved to the new one first
+// (moveAhead), where the enqueue replaces it as it would any other time.
 func (b *Broker) checkOldSpan(ctx context.Context, items []item, errs []error) error {
 	type look struct {
 		i        int
@@ -294,6 +296,40 @@ func (b *Broker) checkOldSpan(ctx context.Context, items []item, errs []error) e
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("tide: redisbroker: enqueue: %w", classify(err))
+	}
+	// A task to replace that waits in the old span moves to the new one
+	// first (Replace takes the place of a waiting task whatever the
+	// layout); one that is still there after that runs: a conflict.
+	type move struct {
+		l   layout
+		ids []string
+	}
+	ahead := map[part]*move{}
+	for _, lk := range looks {
+		if it := items[lk.i]; it.replace && lk.id != nil && lk.id.Err() == nil {
+			o, _ := b.oldPartOf(it.t.Queue, it.lay, it.t.ID)
+			if ahead[o] == nil {
+				ahead[o] = &move{l: it.lay}
+			}
+			ahead[o].ids = append(ahead[o].ids, it.t.ID)
+		}
+	}
+	if len(ahead) > 0 {
+		for o, m := range ahead {
+			if err := b.moveAhead(ctx, m.l, o, m.ids); err != nil {
+				return err
+			}
+		}
+		pipe = b.rdb.Pipeline()
+		for j, lk := range looks {
+			if it := items[lk.i]; it.replace && lk.id != nil && lk.id.Err() == nil {
+				o, _ := b.oldPartOf(it.t.Queue, it.lay, it.t.ID)
+				looks[j].id = pipe.HGet(ctx, o.k("t"), it.t.ID)
+			}
+		}
+		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+			return fmt.Errorf("tide: redisbroker: enqueue: %w", classify(err))
+		}
 	}
 	now := b.Now().UnixMilli()
 	for _, lk := range looks {

@@ -2,6 +2,7 @@ package redisbroker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -76,49 +77,73 @@ func (b *Broker) Repartition(ctx context.Context, queue string, n int, progress 
 	moved := 0
 	for o := range l.old.n {
 		old := b.partAt(queue, l, l.cur.n+o)
-		if meta, err := b.rdb.Get(ctx, old.k("meta")).Result(); err == nil && meta == "retired" {
+		if b.retired(ctx, old) {
 			continue // done by an earlier run
 		}
-		for {
-			// The new partitions' shares grow as the old ones' running
-			// tasks finish.
-			if err := b.refreshLimits(ctx, queue, l); err != nil {
+		if err := b.drainAll(ctx, l, old, o, &moved, progress); err != nil {
+			if b.retired(ctx, old) {
+				continue // another run of the repartition finished it
+			}
+			return err
+		}
+	}
+	return b.finishRepartition(ctx, queue, l)
+}
+
+// retired reports whether old partition o is retired.
+func (b *Broker) retired(ctx context.Context, o part) bool {
+	meta, err := b.rdb.Get(ctx, o.k("meta")).Result()
+	return err == nil && meta == "retired"
+}
+
+// drainAll moves every task of old partition o (index o of the old span) to
+// the new span, waiting for its running tasks to finish, and retires it.
+func (b *Broker) drainAll(ctx context.Context, l layout, old part, o int, moved *int, progress func(moved, left int)) error {
+	queue := old.queue
+	for {
+		// The new partitions' shares grow as the old ones' running
+		// tasks finish.
+		if err := b.refreshLimits(ctx, queue, l); err != nil {
+			return err
+		}
+		m, left, err := b.drain(ctx, l, old)
+		*moved += m
+		if progress != nil {
+			progress(*moved, left)
+		}
+		if err != nil {
+			return err
+		}
+		if left == 0 {
+			if err := b.handOverGroups(ctx, l, old); err != nil {
 				return err
 			}
-			m, left, err := b.drain(ctx, l, old)
-			moved += m
-			if progress != nil {
-				progress(moved, left)
-			}
+			done, err := b.retire(ctx, l, old, o)
 			if err != nil {
 				return err
 			}
-			if left == 0 {
-				if err := b.handOverGroups(ctx, l, old); err != nil {
-					return err
-				}
-				done, err := b.retire(ctx, l, old, o)
-				if err != nil {
-					return err
-				}
-				if done {
-					break
-				}
+			if done {
+				return nil
 			}
-			if m == 0 {
-				// Only active tasks are left: wait for them to finish.
-				t := time.NewTimer(100 * time.Millisecond)
-				select {
-				case <-ctx.Done():
-					t.Stop()
-					return ctx.Err()
-				case <-t.C:
-				}
+		}
+		if m == 0 {
+			// Only active tasks are left: wait for them to finish.
+			t := time.NewTimer(100 * time.Millisecond)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			case <-t.C:
 			}
 		}
 	}
-	// Drop placeholders a crash may have left, then record the new span
-	// alone.
+}
+
+// finishRepartition ends the repartition of queue to l.cur once every old
+// partition is retired: it drops placeholders a crash may have left, records
+// the new span alone and gives it the whole limits. Another run that
+// finished first leaves it nothing but the limits to share.
+func (b *Broker) finishRepartition(ctx context.Context, queue string, l layout) error {
 	pipe := b.rdb.Pipeline()
 	for i := range l.cur.n {
 		p := b.partAt(queue, l, i)
@@ -128,7 +153,9 @@ func (b *Broker) Repartition(ctx context.Context, queue string, n int, progress 
 		return fmt.Errorf("tide: redisbroker: repartition %s: %w", queue, classify(err))
 	}
 	if err := b.casLayout(ctx, queue, l.tag, l.cur.tag()); err != nil {
-		return err
+		if cur, gerr := b.rdb.HGet(ctx, b.prefix+":partitions", queue).Result(); gerr != nil || cur != l.cur.tag() {
+			return err
+		}
 	}
 	b.forgetLayout(queue)
 	b.rdb.Publish(ctx, b.channel(queue), "l")
@@ -270,7 +297,7 @@ func (b *Broker) drain(ctx context.Context, l layout, o part) (int, int, error) 
 	if err != nil {
 		return fail(err)
 	}
-	ms, err := parseTaken(res)
+	ms, _, err := parseTaken(res)
 	if err != nil {
 		return fail(err)
 	}
@@ -341,14 +368,31 @@ func (b *Broker) reserveAndTake(ctx context.Context, l layout, o part, peek []an
 	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, fmt.Errorf("tide: redisbroker: repartition %s: reserve: %w", o.queue, classify(err))
 	}
+	var clash []string
 	for _, r := range rs {
 		codes := r.cmd.Val().(string)
 		for j, c := range codes {
 			if c != '1' {
-				return nil, fmt.Errorf("%w: repartition %s: task %q exists in both the old and the new partitions; delete one of them and run the repartition again",
-					broker.ErrTaskIDConflict, o.queue, r.ids[j])
+				clash = append(clash, r.ids[j])
 			}
 		}
+	}
+	if len(clash) > 0 {
+		// The new span holds a task with the ID. Another run (a Replace
+		// that moved the task ahead) may have moved it there since the
+		// peek: then it is no longer here, or flagged as moving, and not
+		// to be taken again.
+		skip, err := b.movedMeanwhile(ctx, o, clash)
+		if err != nil {
+			return nil, err
+		}
+		kept := ids[:0]
+		for _, id := range ids {
+			if !skip[id.(string)] {
+				kept = append(kept, id)
+			}
+		}
+		ids = kept
 	}
 	if len(ids) == 0 {
 		return nil, nil
@@ -357,7 +401,7 @@ func (b *Broker) reserveAndTake(ctx context.Context, l layout, o part, peek []an
 	if err != nil {
 		return nil, fmt.Errorf("tide: redisbroker: repartition %s: take: %w", o.queue, classify(err))
 	}
-	ms, err := parseTaken(res2)
+	ms, busy, err := parseTaken(res2)
 	if err != nil {
 		return nil, err
 	}
@@ -367,7 +411,9 @@ func (b *Broker) reserveAndTake(ctx context.Context, l layout, o part, peek []an
 	}
 	un := map[part][]any{}
 	for _, id := range ids {
-		if !taken[id.(string)] {
+		// A task another run took keeps its placeholder: that run places
+		// it there.
+		if !taken[id.(string)] && !busy[id.(string)] {
 			np := b.partOf(o.queue, l, id.(string))
 			un[np] = append(un[np], id)
 		}
@@ -380,16 +426,46 @@ func (b *Broker) reserveAndTake(ctx context.Context, l layout, o part, peek []an
 	return ms, nil
 }
 
+// movedMeanwhile looks up in old partition o the tasks whose IDs the new
+// span holds already: those gone from o, or taken by another run, were moved
+// by that run (skip them); one still waiting in o exists twice, an error.
+func (b *Broker) movedMeanwhile(ctx context.Context, o part, ids []string) (map[string]bool, error) {
+	pipe := b.rdb.Pipeline()
+	recs := make([]*redis.StringCmd, len(ids))
+	for i, id := range ids {
+		recs[i] = pipe.HGet(ctx, o.k("t"), id)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("tide: redisbroker: repartition %s: %w", o.queue, classify(err))
+	}
+	skip := map[string]bool{}
+	for i, id := range ids {
+		rec, err := recs[i].Bytes()
+		if err != nil || codec.Moving(rec) {
+			skip[id] = true
+			continue
+		}
+		return nil, fmt.Errorf("%w: repartition %s: task %q exists in both the old and the new partitions; delete one of them and run the repartition again",
+			broker.ErrTaskIDConflict, o.queue, id)
+	}
+	return skip, nil
+}
+
 // parseTaken reads what take and moving return: per task id, status,
-// record, state, score, result, history, group; only the taken ones ("ok")
-// are returned.
-func parseTaken(res []any) ([]moved, error) {
+// record, state, score, result, history, group. It returns the taken ones
+// ("ok") and the IDs of those another run has taken ("moving").
+func parseTaken(res []any) ([]moved, map[string]bool, error) {
 	if len(res)%8 != 0 {
-		return nil, fmt.Errorf("tide: redisbroker: repartition: %d values for taken tasks", len(res))
+		return nil, nil, fmt.Errorf("tide: redisbroker: repartition: %d values for taken tasks", len(res))
 	}
 	var out []moved
+	busy := map[string]bool{}
 	for i := 0; i < len(res); i += 8 {
 		if st, _ := res[i+1].(string); st != "ok" {
+			if st == "moving" {
+				id, _ := res[i].(string)
+				busy[id] = true
+			}
 			continue
 		}
 		m := moved{}
@@ -407,7 +483,7 @@ func parseTaken(res []any) ([]moved, error) {
 		}
 		out = append(out, m)
 	}
-	return out, nil
+	return out, busy, nil
 }
 
 // place puts taken tasks into their new partitions, then deletes them from o.
@@ -504,4 +580,45 @@ func (b *Broker) handOverGroups(ctx context.Context, l layout, o part) error {
 			return nil
 		}
 	}
+}
+
+// moveAhead moves the tasks ids of old partition o to the new span now,
+// ahead of the repartition's own order, as the repartition moves tasks (a
+// crash at any step neither loses nor doubles one): so that a Replace finds
+// a waiting task where new tasks go. A task that runs stays where it is; one
+// another run has taken is placed from what that run left.
+func (b *Broker) moveAhead(ctx context.Context, l layout, o part, ids []string) error {
+	args := make([]any, len(ids))
+	for i, id := range ids {
+		args[i] = id
+	}
+	peek, err := b.moveCall(ctx, o, "peekids", args...).Slice()
+	if err != nil {
+		return fmt.Errorf("tide: redisbroker: enqueue: move ahead: %w", classify(err))
+	}
+	ms, err := b.reserveAndTake(ctx, l, o, peek)
+	if err != nil {
+		return err
+	}
+	res, err := b.moveCall(ctx, o, "moving", append([]any{len(ids)}, args...)...).Slice()
+	if err != nil {
+		return fmt.Errorf("tide: redisbroker: enqueue: move ahead: %w", classify(err))
+	}
+	others, _, err := parseTaken(res)
+	if err != nil {
+		return err
+	}
+	seen := map[string]bool{}
+	for _, m := range ms {
+		seen[m.id] = true
+	}
+	for _, m := range others {
+		if !seen[m.id] {
+			ms = append(ms, m)
+		}
+	}
+	if len(ms) == 0 {
+		return nil
+	}
+	return b.place(ctx, l, o, ms)
 }

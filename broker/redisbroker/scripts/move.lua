@@ -13,7 +13,8 @@
 --                its structure with its score; a missing placeholder means
 --                the task was deleted meanwhile: nothing is placed
 --   finish (O)   delete the moved records (and results) from O
---   unreserve (N) drop placeholders (a task that turned active or vanished)
+--   unreserve (N) drop placeholders (a task that turned active or vanished;
+--                never one that another run took: it places it)
 --   retire (O)   when O holds nothing at all, mark it retired (every later
 --                call on it is refused) and delete its keys (reply caches
 --                expire on their own)
@@ -53,8 +54,10 @@ local function group_field(id)
   return g .. '\0' .. seq .. '-'
 end
 
-if op == 'peek' then
-  -- ARGV[3] limit. Returns a flat array: id, record, lock value ('' none).
+if op == 'peek' or op == 'peekids' then
+  -- peek: ARGV[3] limit; peekids: ARGV[3..] the tasks to look at (a task
+  -- moved ahead of the others: Replace). Returns a flat array: id, record,
+  -- lock value ('' none).
   local limit = tonumber(ARGV[3])
   local out, n = {}, 0
   local function add(id)
@@ -70,6 +73,10 @@ if op == 'peek' then
       out[#out + 1] = lock
       n = n + 1
     end
+  end
+  if op == 'peekids' then
+    for i = 3, #ARGV do add(ARGV[i]) end
+    return out
   end
   for _, z in ipairs({KEYS[5], KEYS[6], KEYS[3], KEYS[4]}) do
     if n >= limit then break end
@@ -115,15 +122,18 @@ end
 
 if op == 'take' then
   -- ARGV: then ids. Returns a flat array per task: id, status ('ok',
-  -- 'busy' active now, 'gone'), record, state, score, result (or ''),
-  -- attempt history (or ''), group (group_field).
+  -- 'busy' active now, 'moving' taken by another run, 'gone'), record,
+  -- state, score, result (or ''), attempt history (or ''), group
+  -- (group_field).
   local out = {}
   for i = 3, #ARGV do
     local id = ARGV[i]
     local rec = redis.call('HGET', KEYS[1], id)
     if not rec then
       for _, v in ipairs({id, 'gone', '', 0, 0, '', '', ''}) do out[#out + 1] = v end
-    elseif rec_ok(rec) and (rec_state(rec) == 2 or rec_moving(rec)) then
+    elseif rec_ok(rec) and rec_moving(rec) then
+      for _, v in ipairs({id, 'moving', '', 0, 0, '', '', ''}) do out[#out + 1] = v end
+    elseif rec_ok(rec) and rec_state(rec) == 2 then
       for _, v in ipairs({id, 'busy', '', 0, 0, '', '', ''}) do out[#out + 1] = v end
     else
       local st, score = 5, redis_now()
@@ -153,9 +163,22 @@ end
 
 if op == 'moving' then
   -- ARGV[3] limit: the tasks a crashed repartition left flagged as moving,
-  -- as take returns them.
+  -- as take returns them; or, with ids after the limit, those of them that
+  -- are flagged as moving (taken by a run that may yet place them).
   local out = {}
-  local ids = redis.call('ZRANGE', KEYS[10], 0, tonumber(ARGV[3]) - 1, 'WITHSCORES')
+  local ids
+  if #ARGV > 3 then
+    ids = {}
+    for i = 4, #ARGV do
+      local sc = redis.call('ZSCORE', KEYS[10], ARGV[i])
+      if sc then
+        ids[#ids + 1] = ARGV[i]
+        ids[#ids + 1] = sc
+      end
+    end
+  else
+    ids = redis.call('ZRANGE', KEYS[10], 0, tonumber(ARGV[3]) - 1, 'WITHSCORES')
+  end
   for i = 1, #ids, 2 do
     local id = ids[i]
     local rec = redis.call('HGET', KEYS[1], id)

@@ -69,6 +69,7 @@ const (
 	flagFollowed = 0x08
 	flagInternal = 0x10
 	flagFlow     = 0x20
+	flagMoving   = 0x40
 	flagCancel   = 0x80
 
 	// MaxBody is the largest body a record holds (24-bit length).
@@ -319,6 +320,12 @@ func decodeBody(r *reader, m *tidetype.TaskInfo) error {
 // settlement (the settle script sets the flag; Encode never does).
 func Internal(b []byte) bool {
 	return len(b) >= HeaderSize && b[0] == Version && b[offState]&flagInternal != 0
+}
+
+// Moving reports whether a repartition is moving the record out of its
+// partition (move.lua sets the flag; Encode never does).
+func Moving(b []byte) bool {
+	return len(b) >= HeaderSize && b[0] == Version && b[offState]&flagMoving != 0
 }
 
 // Token reads only the token of a record; ok is false for a record too short
