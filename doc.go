@@ -76,10 +76,10 @@
 // limit does not make servers poll: they are woken when a running task of
 // the queue finishes or, under a rate limit, when the next start is allowed.
 //
-// The Redis broker splits each limit among the queue's partitions, so a
-// limit must be at least the queue's partition count (a partition without a
-// share would never start its tasks), and a limited queue cannot be
-// repartitioned to more partitions than its limits.
+// The limits are the queue's whatever its partition count: the Redis broker
+// lets each limit's slots follow the backlog between the queue's partitions
+// (tasks waiting in one partition run up to the whole Concurrency), never
+// holding more than the limit in all, also while a repartition runs.
 //
 // # Groups
 //

@@ -333,9 +333,10 @@ func (in *Inspector) PauseQueueFor(ctx context.Context, queue string, d time.Dur
 // one over broker.MaxQueueConcurrency; a Rate.Limit that is negative or over
 // broker.MaxQueueRate; a Rate.Per under a millisecond, over
 // broker.MaxRatePer or not whole milliseconds when Rate.Limit is set, or set
-// without Rate.Limit; and a Concurrency or Rate.Limit below the queue's
-// partition count, which would leave a partition without a share. A server started with
-// Config.QueueLimits for the queue writes its own limits again at Start.
+// without Rate.Limit. The limits are the queue's whatever its partition
+// count: any Concurrency or Rate.Limit of at least 1 is accepted. A server
+// started with Config.QueueLimits for the queue writes its own limits again
+// at Start.
 // It needs a broker that implements broker.Admin.
 func (in *Inspector) SetQueueLimits(ctx context.Context, queue string, l QueueLimits) error {
 	if err := ValidateQueueName(queue); err != nil {

@@ -189,10 +189,10 @@ func TestQueueLimitsRuntimeChange(t *testing.T) {
 	})
 }
 
-// A queue with a limit is repartitioned (1 -> 4 -> 2) while servers work
-// through it: the limit holds over the old and the new partitions together,
-// every task completes, the limits are kept, and a repartition to more
-// partitions than the limit is refused.
+// A queue with a limit is repartitioned (1 -> 4 -> 6 -> 2, once to more
+// partitions than the limit) while servers work through it: the limit holds
+// over the old and the new partitions together, every task completes, and
+// the limits are kept.
 func TestQueueLimitsRepartition(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -230,12 +230,9 @@ func TestQueueLimitsRepartition(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := e.b.Repartition(ctx, q, limit+1, nil); !errors.Is(err, tide.ErrInvalidTask) {
-		t.Fatalf("Repartition to %d partitions under Concurrency %d = %v, want ErrInvalidTask", limit+1, limit, err)
-	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		for _, n := range []int{4, 2} {
+		for _, n := range []int{4, 6, 2} {
 			if err := e.b.Repartition(ctx, q, n, nil); err != nil {
 				t.Errorf("Repartition to %d: %v", n, err)
 				return
@@ -387,8 +384,7 @@ func TestQueueLimitsRateRepartition(t *testing.T) {
 }
 
 // Invalid limits are refused: by Start for Config.QueueLimits (wrapping
-// ErrInvalidConfig and ErrInvalidTask), by SetQueueLimits, and a
-// Concurrency below the queue's partition count by both, saying why.
+// ErrInvalidConfig and ErrInvalidTask) and by SetQueueLimits.
 func TestQueueLimitsInvalid(t *testing.T) {
 	t.Parallel()
 	h := tide.HandlerFunc(func(context.Context, *tide.Task) error { return nil })
@@ -418,20 +414,56 @@ func TestQueueLimitsInvalid(t *testing.T) {
 	if err := s.Start(h); !errors.Is(err, tide.ErrInvalidConfig) {
 		t.Errorf("Start with a bad queue name in QueueLimits = %v", err)
 	}
+}
 
-	e := setup(t, redisbroker.WithPartitions(4))
-	err := tide.NewInspector(e.b).SetQueueLimits(context.Background(), "four", tide.QueueLimits{Concurrency: 3})
-	if !errors.Is(err, tide.ErrInvalidTask) || !strings.Contains(err.Error(), "partitions") {
-		t.Errorf("SetQueueLimits(Concurrency 3) on 4 partitions = %v; want ErrInvalidTask about partitions", err)
-	}
-	s = tide.NewServer(e.broker(), tide.Config{
-		Queues: map[string]int{"four": 1}, QueueLimits: map[string]tide.QueueLimits{"four": {Concurrency: 3}}, Logger: testLogger(t),
-	})
-	if err := s.Start(h); !errors.Is(err, tide.ErrInvalidTask) {
-		s.Shutdown()
-		t.Errorf("Start with Concurrency 3 on a 4-partition queue = %v; want ErrInvalidTask", err)
-	}
-	if got, err := tide.NewInspector(e.b).QueueLimits(context.Background(), "four"); err != nil || got != (tide.QueueLimits{}) {
-		t.Errorf("refused limits were recorded: %+v, %v", got, err)
+// The queue's Concurrency is the queue's, not fixed shares of its
+// partitions: on six partitions a limit of 3 is accepted, and a backlog in
+// one partition runs up to the whole limit at once (10 over six partitions:
+// not the 2 of an even share), never more, while three servers work.
+func TestQueueLimitsFollowBacklog(t *testing.T) {
+	t.Parallel()
+	for _, limit := range []int{3, 10} {
+		t.Run(fmt.Sprint(limit), func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, redisbroker.WithPartitions(6))
+			ctx := context.Background()
+			const q = "follow"
+			var g gauge
+			var done atomic.Int64
+			release := make(chan struct{})
+			h := tide.HandlerFunc(func(ctx context.Context, _ *tide.Task) error {
+				g.enter()
+				defer g.leave()
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+				done.Add(1)
+				return nil
+			})
+			for range 3 {
+				e.server(tide.Config{
+					Concurrency: 10, Queues: map[string]int{q: 1},
+					QueueLimits: map[string]tide.QueueLimits{q: {Concurrency: limit}},
+				}, h)
+			}
+			var ids []string
+			for i := 0; len(ids) < 3*limit; i++ {
+				if id := fmt.Sprint("f", i); broker.Partition(id, 6) == 5 {
+					ids = append(ids, id)
+				}
+			}
+			for _, id := range ids {
+				if _, err := e.c.Enqueue(ctx, tide.NewTask("job", nil), tide.Queue(q), tide.TaskID(id)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			eventually(t, 10*time.Second, fmt.Sprintf("%d handlers to run at once", limit), func() bool { return g.cur.Load() == int64(limit) })
+			close(release)
+			eventually(t, 10*time.Second, "every task to run", func() bool { return done.Load() == int64(len(ids)) })
+			if p := g.peak.Load(); p > int64(limit) {
+				t.Fatalf("%d handlers ran at once under Concurrency %d", p, limit)
+			}
+		})
 	}
 }

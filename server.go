@@ -231,8 +231,7 @@ func (c Config) withDefaults() (Config, error) {
 // error wrapping ErrInvalidConfig for a bad Config, an error wrapping
 // ErrLayout when a served queue's partition count recorded in the broker
 // differs from this process's configuration (nothing of it would settle),
-// the error of writing Config.QueueLimits (an unreachable broker, or a
-// limit below the queue's partition count, wrapping ErrInvalidTask),
+// the error of writing Config.QueueLimits (an unreachable broker),
 // ErrServerClosed after Shutdown, and an error when the server is already
 // running. A broker that cannot be reached does not stop Start (the server
 // keeps trying) unless Config.QueueLimits has limits to write. Start panics

@@ -287,6 +287,7 @@ func workloads(sz sizes) []workload {
 		},
 		groupsWorkload(sz),
 		fairnessWorkload(sz),
+		sharesWorkload(sz),
 		chainWorkload(sz),
 		fanoutWorkload(sz),
 		waitWorkload(sz),

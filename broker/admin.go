@@ -97,8 +97,8 @@ type Admin interface {
 	// the new limits from its next call on, on every server: a lower
 	// Concurrency hands out nothing until enough running tasks have
 	// finished, a higher one wakes idle servers; a rate counts the starts
-	// made before the change. Limits that CheckQueueLimits refuses, or that
-	// CheckLimitsFit refuses for the queue's partition count, are refused
+	// made before the change. The limits are the queue's, whatever its
+	// partition count. Limits that CheckQueueLimits refuses are refused
 	// with an error wrapping ErrInvalidTask.
 	SetQueueLimits(ctx context.Context, queue string, l tidetype.QueueLimits) error
 
@@ -198,22 +198,6 @@ func checkRate(name string, r tidetype.Rate, maxLimit int) error {
 	return nil
 }
 
-// CheckLimitsFit reports a Concurrency or Rate.Limit below the number of
-// partitions a queue has (n): a limit is split among the partitions, and a
-// partition without a share would never start its tasks.
-func CheckLimitsFit(queue string, l tidetype.QueueLimits, n int) error {
-	for _, f := range []struct {
-		name string
-		v    int
-	}{{"Concurrency", l.Concurrency}, {"Rate.Limit", l.Rate.Limit}} {
-		if f.v > 0 && f.v < n {
-			return fmt.Errorf("%w: QueueLimits.%s %d of queue %q is below its %d partitions: each partition needs a share of at least 1 "+
-				"(repartition the queue to at most %d partitions, or raise the limit)", ErrInvalidTask, f.name, f.v, queue, n, f.v)
-		}
-	}
-	return nil
-}
-
 // Share is partition p's part of a limit split among n partitions: the
 // shares differ by at most one, the first ones get the remainder, and they
 // add up to limit (10 on 4 partitions: 3, 3, 2, 2).
@@ -236,8 +220,8 @@ type Repartitioner interface {
 	// a task while servers and clients keep working, and returns when it is
 	// done; calling it again resumes one that stopped. progress, when not
 	// nil, is called with the tasks moved so far and those still to move.
-	// The queue's limits hold throughout; n above its Concurrency or
-	// Rate.Limit is refused (CheckLimitsFit).
+	// The queue's limits hold throughout, over both sets of partitions
+	// together.
 	Repartition(ctx context.Context, queue string, n int, progress func(moved, left int)) error
 }
 

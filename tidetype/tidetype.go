@@ -289,16 +289,15 @@ type QueueLimits struct {
 	// Concurrency is the most tasks of the queue that run at once, counted
 	// over all servers; 0 means no limit. A task counts from the moment it
 	// is handed to a worker until it is settled or its lease expires and is
-	// recovered. The limit is split among the queue's partitions, each of
-	// which gets a share (the shares add up to the limit), so it must be at
-	// least the queue's partition count.
+	// recovered. It is the queue's, however many partitions the queue has:
+	// a broker with partitions lets the limit's slots follow the backlog,
+	// so that tasks waiting in one partition can run up to the whole limit.
 	Concurrency int
 
 	// Rate is the most tasks of the queue that start in any period of
 	// Rate.Per, counted over all servers; the zero Rate means no limit.
-	// Like Concurrency it is split among the partitions (Rate.Limit must
-	// be at least the partition count). A task waiting for its turn stays
-	// pending: waiting uses no retry.
+	// Like Concurrency it is the queue's, whatever its partition count. A
+	// task waiting for its turn stays pending: waiting uses no retry.
 	Rate Rate
 
 	// GroupConcurrency is the most tasks of one group (tide.Group) that run

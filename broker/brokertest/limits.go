@@ -25,6 +25,94 @@ var limitTests = []struct {
 	{"LimitInvalid", testLimitInvalid},
 	{"LimitRate", testLimitRate},
 	{"LimitRateWindow", testLimitRateWindow},
+	{"LimitFollowsBacklog", testLimitFollowsBacklog},
+	{"LimitBelowPartitions", testLimitBelowPartitions},
+}
+
+// fillOne enqueues count tasks into partition p of queue's n partitions.
+func fillOne(t *testing.T, b broker.Broker, queue string, n, p, count int) {
+	t.Helper()
+	var msgs []*tidetype.TaskInfo
+	for i := 0; len(msgs) < count; i++ {
+		if id := fmt.Sprintf("%s-%d", queue, i); broker.Partition(id, n) == p {
+			msgs = append(msgs, newMsg(queue, id))
+		}
+	}
+	enqueue(t, b, msgs...)
+}
+
+// holdUntil dequeues from queue, holding every task, until want are held;
+// more than most held at once fails the test.
+func holdUntil(t *testing.T, b broker.Broker, queue string, want, most int) []*broker.Delivery {
+	t.Helper()
+	var held []*broker.Delivery
+	eventually(t, waitLong, fmt.Sprintf("%d tasks of %s to run at once", want, queue), func() bool {
+		held = append(held, dequeue(t, b, []string{queue}, 10, time.Minute)...)
+		if len(held) > most {
+			t.Fatalf("%d tasks of %s handed out at once, at most %d allowed", len(held), queue, most)
+		}
+		return len(held) >= want
+	})
+	return held
+}
+
+// testLimitFollowsBacklog: the limits are the queue's, not its partitions'
+// shares: a backlog in one partition of several runs up to the whole
+// Concurrency at once and starts up to the whole Rate, and no more.
+func testLimitFollowsBacklog(t *testing.T, b broker.Broker, a broker.Admin) {
+	const q = "limfollow"
+	n := partitions(t, b, q)
+	limit := 2*n + 1
+	fillOne(t, b, q, n, n-1, 3*limit)
+	setLimits(t, a, q, tidetype.QueueLimits{Concurrency: limit})
+	held := holdUntil(t, b, q, limit, limit)
+	// Settled ones make room for as many again, still in that partition.
+	for _, d := range held[:3] {
+		settleOK(t, b, outcomeOf(d, broker.SettleDone))
+	}
+	holdUntil(t, b, q, 3, 3)
+	if ds := dequeue(t, b, []string{q}, 10, time.Minute); len(ds) != 0 {
+		t.Fatalf("Dequeue at the limit handed out %d more", len(ds))
+	}
+
+	const rq = "limfollowrate"
+	fillOne(t, b, rq, n, 0, 3*limit)
+	setLimits(t, a, rq, tidetype.QueueLimits{Rate: tidetype.Rate{Limit: limit, Per: time.Hour}})
+	started := holdUntil(t, b, rq, limit, limit)
+	for _, d := range started {
+		settleOK(t, b, outcomeOf(d, broker.SettleDone))
+	}
+	time.Sleep(50 * time.Millisecond)
+	if ds := drainAll(t, b, rq, time.Minute); len(ds) != 0 {
+		t.Fatalf("with the hour's %d starts used up Dequeue handed out %d more", limit, len(ds))
+	}
+}
+
+// testLimitBelowPartitions: a Concurrency or Rate.Limit below the queue's
+// partition count is accepted and holds, whichever partition the tasks are in.
+func testLimitBelowPartitions(t *testing.T, b broker.Broker, a broker.Admin) {
+	const q = "limsmall"
+	n := partitions(t, b, q)
+	for p := range n {
+		fillOne(t, b, q, n, p, 2)
+	}
+	setLimits(t, a, q, tidetype.QueueLimits{Concurrency: 1})
+	held := holdUntil(t, b, q, 1, 1)
+	time.Sleep(50 * time.Millisecond)
+	if ds := drainAll(t, b, q, time.Minute); len(ds) != 0 {
+		t.Fatalf("Dequeue under Concurrency 1 with a task running handed out %d more", len(ds))
+	}
+	settleOK(t, b, outcomeOf(held[0], broker.SettleDone))
+	holdUntil(t, b, q, 1, 1)
+
+	const rq = "limsmallrate"
+	fillOne(t, b, rq, n, n-1, 3)
+	setLimits(t, a, rq, tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 1, Per: time.Hour}})
+	holdUntil(t, b, rq, 1, 1)
+	time.Sleep(50 * time.Millisecond)
+	if ds := drainAll(t, b, rq, time.Minute); len(ds) != 0 {
+		t.Fatalf("Dequeue under Rate 1/h after a start handed out %d more", len(ds))
+	}
 }
 
 // fillPartitions enqueues per tasks into every partition of queue and
@@ -247,9 +335,6 @@ func testLimitInvalid(t *testing.T, b broker.Broker, a broker.Admin) {
 		rate(-1, time.Second), rate(broker.MaxQueueRate+1, time.Second), rate(10, 0), rate(10, -time.Second),
 		rate(10, time.Microsecond), rate(10, 1500*time.Microsecond), rate(10, broker.MaxRatePer+time.Millisecond),
 		rate(0, time.Second),
-	}
-	if n > 1 {
-		bad = append(bad, tidetype.QueueLimits{Concurrency: n - 1}, rate(n-1, time.Second))
 	}
 	for _, l := range bad {
 		if err := a.SetQueueLimits(t.Context(), q, l); !errors.Is(err, broker.ErrInvalidTask) {

@@ -3,11 +3,14 @@ package redisbroker_test
 import (
 	"context"
 	"fmt"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/internal/redistest"
 )
@@ -130,6 +133,85 @@ func TestClusterGroupLimits(t *testing.T) {
 	for i := range groups {
 		if p := peak[i].Load(); p > limit {
 			t.Fatalf("group tenant-%d ran %d tasks at once under GroupConcurrency %d", i, p, limit)
+		}
+	}
+}
+
+// TestClusterLimitsFollowBacklog: a queue's six partitions spread over three
+// masters, so no script sees two of them, under limits below the partition
+// count (Concurrency 4, Rate 5 per 300ms). Three servers work through
+// waves of tasks that each sit in one partition, on one master: the wave
+// runs up to the whole Concurrency at once (the slots move to its partition
+// from the others' masters), never more, no window holds more than the
+// Rate's starts, and every task completes.
+func TestClusterLimitsFollowBacklog(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 1)
+	rdb := c.Client(t)
+	ctx := context.Background()
+	prefix := redistest.Prefix(t)
+	newBroker := func() *redisbroker.Broker {
+		b := redisbroker.New(rdb, redisbroker.WithPrefix(prefix), redisbroker.WithPartitions(clusterParts))
+		t.Cleanup(func() { _ = b.Close() })
+		return b
+	}
+	const limit, rate, per, waves, perWave = 4, 5, 300 * time.Millisecond, 3, 12
+	var cur, peak, done atomic.Int64
+	var mu sync.Mutex
+	var starts []time.Time
+	h := tide.HandlerFunc(func(context.Context, *tide.Task) error {
+		mu.Lock()
+		starts = append(starts, time.Now())
+		mu.Unlock()
+		n := cur.Add(1)
+		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
+		time.Sleep(200 * time.Millisecond)
+		cur.Add(-1)
+		done.Add(1)
+		return nil
+	})
+	for range 3 {
+		srv := tide.NewServer(newBroker(), tide.Config{
+			Concurrency: 10, Queues: map[string]int{spreadQueue: 1}, Logger: quietLogger(),
+			QueueLimits: map[string]tide.QueueLimits{spreadQueue: {Concurrency: limit, Rate: tide.Rate{Limit: rate, Per: per}}},
+		})
+		if err := srv.Start(h); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(srv.Shutdown)
+	}
+	cl := tide.NewClient(newBroker())
+	for w := range waves {
+		var ids []string
+		for i := 0; len(ids) < perWave; i++ {
+			if id := fmt.Sprintf("w%d-%d", w, i); broker.Partition(id, clusterParts) == 2*w {
+				ids = append(ids, id)
+			}
+		}
+		for _, id := range ids {
+			if _, err := cl.Enqueue(ctx, tide.NewTask("limited", nil), tide.Queue(spreadQueue), tide.TaskID(id)); err != nil {
+				t.Fatalf("Enqueue: %v", err)
+			}
+		}
+		want := int64((w + 1) * perWave)
+		deadline := time.Now().Add(60 * time.Second)
+		for done.Load() < want {
+			if time.Now().After(deadline) {
+				t.Fatalf("wave %d: only %d of %d tasks processed after 60s", w, done.Load(), want)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if p := peak.Load(); p != limit {
+		t.Fatalf("at most %d handlers ran at once under Concurrency %d, want exactly the limit", p, limit)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	slices.SortFunc(starts, func(a, b time.Time) int { return a.Compare(b) })
+	const jitter = 100 * time.Millisecond
+	for i := 0; i+rate < len(starts); i++ {
+		if span := starts[i+rate].Sub(starts[i]); span < per-jitter {
+			t.Fatalf("%d starts within %v under Rate %d/%v", rate+1, span, rate, per)
 		}
 	}
 }

@@ -59,6 +59,11 @@ func (b *Broker) Dequeue(ctx context.Context, queues []string, n int, lease time
 				}
 				continue
 			}
+			if len(res)%2 == 1 {
+				// The partition wants slots of the queue's limits, or
+				// holds some it is to give away (dequeue.lua).
+				b.kick(q)
+			}
 			for j := 0; j+1 < len(res); j += 2 {
 				id, _ := res[j].(string)
 				rec, _ := res[j+1].(string)

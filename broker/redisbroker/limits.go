@@ -21,9 +21,10 @@ import (
 func (b *Broker) limitsKey() string { return b.prefix + ":limits" }
 
 // SetQueueLimits implements broker.Admin: it records the limits with a new
-// version, then gives every partition its share (see the package
-// documentation). A Concurrency or Rate.Limit below the queue's partition
-// count is refused.
+// version and changes the queue's bank by the change of each limit in the
+// same step, gives every partition the new settings, then rebalances the
+// slots (see the package documentation, "Limits"). Any limit of at least 1
+// fits any partition count.
 func (b *Broker) SetQueueLimits(ctx context.Context, queue string, l tidetype.QueueLimits) error {
 	if err := b.check(); err != nil {
 		return err
@@ -35,28 +36,34 @@ func (b *Broker) SetQueueLimits(ctx context.Context, queue string, l tidetype.Qu
 	if err != nil {
 		return err
 	}
-	if err := broker.CheckLimitsFit(queue, l, lay.cur.n); err != nil {
-		return err
-	}
 	ord := 0
 	if l.Ordered {
 		ord = 1
 	}
 	enc := fmt.Sprintf("%d:%d:%d:%d:%d:%d:%d", l.Concurrency, l.Rate.Limit, l.Rate.Per.Milliseconds(), l.GroupConcurrency, l.GroupRate.Limit, l.GroupRate.Per.Milliseconds(), ord)
-	v, err := b.s.limits.Run(ctx, b.rdb, []string{b.limitsKey()}, queue, enc).Int64()
-	if err != nil {
+	res, err := b.s.limits.Run(ctx, b.rdb, []string{b.limitsKey(), b.bankKey(queue)}, queue, enc).Slice()
+	if err != nil || len(res) != 3 {
+		if err == nil {
+			err = fmt.Errorf("unexpected reply %v", res)
+		}
 		return callErr("set limits of "+queue, classify(err))
 	}
-	err = b.applyLimits(ctx, queue, lay, v, l)
+	v, _ := res[0].(int64)
+	ce, _ := res[1].(string)
+	re, _ := res[2].(string)
+	err = b.applyLimits(ctx, queue, lay, v, l, ce, re)
 	if errors.Is(err, broker.ErrLayout) {
 		// The layout changed under us (a repartition started or ended):
-		// share the limits out on the new one.
+		// give the settings to the new one.
 		b.forgetLayout(queue)
 		if lay, err = b.freshLayout(ctx, queue); err == nil {
-			err = b.applyLimits(ctx, queue, lay, v, l)
+			err = b.applyLimits(ctx, queue, lay, v, l, ce, re)
 		}
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	return b.rebalance(ctx, queue)
 }
 
 // QueueLimits implements broker.Admin.
@@ -112,95 +119,47 @@ func groupLimits(l tidetype.QueueLimits, hold bool) string {
 	return fmt.Sprintf("%d:%d:%d:%d:%d", l.GroupConcurrency, l.GroupRate.Limit, l.GroupRate.Per.Milliseconds(), b(l.Ordered), b(hold))
 }
 
-// shareCall sets partition p's shares from limits version v: concurrency
-// share c and rate share r per per (a negative share means no limit), the
-// group limits g (groupLimits), with seeds (member, start ms pairs) added
-// to its starts.
-func (b *Broker) shareCall(p part, v int64, c, r int, per time.Duration, g string, seeds []any) *call {
-	num := func(n int) string {
-		if n < 0 {
-			return ""
-		}
-		return strconv.Itoa(n)
-	}
+// shareCall gives partition p the settings of limits version v: the eras
+// of its concurrency and rate slots (ce, re; "" for no such limit), the
+// rate period and the group limits g (groupLimits).
+func (b *Broker) shareCall(p part, v int64, ce, re string, per time.Duration, g string) *call {
 	return &call{
 		script: b.s.share,
 		keys:   p.keys("lim", "pending", "active", "meta", "starts", "gr", "gs", "gw", "gq"),
-		args:   append([]any{p.layout, v, num(c), p.channel, p.idx, num(r), per.Milliseconds(), g}, seeds...),
+		args:   []any{p.layout, v, ce, p.channel, p.idx, re, per.Milliseconds(), g},
 		queue:  p.queue,
 	}
 }
 
-// applyLimits gives every partition of layout l its shares of limits lim
-// (version v). While a repartition runs, the old span's partitions get a
-// concurrency share of 0 first (from then on they start nothing and their
-// running tasks only finish); then the new span shares what those running
-// tasks leave of the concurrency limit, and gets the old span's recent starts
-// spread over its partitions' starts, so that they count against the rate.
-// The repartition calls it again as the old tasks finish.
-func (b *Broker) applyLimits(ctx context.Context, queue string, l layout, v int64, lim tidetype.QueueLimits) error {
-	c, r := -1, -1
-	if lim.Concurrency > 0 {
-		c = lim.Concurrency
-	}
-	if lim.Rate.Limit > 0 {
-		r = lim.Rate.Limit
-	}
-	var running int
-	var seeds [][]any
-	if l.old != nil {
-		calls := make([]*call, l.old.n)
-		for i := range l.old.n {
-			oc := -1
-			if c >= 0 || r >= 0 {
-				oc = 0
-			}
-			calls[i] = b.shareCall(b.partAt(queue, l, l.cur.n+i), v, oc, -1, 0, groupLimits(lim, true), nil)
-		}
-		if err := b.runAll(ctx, "set limits of "+queue, calls); err != nil {
-			return err
-		}
-		pipe := b.rdb.Pipeline()
-		counts := make([]*redis.IntCmd, l.old.n)
-		starts := make([]*redis.ZSliceCmd, l.old.n)
-		for i := range l.old.n {
-			p := b.partAt(queue, l, l.cur.n+i)
-			counts[i] = pipe.ZCard(ctx, p.k("active"))
-			starts[i] = pipe.ZRangeWithScores(ctx, p.k("starts"), 0, -1)
-		}
-		if _, err := pipe.Exec(ctx); err != nil {
-			return callErr("set limits of "+queue, classify(err))
-		}
-		seeds = make([][]any, l.cur.n)
-		k := 0
-		for i := range l.old.n {
-			running += int(counts[i].Val())
-			if r < 0 {
-				continue
-			}
-			for _, z := range starts[i].Val() {
-				member := fmt.Sprintf("o%d.%d.%v", l.old.epoch, i, z.Member)
-				seeds[k%l.cur.n] = append(seeds[k%l.cur.n], member, int64(z.Score))
-				k++
-			}
-		}
-	}
-	calls := make([]*call, l.cur.n)
-	for i := range l.cur.n {
-		cs, rs := -1, -1
-		if c >= 0 {
-			cs = broker.Share(max(c-running, 0), l.cur.n, i)
-		}
-		if r >= 0 {
-			rs = broker.Share(r, l.cur.n, i)
-		}
-		var seed []any
-		if seeds != nil {
-			seed = seeds[i]
-		}
-		calls[i] = b.shareCall(b.partAt(queue, l, i), v, cs, rs, lim.Rate.Per, groupLimits(lim, l.old != nil), seed)
+// applyLimits gives every partition of layout l the settings of limits lim
+// (version v, slot eras ce and re). While a repartition runs grouped tasks
+// are held in both spans (see move.lua).
+func (b *Broker) applyLimits(ctx context.Context, queue string, l layout, v int64, lim tidetype.QueueLimits, ce, re string) error {
+	calls := make([]*call, l.total())
+	for i := range l.total() {
+		p := b.partAt(queue, l, i)
+		calls[i] = b.shareCall(p, v, ce, re, lim.Rate.Per, groupLimits(lim, l.old != nil))
 	}
 	return b.runAll(ctx, "set limits of "+queue, calls)
+}
+
+// eras returns the eras of queue's bank for the limits lim: "" for a limit
+// that is not set, "0" for slots recorded before the bank had eras.
+func (b *Broker) eras(ctx context.Context, queue string, lim tidetype.QueueLimits) (ce, re string, err error) {
+	v, err := b.rdb.HMGet(ctx, b.bankKey(queue), "ce", "re").Result()
+	if err != nil {
+		return "", "", callErr("read limits of "+queue, classify(err))
+	}
+	era := func(set bool, x any) string {
+		if !set {
+			return ""
+		}
+		if s, ok := x.(string); ok && s != "" {
+			return s
+		}
+		return "0"
+	}
+	return era(lim.Concurrency > 0, v[0]), era(lim.Rate.Limit > 0, v[1]), nil
 }
 
 // runAll runs calls and returns the first error.
@@ -214,22 +173,28 @@ func (b *Broker) runAll(ctx context.Context, op string, calls []*call) error {
 	return nil
 }
 
-// refreshLimits shares queue's recorded limits out on layout l again (a
-// repartition's steps). A queue without limits gets them too, as none: while
-// a repartition runs its grouped tasks are held all the same (a throttle set
-// in an old partition must reach the new one before the group starts there).
+// refreshLimits gives the partitions of layout l queue's recorded settings
+// again (a repartition's steps). A queue without limits gets them too, as
+// none: while a repartition runs its grouped tasks are held all the same (a
+// throttle set in an old partition must reach the new one before the group
+// starts there).
 func (b *Broker) refreshLimits(ctx context.Context, queue string, l layout) error {
 	v, lim, _, err := b.readLimits(ctx, queue)
 	if err != nil {
 		return err
 	}
-	return b.applyLimits(ctx, queue, l, v, lim)
+	ce, re, err := b.eras(ctx, queue, lim)
+	if err != nil {
+		return err
+	}
+	return b.applyLimits(ctx, queue, l, v, lim, ce, re)
 }
 
 // forgetLimits deletes the limits of a deleted queue with l's partitions.
 func (b *Broker) forgetLimits(ctx context.Context, queue string, l layout) error {
 	pipe := b.rdb.Pipeline()
 	pipe.HDel(ctx, b.limitsKey(), queue)
+	pipe.Del(ctx, b.bankKey(queue))
 	for i := range l.total() {
 		p := b.partAt(queue, l, i)
 		// With the limits go the group keys (groups.lua): an empty

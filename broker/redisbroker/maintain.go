@@ -37,6 +37,11 @@ func (b *Broker) Maintain(ctx context.Context, req broker.MaintainRequest) (brok
 	if c.err != nil {
 		return broker.MaintainResult{}, callErr(fmt.Sprintf("maintain %s/%d", req.Queue, req.Partition), c.err)
 	}
+	if !req.Release {
+		// Now and then, in case a crash left a transfer of slots
+		// outstanding or a partition's wish for slots went unheard.
+		b.sweep(req.Queue)
+	}
 	res, err := c.cmd.Int64Slice()
 	if err != nil || len(res) != 9 {
 		return broker.MaintainResult{}, fmt.Errorf("tide: redisbroker: maintain: unexpected reply %v (%v)", c.cmd.Val(), err)

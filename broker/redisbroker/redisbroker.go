@@ -26,7 +26,7 @@
 //	<prefix>:{<queue>:<p>}:ik:<n>     idempotency keys used in window n → task ID
 //	<prefix>:{<queue>:<p>}:paused     flag
 //	<prefix>:{<queue>:<p>}:owner      the server maintaining the partition
-//	<prefix>:{<queue>:<p>}:lim        hash: the partition's shares of the queue's limits (see share.lua)
+//	<prefix>:{<queue>:<p>}:lim        hash: the partition's slots and settings of the queue's limits (see slots.lua, share.lua)
 //	<prefix>:{<queue>:<p>}:starts     zset: token -> start time (ms) of the tasks started in the last rate period
 //	<prefix>:{<queue>:<p>}:gq, gr, gw, gs, gid, gl
 //	                                  grouped tasks: ready tasks by group, the rotation, held-back groups,
@@ -36,7 +36,8 @@
 //	<prefix>:{<queue>:<p>}:events     stream: task lifecycle events, entries 0-1, 0-2, ... (see Events below)
 //	<prefix>:queues                   set of known queue names
 //	<prefix>:partitions               hash: queue -> partition count
-//	<prefix>:limits                   hash: queue -> "<version>:<concurrency>:<rate>:<per ms>" (Admin.SetQueueLimits)
+//	<prefix>:limits                   hash: queue -> "<version>:<concurrency>:<rate>:<per ms>:..." (Admin.SetQueueLimits)
+//	{<prefix>:limits}:bank:<queue>    hash: the slots of the queue's limits no partition holds (see Limits)
 //	<prefix>:events                   hash: queue -> "1" or "0": whether it records task events (SetEvents)
 //	<prefix>:{f:<id>}                 hash: a workflow's or batch's steps and counts (see flow.lua)
 //	<prefix>:{f:<id>}:failed          list: task IDs of its steps that failed
@@ -80,25 +81,99 @@
 //
 // # Limits
 //
-// A queue's limits (Admin.SetQueueLimits) are split into shares, one per
-// partition, that add up to each limit (broker.Share); each partition's
-// shares sit in its own hash slot, so that the dequeue script checks them in
-// the same atomic step that leases. It hands out a task only while the
-// partition's active tasks (its leased tasks; lease recovery removes those
-// of a dead server) are fewer than its concurrency share, and while the
-// tasks it started in the last Rate.Per (a sliding window of start times on
-// the Redis clock) are fewer than its rate share. The sums over the
-// partitions are therefore never above the limits, on any number of servers
-// and on Redis Cluster, and a change is seen by the next Dequeue. A limit
-// must be at least the partition count, so that every partition gets a
-// share.
+// A queue's Concurrency and Rate (Admin.SetQueueLimits) are the queue's, on
+// any number of partitions: tasks waiting in one partition may run up to
+// the whole limit. The dequeue script must check a limit in the same atomic
+// step that leases, and a script sees one partition only (on Redis Cluster
+// the partitions live on different nodes), so each limit is kept as slots:
+// Concurrency C is C concurrency slots, Rate R per P is R rate tokens. Each
+// slot is held by one node at a time: a partition (fields c and r of its
+// limits hash <prefix>:{<queue>:<p>}:lim) or the queue's bank
+// ({<prefix>:limits}:bank:<queue>, in the hash slot of the limits record).
+// A partition starts a task only while its active tasks are fewer than the
+// concurrency slots it holds (and than its cap ct, below), and while the
+// starts in its last period are fewer than its tokens; a rate token is in
+// use for one period after the start that used it.
 //
-// While a repartition runs, the old partitions start nothing (their pending
-// tasks move to the new ones); the new ones share what the old ones' running
-// tasks leave of the concurrency limit, growing as those finish, and count
-// the old ones' recent starts against their rate shares. A repartition
-// stopped halfway therefore leaves the old partitions' tasks waiting until
-// it is resumed.
+// Slots move only by transfers, and a transfer is three steps (slots.lua),
+// each one script on one node:
+//
+//   - give, on the source: take the slots off the node and write them, as
+//     numbered parts for their destinations, into the node's one
+//     outstanding record (field xo; a node with one gives nothing more).
+//     Only slots no running task uses are given; rate tokens whose start is
+//     still in the period go with the age of that start.
+//   - apply, on each destination: add the part unless the destination has
+//     applied a record of that source with that number or a later one
+//     (field xi:<source>), and remember the number; a token's start is
+//     entered with its age, so it stays in use for the rest of its period.
+//   - clear, on the source: drop the record, once every destination has
+//     applied it.
+//
+// Invariant: for each limit, the slots held by the nodes plus the parts of
+// outstanding records not yet applied add up to the limit, and no partition
+// runs more tasks than the slots it holds (started more in the last period
+// than its tokens), but for the tasks running when a limit was lowered. So
+// the tasks running at once over all partitions are never more than the
+// limit, at every moment. Proof sketch: give moves slots from the node into
+// its record (the sum is unchanged) and takes only free slots, so the
+// source still covers its running tasks; apply moves a part from the record
+// into the destination, once: records of a source are numbered upwards and
+// a new one is written only after the last was applied everywhere and
+// cleared, so "applied here" is exactly "xi:<source> is at least this
+// number", however often and by whomever the step is run, and a late or
+// repeated apply adds nothing; clear drops only applied parts. A dequeue
+// starts a task only into a free slot it holds. Each step is atomic, so a
+// process that dies between steps leaves either slots in an outstanding
+// record (held by no partition: nothing starts on them) or a record applied
+// in part; any process completes it later (every rebalance first applies
+// and clears the records it finds, and servers' maintenance asks for a
+// rebalance every few seconds), and the fence makes that safe when the dead
+// process's requests still arrive, or when several processes rebalance at
+// once. No step reads two nodes, so it holds on Redis Cluster. For tokens
+// the same argument counts uses: a token moves with the age of its last
+// start, measured on the source's clock when given and entered on the
+// destination's clock when applied, later, so a token is never used twice
+// within a period of real time, whatever the offset between the nodes'
+// clocks (their rates may differ by the usual fraction of a percent).
+//
+// A change of limit is one step on the bank together with the limits record
+// (limits.lua): a raise adds the difference to the bank; a decrease puts the
+// bank in debt, and the next rebalance takes slots back from the
+// partitions, free ones first, then ones running tasks use (the partition
+// then starts nothing until enough of them end). Until that rebalance,
+// which SetQueueLimits runs before it returns, the old limit holds. A limit
+// switched on begins a new era (the limits version): the bank holds the
+// whole limit, each partition starts with no slots of that era, and parts of
+// records of another era count for nothing. Slots recorded before the bank
+// existed are era "0".
+//
+// Rebalancing (slots.go) follows the backlog. It reads every node, takes
+// each partition's demand (running plus waiting tasks for Concurrency,
+// waiting tasks for Rate), shares the limit out max-min fairly (a partition
+// gets its demand, or the level that shares the limit when demands exceed
+// it; spare slots are spread evenly), and moves slots from the bank and
+// from partitions above their share to those below. While demands exceed
+// the limit, each partition gets a cap (ct) at its share, so that one that
+// holds more stops reusing the slots its tasks free and gives them away.
+// The caps are hints: a stale one can slow the flow of slots, never exceed a
+// limit. A dequeue that starts nothing for want of slots while tasks wait
+// (unless the partition has its fair share: fields cs, rs), or that finds
+// free slots over its cap, asks its process for a rebalance, which runs in
+// the background, at most one per queue and process at a time and every
+// 20ms; a settlement that frees slots over a cap wakes servers to find
+// them; a partition that gets slots while tasks wait wakes servers too.
+// One busy partition among idle ones takes the whole limit in one
+// rebalance, milliseconds after its first refused dequeue.
+//
+// A repartition keeps the invariant with the same transfers: the new
+// partitions start with no slots; the old ones get a cap of 0 (under a
+// Concurrency), so they start nothing more and give their slots to the new
+// ones as their tasks finish (under a Rate alone their tokens go as the new
+// partitions want them); before an old partition is retired it gives away all
+// it holds (tokens in use with their ages). The limits hold over both sets
+// of partitions together throughout, and any limit fits any partition
+// count.
 //
 // # Groups
 //
@@ -151,6 +226,7 @@
 package redisbroker
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/base64"
 	"errors"
@@ -352,6 +428,7 @@ type Broker struct {
 	evictDone atomic.Bool
 	evictErr  error
 	nextStart atomic.Uint32
+	reb       rebalancer // background rebalances of the limits' slots (slots.go)
 }
 
 var (
@@ -376,6 +453,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Broker {
 	}
 	b.clock.local = time.Now
 	b.batch.send = b.enqueueNow
+	b.reb.ctx, b.reb.stop = context.WithCancel(context.Background())
 	var tag [4]byte
 	_, _ = rand.Read(tag[:])
 	b.tag = base64.RawURLEncoding.EncodeToString(tag[:])
@@ -477,12 +555,17 @@ func (b *Broker) check() error {
 	return nil
 }
 
-// Close implements broker.Broker: later calls fail with broker.ErrClosed and
-// open subscriptions end. It does not close the Redis client.
+// Close implements broker.Broker: later calls fail with broker.ErrClosed,
+// open subscriptions end and background rebalances of limits' slots stop
+// (Close waits for them). It does not close the Redis client.
 func (b *Broker) Close() error {
 	if b.closed.Swap(true) {
 		return broker.ErrClosed
 	}
+	b.reb.mu.Lock()
+	b.reb.stop()
+	b.reb.mu.Unlock()
+	b.reb.wg.Wait()
 	b.subsMu.Lock()
 	defer b.subsMu.Unlock()
 	for _, cancel := range b.subs {

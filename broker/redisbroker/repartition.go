@@ -49,23 +49,17 @@ var _ broker.Repartitioner = (*Broker)(nil)
 // share its lock's partition may land apart from its lock in the new span;
 // its lock is then held until its TTL even after the task finishes.
 // Processes configured with WithQueuePartitions for the queue refuse it
-// afterwards until their configuration says n. A queue with limits cannot
-// get more partitions than its Concurrency or Rate.Limit (an error wrapping
-// broker.ErrInvalidTask); while the repartition runs the limits hold over
-// both sets of partitions together (see the package documentation).
+// afterwards until their configuration says n. A queue's limits fit any
+// partition count, and hold over both sets of partitions together while the
+// repartition runs: the old partitions start nothing more and give their
+// slots to the new ones as their tasks finish (see the package
+// documentation, "Limits").
 func (b *Broker) Repartition(ctx context.Context, queue string, n int, progress func(moved, left int)) error {
 	if err := b.check(); err != nil {
 		return err
 	}
 	if n < 1 || n > maxPartitions {
 		return fmt.Errorf("%w: %d partitions out of range 1..%d", broker.ErrInvalidTask, n, maxPartitions)
-	}
-	lim, err := b.QueueLimits(ctx, queue)
-	if err != nil {
-		return err
-	}
-	if err := broker.CheckLimitsFit(queue, lim, n); err != nil {
-		return err
 	}
 	l, err := b.startRepartition(ctx, queue, n)
 	if err != nil {
@@ -101,9 +95,9 @@ func (b *Broker) retired(ctx context.Context, o part) bool {
 func (b *Broker) drainAll(ctx context.Context, l layout, old part, o int, moved *int, progress func(moved, left int)) error {
 	queue := old.queue
 	for {
-		// The new partitions' shares grow as the old ones' running
+		// The old partitions' slots go to the new ones as their running
 		// tasks finish.
-		if err := b.refreshLimits(ctx, queue, l); err != nil {
+		if err := b.rebalance(ctx, queue); err != nil {
 			return err
 		}
 		m, left, err := b.drain(ctx, l, old)
@@ -116,6 +110,9 @@ func (b *Broker) drainAll(ctx context.Context, l layout, old part, o int, moved 
 		}
 		if left == 0 {
 			if err := b.handOverGroups(ctx, l, old); err != nil {
+				return err
+			}
+			if err := b.releaseSlots(ctx, l, old); err != nil {
 				return err
 			}
 			done, err := b.retire(ctx, l, old, o)
@@ -159,8 +156,8 @@ func (b *Broker) finishRepartition(ctx context.Context, queue string, l layout) 
 	}
 	b.forgetLayout(queue)
 	b.rdb.Publish(ctx, b.channel(queue), "l")
-	// The old partitions run nothing any more: their shares go, and the
-	// new ones share the whole limit.
+	// The old partitions hold nothing any more (releaseSlots gave their
+	// slots away before they were retired): their settings go.
 	pipe = b.rdb.Pipeline()
 	for i := range l.old.n {
 		p := b.partAt(queue, l, l.cur.n+i)
@@ -173,7 +170,10 @@ func (b *Broker) finishRepartition(ctx context.Context, queue string, l layout) 
 	if err != nil {
 		return err
 	}
-	return b.refreshLimits(ctx, queue, nl)
+	if err := b.refreshLimits(ctx, queue, nl); err != nil {
+		return err
+	}
+	return b.rebalance(ctx, queue)
 }
 
 // startRepartition records the repartition of queue to n (or finds the one
@@ -206,10 +206,14 @@ func (b *Broker) startRepartition(ctx context.Context, queue string, n int) (lay
 	if err != nil {
 		return layout{}, fmt.Errorf("tide: redisbroker: repartition %s: %w", queue, classify(err))
 	}
-	// A queue with limits: the new partitions start with a concurrency
-	// share of 0, and get their shares once the old ones start nothing more
-	// (applyLimits).
-	limV, lim, limited, err := b.readLimits(ctx, queue)
+	// The new partitions get the queue's settings before any process can
+	// use them: no slots of its limits (the old partitions give theirs as
+	// their tasks finish, see slots.go) and grouped tasks held.
+	limV, lim, _, err := b.readLimits(ctx, queue)
+	if err != nil {
+		return layout{}, err
+	}
+	ce, re, err := b.eras(ctx, queue, lim)
 	if err != nil {
 		return layout{}, err
 	}
@@ -223,9 +227,6 @@ func (b *Broker) startRepartition(ctx context.Context, queue string, n int) (lay
 		// Grouped tasks keep their enqueue sequence when they move (see
 		// move.lua): the new span's sequences start above the old ones.
 		pipe.HSetNX(ctx, p.k("gs"), "seq", int64(next.epoch)<<seqEpochShift)
-		if limited && (lim.Concurrency > 0 || lim.Rate.Limit > 0) {
-			pipe.HSet(ctx, p.k("lim"), "v", limV, "c", 0)
-		}
 		switch {
 		case ttl == -1:
 			pipe.Set(ctx, p.k("paused"), "1", 0)
@@ -235,6 +236,13 @@ func (b *Broker) startRepartition(ctx context.Context, queue string, n int) (lay
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return layout{}, fmt.Errorf("tide: redisbroker: repartition %s: %w", queue, classify(err))
+	}
+	calls := make([]*call, ml.cur.n)
+	for i := range ml.cur.n {
+		calls[i] = b.shareCall(b.partAt(queue, ml, i), limV, ce, re, lim.Rate.Per, groupLimits(lim, true))
+	}
+	if err := b.runAll(ctx, "repartition "+queue, calls); err != nil {
+		return layout{}, err
 	}
 	if err := b.casLayout(ctx, queue, l.tag, ml.tag); err != nil {
 		return layout{}, err

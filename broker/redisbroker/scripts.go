@@ -13,7 +13,7 @@ var scriptFS embed.FS
 // scripts holds every state-changing script, each prefixed with the helpers
 // of lib.lua and groups.lua it uses.
 type scripts struct {
-	enqueue, enqueuePlain, dequeue, extend, settle, setResult, remove, maintain, admin, move, registry, drop, limits, share, wait, progress, flow *redis.Script
+	enqueue, enqueuePlain, dequeue, extend, settle, setResult, remove, maintain, admin, move, registry, drop, limits, share, slots, wait, progress, flow *redis.Script
 }
 
 func loadScripts() *scripts {
@@ -37,6 +37,7 @@ func loadScripts() *scripts {
 		drop:         s("drop.lua"),
 		limits:       s("limits.lua"),
 		share:        s("share.lua"),
+		slots:        s("slots.lua"),
 		wait:         s("wait.lua"),
 		progress:     s("progress.lua"),
 		flow:         s("flow.lua"),

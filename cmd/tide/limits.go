@@ -223,9 +223,9 @@ func (a *app) queueLimits(ctx context.Context, infos []*tide.QueueInfo) (map[str
 
 const limitsHelpCommon = `
 Limits hold for all servers together and change without a restart: every
-server obeys new limits within a second. Concurrency and the rate are split
-among the queue's partitions, so they must be at least its partition count
-(see 'tide queues repartition'). The group limits apply to each group
+server obeys new limits within a second. Concurrency and the rate are the
+queue's whatever its partition count: their slots follow the backlog between
+the partitions. The group limits apply to each group
 (tide.Group) on its own; --ordered runs each group's tasks one at a time, in
 enqueue order. A server started with Config.QueueLimits for the queue writes
 its own limits again when it starts.`

@@ -17,13 +17,17 @@
 -- record is dropped; a record with an unreadable header is archived with a
 -- reason (its bytes kept as the result) and not returned. A request run again
 -- returns the tasks its first run leased that are still leased to it, and
--- leases nothing more. When the partition has a concurrency share (field c of
--- its limits hash, see share.lua), it leases at most the room left under it:
--- the share minus the tasks active in the partition (leased, not settled nor
--- recovered). When it has a rate share (r tasks per per ms), it leases at most
--- r minus the tasks it started in the last per ms (the starts zset, a sliding
--- window), and records each start; when that leaves no room while tasks wait,
--- it announces once when room opens again ("p<partition>:<ms>" event).
+-- leases nothing more. When the partition holds concurrency slots (field c of
+-- its limits hash, see slots.lua), it leases at most the room left under
+-- them (and under its cap ct, when set): the slots minus the tasks active in
+-- the partition (leased, not settled nor recovered). When it holds rate
+-- tokens (r tasks per per ms), it leases at most r minus the tasks it
+-- started in the last per ms (the starts zset, a sliding window), and
+-- records each start; when that leaves no room while tasks wait, it
+-- announces once when room opens again ("p<partition>:<ms>" event). A call
+-- refused for want of slots while tasks wait, or that leaves free slots
+-- unused under a cap, returns {'!'} alone: the caller rebalances the
+-- queue's slots.
 -- When the partition holds grouped tasks, due scheduled and retry tasks are
 -- not leased directly but made ready by Maintain (grouped ones join their
 -- group), and the groups with ready tasks are served round-robin, one task per turn, the ungrouped tasks
@@ -66,10 +70,22 @@ if cached then
 end
 if redis.call('EXISTS', KEYS[4]) == 1 then return {} end
 local n = tonumber(ARGV[4])
-local lim = redis.call('HMGET', KEYS[12], 'c', 'r', 'per', 'gc', 'gr', 'gper', 'ord', 'gh')
+local lim = redis.call('HMGET', KEYS[12], 'c', 'r', 'per', 'gc', 'gr', 'gper', 'ord', 'gh', 'ct', 'cs', 'rs')
+-- want is the reply of a call that starts nothing for want of slots: {'!'}
+-- asks the caller to rebalance the queue's slots (slots.lua) when tasks
+-- wait here and the partition may get more (fair is not '1'), else nothing.
+local function want(fair)
+  if fair ~= '1' and (redis.call('LLEN', KEYS[2]) > 0 or redis.call('EXISTS', KEYS[14]) == 1) then return {'!'} end
+  return {}
+end
 if lim[1] then
-  local room = tonumber(lim[1]) - redis.call('ZCARD', KEYS[3])
-  if room <= 0 then return {} end
+  local cap, act = tonumber(lim[1]), redis.call('ZCARD', KEYS[3])
+  if lim[9] and tonumber(lim[9]) < cap then cap = tonumber(lim[9]) end
+  local room = cap - act
+  if room <= 0 then
+    if act < tonumber(lim[1]) then return {'!'} end -- free slots over its cap: to give away
+    return want(lim[10])
+  end
   if room < n then n = room end
 end
 local now = redis_now()
@@ -85,7 +101,7 @@ if lim[2] then
       redis.call('HSET', KEYS[12], 'w', at)
       redis.call('PUBLISH', ARGV[6], 'p' .. ARGV[7] .. ':' .. at)
     end
-    return {}
+    return want(lim[11])
   end
   if room < n then n = room end
 end
@@ -213,7 +229,12 @@ else
     end
   end
 end
-if #ids == 0 then return {} end
+if #ids == 0 then
+  -- Nothing to start: free slots held while other partitions want some
+  -- (a cap is set) are to be given away.
+  if lim[9] and lim[1] and tonumber(lim[1]) > redis.call('ZCARD', KEYS[3]) then return {'!'} end
+  return {}
+end
 local exp = now + tonumber(ARGV[5])
 local tok = next_tokens(KEYS[9], #ids)
 local first_tok = tok

@@ -35,8 +35,10 @@
 -- and completed add the attempt to the task's history (done deletes it).
 -- Each completed or archived task trims up to two tasks past their
 -- retention or the archive's bounds, so trimming keeps pace with any
--- completion rate. When the partition was at its concurrency share and now has
--- room while tasks wait, idle servers are woken ("p" event), as they are
+-- completion rate. When the partition was at its concurrency slots and now has
+-- room while tasks wait, or was at a cap under its slots (ct, see slots.lua)
+-- and now has free slots to give away, idle servers are woken ("p" event;
+-- a Dequeue that meets free slots over a cap rebalances), as they are
 -- when a settled grouped task lets its group run again. A grouped task
 -- leaving active gives its group's slot back; done and archive also free
 -- an ordered group's place, which retry and defer keep. Done, completed and
@@ -54,9 +56,13 @@ local out = {}
 local requeued, first_retry = 0, nil
 local processed, failed, finished = 0, 0, 0
 local before = earliest(KEYS[8], KEYS[4])
-local lim = redis.call('HMGET', KEYS[15], 'c', 'ord')
+local lim = redis.call('HMGET', KEYS[15], 'c', 'ord', 'ct')
 local share = tonumber(lim[1] or '-1')
 local was_full = share >= 0 and redis.call('ZCARD', KEYS[2]) >= share
+-- A partition capped under its slots (ct: other partitions want them) that
+-- was at its cap: the slots its tasks free are to be given away.
+local cap = tonumber(lim[3] or '')
+local was_capped = cap and cap < share and redis.call('ZCARD', KEYS[2]) >= cap
 local G = g_keys(16)
 if redis.call('EXISTS', G.id) == 0 then G = nil end
 local ordered = lim[2] == '1'
@@ -167,6 +173,9 @@ if requeued > 0 and redis.call('LLEN', KEYS[3]) == requeued then
 end
 if was_full and redis.call('ZCARD', KEYS[2]) < share and redis.call('LLEN', KEYS[3]) > 0 then
   redis.call('PUBLISH', ARGV[4], 'p' .. ARGV[5])
+end
+if was_capped and redis.call('ZCARD', KEYS[2]) < share then
+  redis.call('PUBLISH', ARGV[4], 'p' .. ARGV[5]) -- servers look, and rebalance
 end
 if first_retry and (not before or first_retry < before) then
   redis.call('PUBLISH', ARGV[4], 's' .. ARGV[5] .. ':' .. string.format('%d', first_retry))

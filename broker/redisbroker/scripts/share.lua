@@ -1,25 +1,25 @@
--- share.lua: set one partition's shares of its queue's limits.
--- KEYS[1] limits hash of the partition (v: version, c: concurrency share,
---         r: rate share, per: rate period ms, w: last announced rate wake-up)
+-- share.lua: set one partition's settings of its queue's limits.
+-- KEYS[1] limits hash of the partition (v: version; c, ce, r, re, ct, cs,
+--         rs, xs, xo, xi:*: its slots, see slots.lua; per: rate period ms;
+--         w: last announced rate wake-up)
 -- KEYS[2] pending list  KEYS[3] active zset  KEYS[4] layout meta
 -- KEYS[5] starts zset (start ms of the tasks started in the last period)
 -- KEYS[6] group rotation zset  KEYS[7] group state hash  KEYS[8] held-back
 -- groups zset  KEYS[9] ready grouped tasks (groups.lua)
--- ARGV[1] layout  ARGV[2] version of the queue's limits the shares come from
--- ARGV[3] concurrency share ('' for no limit)  ARGV[4] event channel
--- ARGV[5] partition  ARGV[6] rate share ('' for no limit)  ARGV[7] period ms
+-- ARGV[1] layout  ARGV[2] version of the queue's limits the settings come from
+-- ARGV[3] concurrency era ('' for no limit)  ARGV[4] event channel
+-- ARGV[5] partition  ARGV[6] rate era ('' for no limit)  ARGV[7] period ms
 -- ARGV[8] group limits "<concurrency>:<rate>:<period ms>:<ordered 0|1>:
 --         <hold 0|1>" (0: none); groups are not split, so these are the
---         queue's. hold: grouped tasks start nothing (a repartition runs and
---         the group limits cannot see the old partitions' running tasks).
--- then pairs of member, start ms: starts made elsewhere (the old partitions
--- of a repartition) that count against this partition's rate share.
--- Returns 1 when the shares were written, 0 when the partition holds shares
--- of newer limits (left as they are) or a repartition has retired it.
--- Dequeue hands out a task only while the partition's active tasks are fewer
--- than its concurrency share and its starts in the last period fewer than
--- its rate share. When the shares leave room for tasks that wait, idle
--- servers are woken ("p" event).
+--         queue's. hold: grouped tasks start nothing (a repartition runs).
+-- Returns 1 when the settings were written, 0 when the partition holds
+-- settings of newer limits (left as they are) or a repartition has retired
+-- it.
+-- The slots themselves are not set here: they move between the partitions
+-- and the queue's bank (slots.lua). A partition whose slots are of another
+-- era than the limit's (the limit was switched on since) starts with none;
+-- without the limit it loses them. When the settings leave room for tasks
+-- that wait, idle servers are woken ("p" event).
 if redis.call('GET', KEYS[4]) == 'retired' then return 0 end
 local bad = layout_error(KEYS[4], ARGV[1])
 if bad then return bad end
@@ -27,15 +27,21 @@ local v = tonumber(ARGV[2])
 local cur = tonumber(redis.call('HGET', KEYS[1], 'v') or '0')
 if cur > v then return 0 end
 redis.call('HSET', KEYS[1], 'v', ARGV[2])
+local held = redis.call('HMGET', KEYS[1], 'c', 'ce', 'r', 're')
 if ARGV[3] == '' then
-  redis.call('HDEL', KEYS[1], 'c')
-else
-  redis.call('HSET', KEYS[1], 'c', ARGV[3])
+  redis.call('HDEL', KEYS[1], 'c', 'ce', 'ct', 'cs')
+elseif not held[1] or (held[2] or '0') ~= ARGV[3] then
+  redis.call('HSET', KEYS[1], 'c', 0, 'ce', ARGV[3])
+  redis.call('HDEL', KEYS[1], 'ct', 'cs')
 end
 if ARGV[6] == '' then
-  redis.call('HDEL', KEYS[1], 'r', 'per', 'w')
+  redis.call('HDEL', KEYS[1], 'r', 're', 'rs', 'per', 'w')
 else
-  redis.call('HSET', KEYS[1], 'r', ARGV[6], 'per', ARGV[7])
+  if not held[3] or (held[4] or '0') ~= ARGV[6] then
+    redis.call('HSET', KEYS[1], 'r', 0, 're', ARGV[6])
+    redis.call('HDEL', KEYS[1], 'rs')
+  end
+  redis.call('HSET', KEYS[1], 'per', ARGV[7])
   redis.call('HDEL', KEYS[1], 'w')
 end
 local gc, gr, gper, ord, hold = string.match(ARGV[8], '^(%d+):(%d+):(%d+):([01]):([01])$')
@@ -81,13 +87,8 @@ repeat
     end
   end
 until cursor == '0'
-if #ARGV > 8 then
-  for i = 9, #ARGV, 2 do
-    redis.call('ZADD', KEYS[5], ARGV[i + 1], ARGV[i])
-  end
-  redis.call('PEXPIRE', KEYS[5], tonumber(ARGV[7]))
-end
-if (redis.call('LLEN', KEYS[2]) > 0 or redis.call('ZCARD', KEYS[9]) > 0) and (ARGV[3] == '' or redis.call('ZCARD', KEYS[3]) < tonumber(ARGV[3])) then
+local c = redis.call('HGET', KEYS[1], 'c')
+if (redis.call('LLEN', KEYS[2]) > 0 or redis.call('ZCARD', KEYS[9]) > 0) and (not c or redis.call('ZCARD', KEYS[3]) < tonumber(c)) then
   redis.call('PUBLISH', ARGV[4], 'p' .. ARGV[5])
 end
 return 1

@@ -1,0 +1,227 @@
+-- slots.lua: the slots of a queue's limits held by one node: a partition
+-- (its limits hash) or the queue's bank (free slots, in the slot of the
+-- limits record). The design and its argument are in the package
+-- documentation ("Limits"); in short: a node holds c concurrency slots and r
+-- rate tokens, and slots move between nodes only by transfers, each made of
+-- three steps of one node each, so that no script sees two partitions:
+--   give (source)  take the slots off the source and write the transfer as
+--                  its outstanding record xo ("<seq>|<ce>|<re>|<dest>,<dc>,
+--                  <dr>,<ages>|..."), numbered by the source's counter xs; a
+--                  source with an outstanding record gives nothing more
+--   apply (dest)   add a record's part to the destination once: the
+--                  destination keeps, per source, the number of the last
+--                  record it applied (xi:<source>) and applies only a later
+--                  one
+--   clear (source) drop the outstanding record once every destination has
+--                  applied it
+-- A record's parts count only on a node of the same era (ce, re: the limit's
+-- version when it was last switched on; '0' for slots that predate eras).
+-- KEYS (partition) 1 limits hash  2 starts zset (token -> start ms)
+--   3 active zset  4 pending list  5 layout meta  6 scheduled zset
+--   7 retry zset  8 ready grouped tasks (gq)  9 group rotation (gr)
+-- KEYS (bank) 1 bank hash
+-- ARGV[1] 'p' partition or 'b' bank  ARGV[2] layout ('' for the bank)
+-- ARGV[3] op, then the op's arguments.
+-- Limits hash fields: c, ce, r, re (held slots and their eras; no c: no
+-- concurrency limit, no r: no rate limit), per (rate period ms), ct (the
+-- most tasks to run at once: a cap under c while other partitions want
+-- slots), cs and rs ('1': the partition holds its fair share of a limit it
+-- would use more of, so wanting more is no news), xs, xo, xi:<source>.
+local part = ARGV[1] == 'p'
+local L = KEYS[1]
+local op = ARGV[3]
+
+-- alive reports a partition that exists and is not retired.
+local function alive()
+  if not part then return true end
+  local m = redis.call('GET', KEYS[5])
+  return m and m ~= 'retired'
+end
+
+local function num(f)
+  local v = redis.call('HGET', L, f)
+  if v then return tonumber(v) end
+  return nil
+end
+
+-- waiting estimates the tasks of the partition that could start now.
+local function waiting(now, lim)
+  local w = redis.call('LLEN', KEYS[4])
+  for _, z in ipairs({KEYS[6], KEYS[7]}) do w = w + redis.call('ZCOUNT', z, '-inf', now) end
+  local g = redis.call('HMGET', L, 'gh', 'ord', 'gc')
+  if g[1] ~= '1' then
+    local ready = redis.call('ZCARD', KEYS[8])
+    if ready > 0 then
+      local groups = redis.call('ZCARD', KEYS[9])
+      if g[2] == '1' then
+        ready = math.min(ready, groups)
+      elseif g[3] then
+        ready = math.min(ready, groups * tonumber(g[3]))
+      end
+      w = w + ready
+    end
+  end
+  return math.min(w, lim)
+end
+
+-- used counts the rate tokens used in the last period (starts still in the
+-- window), dropping the starts that left it.
+local function used(now)
+  local per = num('per')
+  if not per then return 0 end
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - per)
+  return redis.call('ZCARD', KEYS[2])
+end
+
+if op == 'state' then
+  -- ARGV[4] the most waiting tasks worth counting. Returns meta, c, ce, r,
+  -- re, ct, xo, active, waiting, used, cs, rs ('' for a missing field).
+  local f = redis.call('HMGET', L, 'c', 'ce', 'r', 're', 'ct', 'xo', 'cs', 'rs')
+  if not part then
+    return {'bank', f[1] or '', f[2] or '0', f[3] or '', f[4] or '0', '', f[6] or '', 0, 0, 0, '', ''}
+  end
+  local meta = redis.call('GET', KEYS[5]) or ''
+  local now = redis_now()
+  local u = 0
+  if f[3] then u = used(now) end
+  return {meta, f[1] or '', f[2] or '0', f[3] or '', f[4] or '0', f[5] or '', f[6] or '',
+    redis.call('ZCARD', KEYS[3]), waiting(now, tonumber(ARGV[4])), u, f[7] or '', f[8] or ''}
+end
+
+if op == 'give' then
+  -- ARGV[4] this node's ID, then quadruples: destination ID, concurrency
+  -- slots, rate tokens, '1' to give the slots even if tasks use them (only
+  -- to the bank, which a lowered limit left in debt). Gives at most what
+  -- the node can: free concurrency slots (held, not used by a running
+  -- task), rate tokens (free ones first, then used ones, each with the age
+  -- of the start that used it, which counts at the destination as it did
+  -- here). Returns {'ok', record}, {'none', ''} when nothing could be
+  -- given, or {'busy', record} when a record is outstanding (complete it
+  -- first; it may be this very call's, sent twice).
+  if part then
+    local bad = layout_error(KEYS[5], ARGV[2])
+    if bad then return bad end
+  end
+  local xo = redis.call('HGET', L, 'xo')
+  if xo then return {'busy', xo} end
+  local c, r = num('c'), num('r')
+  local now = redis_now()
+  local act = 0
+  if part and c then act = redis.call('ZCARD', KEYS[3]) end
+  local freec = c and math.max(c - act, 0) or 0
+  local u = 0
+  if part and r then u = used(now) end
+  local freer = r and math.max(r - u, 0) or 0
+  local parts, gc, gr = {}, 0, 0
+  for i = 5, #ARGV, 4 do
+    local dc, dr = 0, 0
+    if c then
+      local want = tonumber(ARGV[i + 1])
+      if ARGV[i + 3] == '1' then
+        dc = math.min(want, c - gc)
+      else
+        dc = math.min(want, freec)
+        freec = freec - dc
+      end
+      if dc < 0 then dc = 0 end
+      gc = gc + dc
+    end
+    local ages = {}
+    if r then
+      dr = math.max(math.min(tonumber(ARGV[i + 2]), r - gr), 0)
+      local fromfree = math.min(dr, freer)
+      freer = freer - fromfree
+      local n = dr - fromfree
+      if n > 0 and part then
+        local zs = redis.call('ZRANGE', KEYS[2], 0, n - 1, 'WITHSCORES')
+        for j = 1, #zs, 2 do
+          redis.call('ZREM', KEYS[2], zs[j])
+          ages[#ages + 1] = string.format('%d', math.max(now - tonumber(zs[j + 1]), 0))
+        end
+      end
+      gr = gr + dr
+    end
+    if dc > 0 or dr > 0 then
+      parts[#parts + 1] = ARGV[i] .. ',' .. dc .. ',' .. dr .. ',' .. table.concat(ages, '.')
+    end
+  end
+  if #parts == 0 then return {'none', ''} end
+  if gc > 0 then redis.call('HINCRBY', L, 'c', -gc) end
+  if gr > 0 then redis.call('HINCRBY', L, 'r', -gr) end
+  local seq = redis.call('HINCRBY', L, 'xs', 1)
+  local rec = seq .. '|' .. (redis.call('HGET', L, 'ce') or '0') .. '|' .. (redis.call('HGET', L, 're') or '0') .. '|' .. table.concat(parts, '|')
+  redis.call('HSET', L, 'xo', rec)
+  return {'ok', rec}
+end
+
+if op == 'apply' then
+  -- ARGV[4] source ID  ARGV[5] record number  ARGV[6] its concurrency era
+  -- ARGV[7] its rate era  ARGV[8] slots  ARGV[9] tokens  ARGV[10] ages of
+  -- the used tokens ('.'-separated ms)  ARGV[11] event channel
+  -- ARGV[12] partition index ('' for none). Returns 'ok', 'dup' (applied
+  -- before) or 'gone' (the node is retired: the part is lost, never
+  -- doubled).
+  if not alive() then return 'gone' end
+  local seq = tonumber(ARGV[5])
+  local last = num('xi:' .. ARGV[4])
+  if last and last >= seq then return 'dup' end
+  redis.call('HSET', L, 'xi:' .. ARGV[4], ARGV[5])
+  local dc, dr = tonumber(ARGV[8]), tonumber(ARGV[9])
+  local f = redis.call('HMGET', L, 'c', 'ce', 'r', 're')
+  local added = false
+  if dc ~= 0 and f[1] and (f[2] or '0') == ARGV[6] then
+    redis.call('HINCRBY', L, 'c', dc)
+    added = dc > 0
+  end
+  if dr ~= 0 and f[3] and (f[4] or '0') == ARGV[7] then
+    redis.call('HINCRBY', L, 'r', dr)
+    added = added or dr > 0
+    if part and ARGV[10] ~= '' then
+      local now = redis_now()
+      local i = 0
+      for age in string.gmatch(ARGV[10], '%d+') do
+        i = i + 1
+        redis.call('ZADD', KEYS[2], now - tonumber(age), 'x' .. ARGV[4] .. '.' .. ARGV[5] .. '.' .. i)
+      end
+      local per = num('per')
+      if per then redis.call('PEXPIRE', KEYS[2], per) end
+    end
+  end
+  if added and part and ARGV[12] ~= '' and waiting(redis_now(), 1) > 0 then
+    redis.call('PUBLISH', ARGV[11], 'p' .. ARGV[12])
+  end
+  return 'ok'
+end
+
+if op == 'clear' then
+  -- ARGV[4] record number: drops the outstanding record if it is that one.
+  local xo = redis.call('HGET', L, 'xo')
+  if xo and string.sub(xo, 1, #ARGV[4] + 1) == ARGV[4] .. '|' then redis.call('HDEL', L, 'xo') end
+  return 1
+end
+
+if op == 'cap' then
+  -- ARGV[4] ct ('' none)  ARGV[5] cs  ARGV[6] rs  ARGV[7] event channel
+  -- ARGV[8] partition index  ARGV[9..11] c, r and ct as the caller read
+  -- them ('' missing): when any changed since, the cap was computed from a
+  -- state that is gone and nothing is written (returns 0). Wakes idle
+  -- servers when a higher cap leaves room for tasks that wait.
+  local bad = layout_error(KEYS[5], ARGV[2])
+  if bad then return bad end
+  local seen = redis.call('HMGET', L, 'c', 'r', 'ct')
+  for i = 1, 3 do
+    if (seen[i] or '') ~= ARGV[8 + i] then return 0 end
+  end
+  local old = num('ct')
+  if ARGV[4] == '' then redis.call('HDEL', L, 'ct') else redis.call('HSET', L, 'ct', ARGV[4]) end
+  for _, kv in ipairs({{'cs', ARGV[5]}, {'rs', ARGV[6]}}) do
+    if kv[2] == '1' then redis.call('HSET', L, kv[1], '1') else redis.call('HDEL', L, kv[1]) end
+  end
+  local new = tonumber(ARGV[4])
+  if old and (not new or new > old) and waiting(redis_now(), 1) > 0 then
+    redis.call('PUBLISH', ARGV[7], 'p' .. ARGV[8])
+  end
+  return 1
+end
+
+return redis.error_reply('ERR slots.lua: unknown op ' .. tostring(op))

@@ -1,0 +1,754 @@
+package redisbroker
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/tidetype"
+)
+
+// This file moves the slots of a queue's Concurrency and Rate between its
+// partitions (and its bank) as their backlogs change; slots.lua holds the
+// steps and the package documentation ("Limits") the argument.
+
+// bankKey names queue's bank: the slots of its limits that no partition
+// holds. It shares the hash slot of the limits record ("{<prefix>:limits}"
+// is the whole name of that record), so that recording a new limit and
+// changing the bank by the difference are one step.
+func (b *Broker) bankKey(queue string) string { return "{" + b.limitsKey() + "}:bank:" + queue }
+
+// slotNode is what a rebalance read of one node: a partition, or the bank.
+type slotNode struct {
+	p    part // zero for the bank
+	bank bool
+	old  bool   // a partition of the old span of a running repartition
+	id   string // "B" for the bank, else the partition's tag after "<queue>:"
+	meta string
+
+	c, r       int64 // slots held
+	hasC, hasR bool  // the node holds slots of that limit (else it has none)
+	ce, re     string
+	ct         int64
+	hasCt      bool
+	cs, rs     bool
+	xo         string
+
+	active, waiting, used int64
+}
+
+// nodeID is partition p's tag after "<queue>:" ("3", "3@2"), the name a
+// transfer record gives it.
+func (b *Broker) nodeID(p part) string {
+	return p.base[len(b.prefix)+2+len(p.queue)+1 : len(p.base)-2]
+}
+
+// slotCall runs op of slots.lua on node n.
+func (b *Broker) slotCall(queue string, n *slotNode, op string, args ...any) *call {
+	if n.bank {
+		return &call{script: b.s.slots, keys: []string{b.bankKey(queue)}, args: append([]any{"b", "", op}, args...), queue: queue}
+	}
+	p := n.p
+	return &call{
+		script: b.s.slots,
+		keys:   p.keys("lim", "starts", "active", "pending", "meta", "scheduled", "retry", "gq", "gr"),
+		args:   append([]any{"p", p.layout, op}, args...),
+		queue:  queue,
+	}
+}
+
+// slotNodes returns the nodes of queue under layout l: the bank first, then
+// every partition (the current span's, then the old span's).
+func (b *Broker) slotNodes(queue string, l layout) []*slotNode {
+	ns := []*slotNode{{bank: true, id: "B"}}
+	for i := range l.total() {
+		p := b.partAt(queue, l, i)
+		ns = append(ns, &slotNode{p: p, old: p.old, id: b.nodeID(p)})
+	}
+	return ns
+}
+
+// readSlots reads every node's state (slots.lua "state"). A queue limited
+// in a resource gets a bank for it if it has none (slots recorded before
+// the bank existed, era '0').
+func (b *Broker) readSlots(ctx context.Context, queue string, ns []*slotNode, lim tidetype.QueueLimits) error {
+	pipe := b.rdb.Pipeline()
+	if lim.Concurrency > 0 {
+		pipe.HSetNX(ctx, b.bankKey(queue), "c", 0)
+	}
+	if lim.Rate.Limit > 0 {
+		pipe.HSetNX(ctx, b.bankKey(queue), "r", 0)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return callErr("rebalance "+queue, classify(err))
+	}
+	most := int64(max(lim.Concurrency, lim.Rate.Limit))
+	calls := make([]*call, len(ns))
+	for i, n := range ns {
+		calls[i] = b.slotCall(queue, n, "state", most)
+	}
+	if err := b.runAll(ctx, "rebalance "+queue, calls); err != nil {
+		return err
+	}
+	for i, n := range ns {
+		v, err := calls[i].cmd.Slice()
+		if err != nil || len(v) != 12 {
+			return callErr("rebalance "+queue, fmt.Errorf("unexpected state reply %v (%v)", calls[i].cmd.Val(), err))
+		}
+		str := func(j int) string { s, _ := v[j].(string); return s }
+		i64 := func(j int) int64 {
+			switch x := v[j].(type) {
+			case int64:
+				return x
+			case string:
+				n, _ := strconv.ParseInt(x, 10, 64)
+				return n
+			}
+			return 0
+		}
+		n.meta = str(0)
+		n.hasC, n.hasR = str(1) != "", str(3) != ""
+		n.c, n.r = i64(1), i64(3)
+		n.ce, n.re = str(2), str(4)
+		n.hasCt = str(5) != ""
+		n.ct = i64(5)
+		n.xo = str(6)
+		n.active, n.waiting, n.used = i64(7), i64(8), i64(9)
+		n.cs, n.rs = str(10) == "1", str(11) == "1"
+	}
+	return nil
+}
+
+// transfer is one parsed outstanding record of a node: its parts.
+type transfer struct {
+	src    *slotNode
+	seq    string
+	ce, re string
+	parts  []transferPart
+}
+
+type transferPart struct {
+	dest   string
+	dc, dr int64
+	ages   string
+}
+
+func parseTransfer(src *slotNode, rec string) (transfer, error) {
+	f := strings.Split(rec, "|")
+	if len(f) < 4 {
+		return transfer{}, fmt.Errorf("transfer record %q of node %s", rec, src.id)
+	}
+	t := transfer{src: src, seq: f[0], ce: f[1], re: f[2]}
+	for _, p := range f[3:] {
+		g := strings.Split(p, ",")
+		if len(g) != 4 {
+			return transfer{}, fmt.Errorf("transfer record %q of node %s", rec, src.id)
+		}
+		dc, err1 := strconv.ParseInt(g[1], 10, 64)
+		dr, err2 := strconv.ParseInt(g[2], 10, 64)
+		if err1 != nil || err2 != nil {
+			return transfer{}, fmt.Errorf("transfer record %q of node %s", rec, src.id)
+		}
+		t.parts = append(t.parts, transferPart{dest: g[0], dc: dc, dr: dr, ages: g[3]})
+	}
+	return t, nil
+}
+
+// destNode finds the node a transfer names among ns; a partition not in the
+// layout (a span retired since) gets a node of its own, on which the apply
+// step finds no partition and drops the part.
+func (b *Broker) destNode(queue string, ns []*slotNode, id string) *slotNode {
+	for _, n := range ns {
+		if n.id == id {
+			return n
+		}
+	}
+	base := b.prefix + ":{" + queue + ":" + id + "}:"
+	return &slotNode{id: id, p: part{queue: queue, idx: -1, base: base, channel: b.channel(queue)}}
+}
+
+// complete applies the transfers at their destinations and then clears
+// them at their sources.
+func (b *Broker) complete(ctx context.Context, queue string, ns []*slotNode, ts []transfer) error {
+	var applies []*call
+	owner := make([]int, 0)
+	for ti, t := range ts {
+		for _, p := range t.parts {
+			d := b.destNode(queue, ns, p.dest)
+			idx := ""
+			if !d.bank && d.p.idx >= 0 {
+				idx = strconv.Itoa(d.p.idx)
+			}
+			applies = append(applies, b.slotCall(queue, d, "apply", t.src.id, t.seq, t.ce, t.re, p.dc, p.dr, p.ages, b.channel(queue), idx))
+			owner = append(owner, ti)
+		}
+	}
+	b.run(ctx, applies)
+	done := make([]bool, len(ts))
+	for i := range done {
+		done[i] = true
+	}
+	var firstErr error
+	for i, c := range applies {
+		if c.err != nil {
+			done[owner[i]] = false
+			if firstErr == nil {
+				firstErr = callErr("rebalance "+queue, c.err)
+			}
+		}
+	}
+	var clears []*call
+	for i, t := range ts {
+		if done[i] {
+			clears = append(clears, b.slotCall(queue, t.src, "clear", t.seq))
+		}
+	}
+	if err := b.runAll(ctx, "rebalance "+queue, clears); err != nil && firstErr == nil {
+		firstErr = err
+	}
+	return firstErr
+}
+
+// outstanding parses the nodes' outstanding records.
+func outstanding(ns []*slotNode) ([]transfer, error) {
+	var ts []transfer
+	for _, n := range ns {
+		if n.xo == "" {
+			continue
+		}
+		t, err := parseTransfer(n, n.xo)
+		if err != nil {
+			return nil, err
+		}
+		ts = append(ts, t)
+	}
+	return ts, nil
+}
+
+// rebalance moves queue's slots towards where tasks wait: it finishes the
+// transfers a crash (or another process) left outstanding, then computes
+// each partition's fair holding and moves free slots from those above it to
+// those below it, sets caps on partitions that hold more than their fair
+// holding while others want slots, and takes slots back from the partitions
+// when a lowered limit left the bank in debt. It is safe to run anywhere at
+// any time, also in several processes at once: every step is one atomic
+// script on one node, and a transfer is applied once however often it is
+// completed (see slots.lua).
+func (b *Broker) rebalance(ctx context.Context, queue string) error {
+	if err := b.check(); err != nil {
+		return err
+	}
+	_, lim, ok, err := b.readLimits(ctx, queue)
+	if err != nil || !ok || (lim.Concurrency == 0 && lim.Rate.Limit == 0) {
+		return err
+	}
+	for attempt := 0; ; attempt++ {
+		l, err := b.layoutOf(ctx, queue)
+		if err != nil {
+			return err
+		}
+		ns := b.slotNodes(queue, l)
+		if err := b.readSlots(ctx, queue, ns, lim); err != nil {
+			return err
+		}
+		ts, err := outstanding(ns)
+		if err != nil {
+			return callErr("rebalance "+queue, err)
+		}
+		if len(ts) > 0 {
+			if err := b.complete(ctx, queue, ns, ts); err != nil || attempt >= 2 {
+				return err
+			}
+			continue
+		}
+		gives, caps := planSlots(ns, lim)
+		return b.execute(ctx, queue, ns, gives, caps)
+	}
+}
+
+// give is one source's part of a plan: what it gives to whom.
+type give struct {
+	dest   *slotNode
+	dc, dr int64
+	force  bool // concurrency slots even if running tasks use them (bank debt)
+}
+
+// capSet is the cap a plan gives a partition (hasCt false: none).
+type capSet struct {
+	ct     int64
+	hasCt  bool
+	cs, rs bool
+}
+
+// planSlots computes the transfers and caps that bring ns (the bank first)
+// towards each partition's fair holding of each limit.
+func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (map[*slotNode][]give, map[*slotNode]capSet) {
+	gives := map[*slotNode][]give{}
+	caps := map[*slotNode]capSet{}
+	bank := ns[0]
+	add := func(src, dst *slotNode, dc, dr int64, force bool) {
+		for i, g := range gives[src] {
+			if g.dest == dst && g.force == force {
+				gives[src][i].dc += dc
+				gives[src][i].dr += dr
+				return
+			}
+		}
+		gives[src] = append(gives[src], give{dest: dst, dc: dc, dr: dr, force: force})
+	}
+	// Each resource in turn: the partitions of the bank's era take part,
+	// the current span's by their demand, the old span's to give all away.
+	for _, kind := range []byte{'c', 'r'} {
+		var total int64
+		switch kind {
+		case 'c':
+			total = int64(lim.Concurrency)
+		default:
+			total = int64(lim.Rate.Limit)
+		}
+		hasBank := kind == 'c' && bank.hasC || kind == 'r' && bank.hasR
+		if total <= 0 || !hasBank {
+			continue
+		}
+		held := func(n *slotNode) int64 {
+			if kind == 'c' {
+				return n.c
+			}
+			return n.r
+		}
+		in := func(n *slotNode) bool {
+			if n.bank || n.meta == "" || n.meta == "retired" {
+				return false
+			}
+			if kind == 'c' {
+				return n.hasC && n.ce == bank.ce
+			}
+			return n.hasR && n.re == bank.re
+		}
+		var cur, old []*slotNode
+		for _, n := range ns[1:] {
+			switch {
+			case !in(n):
+			case n.old:
+				old = append(old, n)
+			default:
+				cur = append(cur, n)
+			}
+		}
+		if len(cur) == 0 {
+			continue
+		}
+		d := make([]int64, len(cur))
+		for i, n := range cur {
+			if kind == 'c' {
+				d[i] = n.active + n.waiting
+			} else {
+				d[i] = n.waiting
+			}
+		}
+		h, contended, level := waterfill(total, d)
+		fair := map[*slotNode]int64{}
+		for i, n := range cur {
+			fair[n] = h[i]
+			cs := caps[n]
+			if kind == 'c' {
+				cs.hasCt, cs.ct, cs.cs = contended, h[i], contended && level[i]
+			} else {
+				cs.rs = contended && level[i]
+			}
+			caps[n] = cs
+		}
+		for _, n := range old {
+			fair[n] = 0
+			if kind == 'c' {
+				caps[n] = capSet{hasCt: true, ct: 0}
+			}
+		}
+		// What each node can give without force, and what it should get.
+		left := map[*slotNode]int64{}
+		supply := func(n *slotNode) int64 {
+			if n.bank {
+				return max(held(n), 0)
+			}
+			s := held(n) - fair[n]
+			if kind == 'c' {
+				s = min(s, n.c-n.active)
+			}
+			return max(s, 0)
+		}
+		type need struct {
+			n *slotNode
+			k int64
+		}
+		var needs []need
+		if held(bank) < 0 {
+			needs = append(needs, need{bank, -held(bank)})
+		}
+		var wants []need
+		for _, n := range cur {
+			if k := fair[n] - held(n); k > 0 {
+				wants = append(wants, need{n, k})
+			}
+		}
+		slices.SortStableFunc(wants, func(a, b need) int { return int(b.k - a.k) })
+		needs = append(needs, wants...)
+		srcs := append([]*slotNode{bank}, append(old, cur...)...)
+		for _, s := range srcs {
+			left[s] = supply(s)
+		}
+		for i := range needs {
+			for _, s := range srcs {
+				if needs[i].k == 0 {
+					break
+				}
+				if s == needs[i].n || left[s] == 0 {
+					continue
+				}
+				k := min(left[s], needs[i].k)
+				left[s] -= k
+				needs[i].k -= k
+				if kind == 'c' {
+					add(s, needs[i].n, k, 0, false)
+				} else {
+					add(s, needs[i].n, 0, k, false)
+				}
+			}
+		}
+		// A bank in debt (a lowered limit) takes slots back even where
+		// tasks use them: those partitions start nothing until they are
+		// under their slots again.
+		if len(needs) > 0 && needs[0].n == bank && needs[0].k > 0 {
+			k := needs[0].k
+			given := func(n *slotNode) int64 {
+				var g int64
+				for _, x := range gives[n] {
+					if kind == 'c' {
+						g += x.dc
+					} else {
+						g += x.dr
+					}
+				}
+				return g
+			}
+			for pass := 0; pass < 2 && k > 0; pass++ {
+				for _, s := range append(old, cur...) {
+					if k == 0 {
+						break
+					}
+					room := held(s) - given(s)
+					if pass == 0 {
+						room -= fair[s]
+					}
+					if room <= 0 {
+						continue
+					}
+					x := min(room, k)
+					k -= x
+					if kind == 'c' {
+						add(s, bank, x, 0, true)
+					} else {
+						add(s, bank, 0, x, false)
+					}
+				}
+			}
+		}
+	}
+	return gives, caps
+}
+
+// waterfill shares total among demands d: when they add up to no more than
+// total each gets its demand and the rest is spread evenly; else each gets
+// its demand up to a level that shares total out (max-min fairness), and
+// contended is true, level[i] telling those held at the level.
+func waterfill(total int64, d []int64) (h []int64, contended bool, level []bool) {
+	n := len(d)
+	h, level = make([]int64, n), make([]bool, n)
+	var sum int64
+	for _, x := range d {
+		sum += x
+	}
+	if sum <= total {
+		spare := int(total - sum)
+		for i := range d {
+			h[i] = d[i] + int64(broker.Share(spare, n, i))
+		}
+		return h, false, level
+	}
+	lo, hi := int64(0), total
+	for lo < hi {
+		mid := (lo + hi + 1) / 2
+		var s int64
+		for _, x := range d {
+			s += min(x, mid)
+		}
+		if s <= total {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	rem := total
+	for i, x := range d {
+		h[i] = min(x, lo)
+		rem -= h[i]
+	}
+	for i, x := range d {
+		if x > lo {
+			level[i] = true
+			if rem > 0 {
+				h[i]++
+				rem--
+			}
+		}
+	}
+	return h, true, level
+}
+
+// execute runs a plan: the gives and caps at once, then the transfers'
+// applies and clears.
+func (b *Broker) execute(ctx context.Context, queue string, ns []*slotNode, gives map[*slotNode][]give, caps map[*slotNode]capSet) error {
+	var calls []*call
+	var srcs []*slotNode
+	for _, n := range ns {
+		gs := gives[n]
+		if len(gs) == 0 {
+			continue
+		}
+		args := []any{n.id}
+		for _, g := range gs {
+			f := ""
+			if g.force {
+				f = "1"
+			}
+			args = append(args, g.dest.id, g.dc, g.dr, f)
+		}
+		calls = append(calls, b.slotCall(queue, n, "give", args...))
+		srcs = append(srcs, n)
+	}
+	nGive := len(calls)
+	for _, n := range ns {
+		c, ok := caps[n]
+		if !ok || n.bank || (c.hasCt == n.hasCt && (!c.hasCt || c.ct == n.ct) && c.cs == n.cs && c.rs == n.rs) {
+			continue
+		}
+		ct := ""
+		if c.hasCt {
+			ct = strconv.FormatInt(c.ct, 10)
+		}
+		calls = append(calls, b.slotCall(queue, n, "cap", ct, flag(c.cs), flag(c.rs), n.p.channel, n.p.idx,
+			field(n.hasC, n.c), field(n.hasR, n.r), field(n.hasCt, n.ct)))
+	}
+	if len(calls) == 0 {
+		return nil
+	}
+	b.run(ctx, calls)
+	var firstErr error
+	var ts []transfer
+	for i, c := range calls {
+		if c.err != nil {
+			if firstErr == nil {
+				firstErr = callErr("rebalance "+queue, c.err)
+			}
+			continue
+		}
+		if i >= nGive {
+			continue
+		}
+		v, err := c.cmd.Slice()
+		if err != nil || len(v) != 2 {
+			return callErr("rebalance "+queue, fmt.Errorf("unexpected give reply %v (%v)", c.cmd.Val(), err))
+		}
+		if rec, _ := v[1].(string); rec != "" {
+			t, err := parseTransfer(srcs[i], rec)
+			if err != nil {
+				return callErr("rebalance "+queue, err)
+			}
+			ts = append(ts, t)
+		}
+	}
+	if len(ts) > 0 {
+		if err := b.complete(ctx, queue, ns, ts); err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
+	return firstErr
+}
+
+// field is a hash field's value as slots.lua compares it: "" when missing.
+func field(has bool, v int64) string {
+	if !has {
+		return ""
+	}
+	return strconv.FormatInt(v, 10)
+}
+
+func flag(v bool) string {
+	if v {
+		return "1"
+	}
+	return ""
+}
+
+// releaseSlots gives every slot of old partition o, which holds no task any
+// more, to the new span before the repartition retires it: its concurrency
+// slots to the bank, its rate tokens (used ones with the ages of their
+// starts) to a new partition.
+func (b *Broker) releaseSlots(ctx context.Context, l layout, o part) error {
+	queue := o.queue
+	ns := b.slotNodes(queue, l)
+	var src *slotNode
+	for _, n := range ns {
+		if !n.bank && n.p.base == o.base {
+			src = n
+		}
+	}
+	if src == nil {
+		return nil
+	}
+	_, lim, _, err := b.readLimits(ctx, queue)
+	if err != nil {
+		return err
+	}
+	for attempt := 0; attempt < 3; attempt++ {
+		if err := b.readSlots(ctx, queue, ns, lim); err != nil {
+			return err
+		}
+		ts, err := outstanding(ns)
+		if err != nil {
+			return callErr("rebalance "+queue, err)
+		}
+		if len(ts) > 0 {
+			if err := b.complete(ctx, queue, ns, ts); err != nil {
+				return err
+			}
+			continue
+		}
+		c, r := max(src.c, 0), max(src.r, 0)
+		if !src.hasC {
+			c = 0
+		}
+		if !src.hasR {
+			r = 0
+		}
+		if c == 0 && r == 0 {
+			return nil
+		}
+		gs := []give{}
+		if c > 0 {
+			gs = append(gs, give{dest: ns[0], dc: c})
+		}
+		if r > 0 {
+			gs = append(gs, give{dest: ns[1+(o.idx-l.cur.n)%l.cur.n], dr: r})
+		}
+		if err := b.execute(ctx, queue, ns, map[*slotNode][]give{src: gs}, nil); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("%w: repartition %s: the slots of an old partition would not move; run the repartition again", broker.ErrUnavailable, queue)
+}
+
+// rebalancing is a process's state of the rebalances of one queue that
+// Dequeue and Maintain ask for (kick).
+type rebalancing struct {
+	running bool      // a goroutine runs rebalanceLoop
+	dirty   bool      // asked for since the last run began
+	last    time.Time // when the last run ended
+	swept   time.Time // when Maintain last asked
+}
+
+// rebalanceGap is the least time between two rebalances of a queue that
+// one process runs in the background.
+const rebalanceGap = 20 * time.Millisecond
+
+// sweepEvery is how often Maintain asks for a rebalance of its queue, in
+// case a transfer was left outstanding by a crash or a wish was lost.
+const sweepEvery = 3 * time.Second
+
+// rebalancer holds a broker's background rebalances; Close stops them.
+type rebalancer struct {
+	mu     sync.Mutex
+	queues map[string]*rebalancing
+	wg     sync.WaitGroup
+	ctx    context.Context
+	stop   context.CancelFunc
+}
+
+// kick asks for a rebalance of queue in the background: at once unless one
+// ran within rebalanceGap, and only one at a time per queue and process.
+func (b *Broker) kick(queue string) {
+	r := &b.reb
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if b.closed.Load() || r.ctx.Err() != nil {
+		return
+	}
+	q := r.queues[queue]
+	if q == nil {
+		if r.queues == nil {
+			r.queues = map[string]*rebalancing{}
+		}
+		q = &rebalancing{}
+		r.queues[queue] = q
+	}
+	q.dirty = true
+	if q.running {
+		return
+	}
+	q.running = true
+	r.wg.Add(1)
+	go b.rebalanceLoop(queue, q)
+}
+
+// sweep is kick at most every sweepEvery per queue.
+func (b *Broker) sweep(queue string) {
+	r := &b.reb
+	r.mu.Lock()
+	if q := r.queues[queue]; q != nil && time.Since(q.swept) < sweepEvery {
+		r.mu.Unlock()
+		return
+	}
+	r.mu.Unlock()
+	b.kick(queue)
+	r.mu.Lock()
+	if q := r.queues[queue]; q != nil {
+		q.swept = time.Now()
+	}
+	r.mu.Unlock()
+}
+
+func (b *Broker) rebalanceLoop(queue string, q *rebalancing) {
+	r := &b.reb
+	defer r.wg.Done()
+	for {
+		r.mu.Lock()
+		if !q.dirty || r.ctx.Err() != nil {
+			q.running = false
+			r.mu.Unlock()
+			return
+		}
+		q.dirty = false
+		wait := rebalanceGap - time.Since(q.last)
+		r.mu.Unlock()
+		if wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-r.ctx.Done():
+				t.Stop()
+			case <-t.C:
+			}
+		}
+		ctx, cancel := context.WithTimeout(r.ctx, 5*time.Second)
+		if err := b.rebalance(ctx, queue); err != nil && r.ctx.Err() == nil {
+			b.log.Debug("tide: redisbroker: rebalancing the slots of the queue's limits failed; it is tried again", "queue", queue, "err", err)
+		}
+		cancel()
+		r.mu.Lock()
+		q.last = time.Now()
+		r.mu.Unlock()
+	}
+}
