@@ -447,6 +447,9 @@ func TestQueueLimitsFollowBacklog(t *testing.T) {
 					QueueLimits: map[string]tide.QueueLimits{q: {Concurrency: limit}},
 				}, h)
 			}
+			var once sync.Once
+			free := func() { once.Do(func() { close(release) }) }
+			t.Cleanup(free) // before the servers shut down
 			var ids []string
 			for i := 0; len(ids) < 3*limit; i++ {
 				if id := fmt.Sprint("f", i); broker.Partition(id, 6) == 5 {
@@ -459,7 +462,7 @@ func TestQueueLimitsFollowBacklog(t *testing.T) {
 				}
 			}
 			eventually(t, 10*time.Second, fmt.Sprintf("%d handlers to run at once", limit), func() bool { return g.cur.Load() == int64(limit) })
-			close(release)
+			free()
 			eventually(t, 10*time.Second, "every task to run", func() bool { return done.Load() == int64(len(ids)) })
 			if p := g.peak.Load(); p > int64(limit) {
 				t.Fatalf("%d handlers ran at once under Concurrency %d", p, limit)
