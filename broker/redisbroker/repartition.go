@@ -245,7 +245,11 @@ func (b *Broker) startRepartition(ctx context.Context, queue string, n int) (lay
 		return layout{}, err
 	}
 	if err := b.casLayout(ctx, queue, l.tag, ml.tag); err != nil {
-		return layout{}, err
+		// Another run of this very repartition may have recorded it
+		// first: then go on with it.
+		if cur, gerr := b.rdb.HGet(ctx, b.prefix+":partitions", queue).Result(); gerr != nil || cur != ml.tag {
+			return layout{}, err
+		}
 	}
 	pipe = b.rdb.Pipeline()
 	for i := range ml.old.n {
