@@ -190,6 +190,11 @@ func (b *Broker) startRepartition(ctx context.Context, queue string, n int) (lay
 			return layout{}, fmt.Errorf("%w: queue %q is being repartitioned from %d to %d partitions; finish that first (repartition it to %d again)",
 				broker.ErrLayout, queue, l.old.n, l.cur.n, l.cur.n)
 		}
+		// The run that recorded it may have stopped (or not be there
+		// yet) before it marked the old partitions.
+		if err := b.markOld(ctx, queue, l); err != nil {
+			return layout{}, err
+		}
 		return l, nil
 	}
 	if l.cur.n == n {
@@ -251,13 +256,8 @@ func (b *Broker) startRepartition(ctx context.Context, queue string, n int) (lay
 			return layout{}, err
 		}
 	}
-	pipe = b.rdb.Pipeline()
-	for i := range ml.old.n {
-		p := b.partAt(queue, ml, ml.cur.n+i)
-		pipe.Set(ctx, p.k("meta"), p.layout, 0)
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return layout{}, fmt.Errorf("tide: redisbroker: repartition %s: %w", queue, classify(err))
+	if err := b.markOld(ctx, queue, ml); err != nil {
+		return layout{}, err
 	}
 	b.forgetLayout(queue)
 	b.rdb.Publish(ctx, b.channel(queue), "l") // servers: new partitions to maintain
@@ -266,6 +266,24 @@ func (b *Broker) startRepartition(ctx context.Context, queue string, n int) (lay
 		return layout{}, err
 	}
 	return nl, b.refreshLimits(ctx, queue, nl)
+}
+
+// markOld writes the meta key of each partition of l's old span that still
+// says the old span alone: from then on it refuses processes that route the
+// old way. A partition marked already, or retired, is left as it is.
+func (b *Broker) markOld(ctx context.Context, queue string, l layout) error {
+	calls := make([]*call, l.old.n)
+	for i := range l.old.n {
+		p := b.partAt(queue, l, l.cur.n+i)
+		calls[i] = &call{script: b.s.move, keys: b.moveKeys(p), args: []any{l.old.tag(), "mark", p.layout}}
+	}
+	b.run(ctx, calls)
+	for _, c := range calls {
+		if err := c.cmd.Err(); err != nil && !strings.HasPrefix(err.Error(), "TIDELAYOUT ") {
+			return fmt.Errorf("tide: redisbroker: repartition %s: %w", queue, c.err)
+		}
+	}
+	return nil
 }
 
 // casLayout changes queue's recorded layout from old to new.

@@ -143,3 +143,35 @@ func TestRepartitionConcurrentRuns(t *testing.T) {
 		t.Fatalf("after concurrent runs of one repartition %d of %d tasks are pending", info.Pending, n)
 	}
 }
+
+// A repartition whose run stopped after recording the new layout but before
+// marking the old partitions is resumed by the next run, which marks them.
+func TestRepartitionResumesBeforeMark(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	const q, n = "resumemark", 300
+	var ms []*tidetype.TaskInfo
+	for i := range n {
+		ms = append(ms, groupMsg(q, fmt.Sprint("m", i), ""))
+	}
+	mustEnqueue(t, e.b, broker.EnqueueOptions{}, ms...)
+	stop, cancel := context.WithCancel(ctx)
+	err := e.b.Repartition(stop, q, 2, func(int, int) { cancel() })
+	if err == nil {
+		t.Fatal("the interrupted repartition finished")
+	}
+	// As if the run had died before it marked the old partition.
+	if err := e.rdb.Set(ctx, e.prefix+":{"+q+":0}:meta", "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	other := redisbroker.New(e.rdb, redisbroker.WithPrefix(e.prefix))
+	t.Cleanup(func() { _ = other.Close() })
+	if err := other.Repartition(ctx, q, 2, nil); err != nil {
+		t.Fatalf("resuming the repartition: %v", err)
+	}
+	info, err := other.QueueInfo(ctx, q)
+	if err != nil || info.Pending != n {
+		t.Fatalf("after the resumed repartition %d of %d tasks are pending (%v)", info.Pending, n, err)
+	}
+}

@@ -15,6 +15,7 @@
 --   finish (O)   delete the moved records (and results) from O
 --   unreserve (N) drop placeholders (a task that turned active or vanished;
 --                never one that another run took: it places it)
+--   mark (O)     turn O's meta from the old layout to "<old>><new>"
 --   retire (O)   when O holds nothing at all, mark it retired (every later
 --                call on it is refused) and delete its keys (reply caches
 --                expire on their own)
@@ -323,6 +324,13 @@ if op == 'adopt' then
     if log ~= '' then redis.call('HSET', G.l, g, log) end
     if t and t > now then g_throttle(G, g, t) end
   end
+  return 1
+end
+
+if op == 'mark' then
+  -- ARGV[3] the meta the partition takes, when it still says ARGV[1] (the
+  -- layout check above): an old partition of a repartition that starts.
+  redis.call('SET', KEYS[12], ARGV[3])
   return 1
 end
 
