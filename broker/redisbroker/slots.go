@@ -243,7 +243,7 @@ func (b *Broker) rebalance(ctx context.Context, queue string) error {
 	if err := b.check(); err != nil {
 		return err
 	}
-	_, lim, ok, err := b.readLimits(ctx, queue)
+	v, lim, ok, err := b.readLimits(ctx, queue)
 	if err != nil || !ok || (lim.Concurrency == 0 && lim.Rate.Limit == 0) {
 		return err
 	}
@@ -267,7 +267,7 @@ func (b *Broker) rebalance(ctx context.Context, queue string) error {
 			continue
 		}
 		gives, caps := planSlots(ns, lim)
-		return b.execute(ctx, queue, ns, gives, caps)
+		return b.execute(ctx, queue, v, ns, gives, caps)
 	}
 }
 
@@ -509,9 +509,9 @@ func waterfill(total int64, d []int64) (h []int64, contended bool, level []bool)
 	return h, true, level
 }
 
-// execute runs a plan: the gives and caps at once, then the transfers'
-// applies and clears.
-func (b *Broker) execute(ctx context.Context, queue string, ns []*slotNode, gives map[*slotNode][]give, caps map[*slotNode]capSet) error {
+// execute runs a plan computed from limits version v: the gives and caps
+// at once, then the transfers' applies and clears.
+func (b *Broker) execute(ctx context.Context, queue string, v int64, ns []*slotNode, gives map[*slotNode][]give, caps map[*slotNode]capSet) error {
 	var calls []*call
 	var srcs []*slotNode
 	for _, n := range ns {
@@ -541,7 +541,7 @@ func (b *Broker) execute(ctx context.Context, queue string, ns []*slotNode, give
 			ct = strconv.FormatInt(c.ct, 10)
 		}
 		calls = append(calls, b.slotCall(queue, n, "cap", ct, flag(c.cs), flag(c.rs), n.p.channel, n.p.idx,
-			field(n.hasC, n.c), field(n.hasR, n.r), field(n.hasCt, n.ct)))
+			field(n.hasC, n.c), field(n.hasR, n.r), field(n.hasCt, n.ct), v))
 	}
 	if len(calls) == 0 {
 		return nil
@@ -645,7 +645,7 @@ func (b *Broker) releaseSlots(ctx context.Context, l layout, o part) error {
 		if r > 0 {
 			gs = append(gs, give{dest: ns[1+(o.idx-l.cur.n)%l.cur.n], dr: r})
 		}
-		if err := b.execute(ctx, queue, ns, map[*slotNode][]give{src: gs}, nil); err != nil {
+		if err := b.execute(ctx, queue, 0, ns, map[*slotNode][]give{src: gs}, nil); err != nil {
 			return err
 		}
 	}

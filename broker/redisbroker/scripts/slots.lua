@@ -203,13 +203,15 @@ end
 if op == 'cap' then
   -- ARGV[4] ct ('' none)  ARGV[5] cs  ARGV[6] rs  ARGV[7] event channel
   -- ARGV[8] partition index  ARGV[9..11] c, r and ct as the caller read
-  -- them ('' missing): when any changed since, the cap was computed from a
-  -- state that is gone and nothing is written (returns 0). Wakes idle
-  -- servers when a higher cap leaves room for tasks that wait.
+  -- them ('' missing)  ARGV[12] the limits version it computed with: when
+  -- any of these changed since, the cap was computed from a state that is
+  -- gone and nothing is written (returns 0). Wakes idle servers when a
+  -- higher cap leaves room for tasks that wait.
   local bad = layout_error(KEYS[5], ARGV[2])
   if bad then return bad end
-  local seen = redis.call('HMGET', L, 'c', 'r', 'ct')
-  for i = 1, 3 do
+  local seen = redis.call('HMGET', L, 'c', 'r', 'ct', 'v')
+  seen[4] = seen[4] or '0'
+  for i = 1, 4 do
     if (seen[i] or '') ~= ARGV[8 + i] then return 0 end
   end
   local old = num('ct')
