@@ -210,15 +210,13 @@ const MaxIdempotencyKey = 255
 // IdempotencyKey makes Enqueue idempotent under key: an Enqueue into the
 // same queue with the same key within the broker's idempotency window
 // (redisbroker.WithIdempotencyWindow, default 24 hours) stores nothing and
-// succeeds with the first task's ID, whether that task still waits, runs or
-// finished long ago. Use it where the caller may repeat a request: an HTTP
-// handler a client retries, a relay out of a database table. Unlike
-// Unique, the key is not released when the task finishes, and the second
-// call is not an error. The key is 1 to 255 bytes. The key is kept beside its
-// task: with TaskID (or Unique) in the partition of the ID (or lock), so a
-// repeated request (same ID, same key) is recognised everywhere, while two
-// requests that share a key but name different IDs are compared only on a
-// queue with one partition. A Repartition starts the keys afresh.
+// succeeds with the first task's ID, even after that task finished. Use it
+// where a caller may repeat a request (an HTTP handler a client retries, a
+// relay out of a database table). Unlike Unique, the key outlives the task
+// and the repeat is not an error. The key is 1 to MaxIdempotencyKey bytes.
+// On a queue with several partitions, two requests with one key but
+// different TaskIDs are not compared, and a Repartition starts the keys
+// afresh (docs/design.md, "Idempotency keys").
 func IdempotencyKey(key string) Option {
 	return optionFunc(func(o *enqueueOptions) error {
 		if key == "" || len(key) > MaxIdempotencyKey {

@@ -142,38 +142,15 @@ type CronEntry struct {
 // replica, for availability) may run the same entries on the same broker:
 // each tick is still enqueued once, because the tick's task has an ID
 // derived from the entry and the tick time, which the broker accepts only
-// once.
-//
-// # Exactly once
-//
-// A tick's task ID stays taken while the task exists: waiting, running,
-// retrying or archived, and after success for its Retention, which the
-// scheduler raises to at least max(2×interval, 1 minute), interval being
-// the time from the tick to the entry's next tick (a larger Retention given
-// by the task or its options is kept). A scheduler enqueues a tick only
-// while it is the entry's latest tick on its clock, that is before the next
-// tick, so every attempt of every replica, a MisfireRunOnce catch-up after a
-// restart included, finds the ID still taken as long as:
-//
-//   - the replicas' clocks differ by less than Retention − interval (at
-//     least 30 seconds), and no replica stalls that long between reading
-//     its clock and reaching the broker;
-//   - the task is not removed early: deleted with Client.Delete or the
-//     Inspector, an archived task trimmed by the broker's archive limits, or
-//     data lost by the store (a Redis failover that drops acknowledged
-//     writes, FLUSHALL);
-//   - the replicas register the same entry: the same spec text, time zone
-//     (and time-zone data), task and options (or the same CronEntry.ID).
-//
-// Outside these conditions a tick may be enqueued again, but at most once
-// by each Scheduler value (a process that restarts is a new one). Processing stays at least once, as for every task: a
-// handler may see a tick's task again if a worker dies mid-task.
-//
-// A tick is enqueued at least once when at least one scheduler runs it in
-// time (see MisfirePolicy) and the broker accepts an enqueue before the tick
-// is dropped: after a broker error the scheduler retries with back-off
-// (100 ms doubling up to 30 s) until the grace passes (MisfireSkip) or the
-// next tick comes (MisfireRunOnce).
+// once while the task is kept (its Retention is raised to at least
+// max(2×interval, 1 minute)). This holds while the replicas' clocks differ
+// by less than about 30 seconds, nobody deletes a tick's task early, and
+// the replicas register the same entries; docs/design.md ("Periodic tasks:
+// exactly once per tick") has the argument and what happens otherwise (at
+// most one enqueue per Scheduler value). A tick is enqueued at least once
+// when a scheduler runs it in time (MisfirePolicy): after a broker error it
+// retries with back-off (100 ms doubling up to 30 s) until the tick is
+// dropped. Processing stays at least once, as for every task.
 //
 // # Identifying ticks
 //
