@@ -33,7 +33,9 @@
 //     Settlement.RetryAt default to the Clock's now when zero.
 //   - Events: EventPending is sent when tasks become pending in a queue that
 //     had none (not while the queue is paused; Unpause sends one when tasks
-//     wait). EventScheduled is sent when a scheduled or retry task becomes the
+//     wait), and when a settlement or a lease recovery frees a slot of a
+//     queue at its Concurrency with tasks waiting, grouped ones included.
+//     EventScheduled is sent when a scheduled or retry task becomes the
 //     queue's earliest. Events go to a buffered channel and are dropped when
 //     it is full.
 //   - Groups (TaskInfo.Group): a queue's ready tasks are served by a

@@ -111,10 +111,10 @@
 // partition) in the same step. A partition without grouped tasks takes the
 // plain path: one EXISTS more than before.
 //
-// When a settlement gives room back to a partition that was full and has
-// tasks waiting, the script publishes a pending event, so idle servers look
-// again at once; room freed by lease recovery is found by the server
-// maintaining the partition. A dequeue refused by the rate limit while tasks
+// When a settlement or a lease recovery gives room back to a partition that
+// was full and has tasks waiting (ungrouped, or grouped ones of a group that
+// may run), the script publishes a pending event, so idle servers look
+// again at once. A dequeue refused by the rate limit while tasks
 // wait publishes, once per instant, a pending event that says when room
 // opens; servers look again then.
 //

@@ -128,6 +128,15 @@ local function g_release(G, g, id, left, finished, ordered)
   return back == true
 end
 
+-- g_waiting reports whether grouped tasks may wait for a free slot: a group
+-- is in the rotation, or one held back until a time that now (ms) has
+-- reached (the next Dequeue puts it back). G is nil when the partition has
+-- no grouped task.
+local function g_waiting(G, now)
+  if not G then return false end
+  return redis.call('ZCARD', G.r) > 0 or redis.call('ZRANGEBYSCORE', G.w, '-inf', now, 'LIMIT', 0, 1)[1] ~= nil
+end
+
 -- g_forget deletes what the partition keeps of a grouped task whose record
 -- is deleted; an ordered group's place it held is freed.
 local function g_forget(G, id)

@@ -1,0 +1,78 @@
+package tide_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/broker/redisbroker"
+)
+
+// noFallback is a Redis broker whose maintenance never reports pending
+// work. A server's maintainer wakes the server's workers when its periodic
+// run finds tasks pending, a fallback for lost events; on this broker only
+// the broker's events wake them, so a test on it fails where an event is
+// missing instead of passing seconds late on the fallback.
+type noFallback struct{ *redisbroker.Broker }
+
+// Maintain maintains the partition as the broker does and hides its
+// pending count.
+func (b noFallback) Maintain(ctx context.Context, req broker.MaintainRequest) (broker.MaintainResult, error) {
+	r, err := b.Broker.Maintain(ctx, req)
+	r.Pending = 0
+	return r, err
+}
+
+// serverOn starts a server on b with cfg and h; it is shut down when the
+// test ends.
+func (e *env) serverOn(b broker.Broker, cfg tide.Config, h tide.Handler) *tide.Server {
+	e.t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger(e.t)
+	}
+	s := tide.NewServer(b, cfg)
+	if err := s.Start(h); err != nil {
+		e.t.Fatalf("Start: %v", err)
+	}
+	e.t.Cleanup(s.Shutdown)
+	return s
+}
+
+// Grouped tasks under a queue Concurrency keep moving: each task that ends
+// in a full partition wakes a server for the next one, as for ungrouped
+// tasks, so twenty short tasks do not wait for maintenance between them.
+func TestConcurrencyLimitGroupedKeepsMoving(t *testing.T) {
+	t.Parallel()
+	for _, parts := range []int{1, 2} {
+		t.Run(fmt.Sprintf("%dpartitions", parts), func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, redisbroker.WithPartitions(parts))
+			ctx := context.Background()
+			const q, limit, tasks = "conc-grouped", 2, 20
+			var g gauge
+			var done atomic.Int64
+			e.serverOn(noFallback{e.broker()}, tide.Config{
+				Concurrency: 10, Queues: map[string]int{q: 1},
+				QueueLimits: map[string]tide.QueueLimits{q: {Concurrency: limit}},
+			}, tide.HandlerFunc(func(context.Context, *tide.Task) error {
+				g.enter()
+				defer g.leave()
+				done.Add(1)
+				return nil
+			}))
+			for i := range tasks {
+				if _, err := e.c.Enqueue(ctx, tide.NewTask("job", nil), tide.Queue(q), tide.Group(fmt.Sprint("tenant-", i%5))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			eventually(t, 30*time.Second, "every grouped task to run with only events waking the server", func() bool { return done.Load() == tasks })
+			if p := g.peak.Load(); p > limit {
+				t.Fatalf("%d handlers ran at once under Concurrency %d", p, limit)
+			}
+		})
+	}
+}
