@@ -27,6 +27,12 @@ func (b noFallback) Maintain(ctx context.Context, req broker.MaintainRequest) (b
 	return r, err
 }
 
+// wakeWait bounds how long a test on noFallback waits for tasks that an
+// event should let start within milliseconds. It is generous, and below
+// the 30 s at which every server looks at its queues again anyway (its
+// layout check), so that a missing event fails the test.
+const wakeWait = 10 * time.Second
+
 // serverOn starts a server on b with cfg and h; it is shut down when the
 // test ends.
 func (e *env) serverOn(b broker.Broker, cfg tide.Config, h tide.Handler) *tide.Server {
@@ -69,10 +75,67 @@ func TestConcurrencyLimitGroupedKeepsMoving(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			eventually(t, 30*time.Second, "every grouped task to run with only events waking the server", func() bool { return done.Load() == tasks })
+			eventually(t, wakeWait, "every grouped task to run with only events waking the server", func() bool { return done.Load() == tasks })
 			if p := g.peak.Load(); p > limit {
 				t.Fatalf("%d handlers ran at once under Concurrency %d", p, limit)
 			}
+		})
+	}
+}
+
+// Cancelling or deleting the task that holds an ordered group's place while
+// it waits to be retried lets the group's next task start at once: the
+// removal wakes the servers. (A task of a second queue, served after the
+// first, runs before the removal: the server has looked at the blocked
+// group by then, so only a wake-up makes it look again.)
+func TestOrderedHolderRemovedWakes(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"Cancel", "Delete"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			ctx := context.Background()
+			const q, probe = "ord-holder", "probe"
+			var ran, probed atomic.Int64
+			e.serverOn(noFallback{e.broker()}, tide.Config{
+				Queues: map[string]int{q: 2, probe: 1}, StrictPriority: true,
+				QueueLimits:    map[string]tide.QueueLimits{q: {Ordered: true}},
+				RetryDelayFunc: func(int, error, *tide.Task) time.Duration { return time.Hour },
+			}, tide.HandlerFunc(func(ctx context.Context, task *tide.Task) error {
+				switch string(task.Payload()) {
+				case "first":
+					return fmt.Errorf("downstream down")
+				case "probe":
+					probed.Add(1)
+				default:
+					ran.Add(1)
+				}
+				return nil
+			}))
+			first, err := e.c.Enqueue(ctx, tide.NewTask("step", []byte("first")), tide.Queue(q), tide.Group("acct"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.waitState(q, first.ID, tide.StateRetry)
+			if _, err := e.c.Enqueue(ctx, tide.NewTask("step", []byte("second")), tide.Queue(q), tide.Group("acct")); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.c.Enqueue(ctx, tide.NewTask("step", []byte("probe")), tide.Queue(probe)); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, wakeWait, "the probe task to run", func() bool { return probed.Load() == 1 })
+			if n := ran.Load(); n != 0 {
+				t.Fatalf("%d tasks of the group ran while its holder waited in retry", n)
+			}
+			if how == "Cancel" {
+				err = e.c.Cancel(ctx, q, first.ID)
+			} else {
+				err = e.c.Delete(ctx, q, first.ID)
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", how, err)
+			}
+			eventually(t, wakeWait, "the group's next task to run after its holder was removed", func() bool { return ran.Load() == 1 })
 		})
 	}
 }

@@ -19,6 +19,7 @@ var wakeTests = []struct {
 }{
 	{"WakeSlotFreedGrouped", testWakeSlotFreedGrouped},
 	{"WakeSlotRecovered", testWakeSlotRecovered},
+	{"WakeOrderedHolderRemoved", testWakeOrderedHolderRemoved},
 }
 
 // groupPerPartition returns one group name per partition of queue, the
@@ -123,6 +124,41 @@ func testWakeSlotRecovered(t *testing.T, b broker.Broker, a broker.Admin) {
 			if ds := drainAll(t, b, q, time.Minute); len(ds) != n {
 				t.Fatalf("after the slots were recovered Dequeue started %v, want %d", idsOf(ds), n)
 			}
+		})
+	}
+}
+
+// testWakeOrderedHolderRemoved: deleting or cancelling the task that holds
+// an ordered group's place while it waits in retry (one at a time, or in
+// bulk with Admin.DeleteTasks) frees the place and announces pending work:
+// the group's next task starts.
+func testWakeOrderedHolderRemoved(t *testing.T, b broker.Broker, a broker.Admin) {
+	for _, how := range []string{"Delete", "Cancel", "DeleteTasks"} {
+		t.Run(how, func(t *testing.T) {
+			q := "wake-holder-" + how
+			setLimits(t, a, q, tidetype.QueueLimits{Ordered: true})
+			ms := gmsgs(q, "a", "A", 2)
+			enqueue(t, b, ms...)
+			settleOK(t, b, retryOf(dequeueOne(t, b, q, time.Minute), time.Now().Add(time.Hour), "boom"))
+			wantDrain(t, b, q, "with the holder of the group's place waiting in retry")
+			ch := subscribed(t, b, q)
+			var err error
+			switch how {
+			case "Delete":
+				err = b.Delete(t.Context(), q, ms[0].ID)
+			case "Cancel":
+				err = b.Cancel(t.Context(), q, ms[0].ID)
+			default:
+				var n int
+				if n, err = a.DeleteTasks(t.Context(), q, tidetype.StateRetry, 10); err == nil && n != 1 {
+					t.Fatalf("DeleteTasks(retry) deleted %d tasks, want 1", n)
+				}
+			}
+			if err != nil {
+				t.Fatalf("%s of the holder: %v", how, err)
+			}
+			awaitPending(t, ch, q, how+" of the task holding an ordered group's place")
+			wantDrain(t, b, q, "after the holder was removed", ms[1].ID)
 		})
 	}
 }

@@ -100,7 +100,7 @@ func (b *Broker) remove(ctx context.Context, queue, id, op string) (string, erro
 		c := &call{
 			script: b.s.remove,
 			keys:   append(append(append(p.keys("t", "pending", "scheduled", "retry", "archived", "completed", "result", "active", "u", "meta"), cache, p.k("moving"), p.k("h")), append(p.groupKeys(), p.endKeys()...)...), p.k(eventsKey)),
-			args:   []any{p.layout, rid, exp, id, op, p.channel, b.doneChannel(queue), b.eventsArg(p)},
+			args:   []any{p.layout, rid, exp, id, op, p.channel, b.doneChannel(queue), b.eventsArg(p), p.idx},
 			queue:  queue,
 		}
 		b.run(ctx, []*call{c})

@@ -18,7 +18,9 @@
 -- until 0).
 -- 'run' makes a scheduled, retry or archived task pending at the front;
 -- 'archive' archives a pending, scheduled or retry task (its unique lock is
--- released); 'deleteall' deletes tasks that are not active. A grouped task
+-- released); 'deleteall' deletes tasks that are not active. An archived or
+-- deleted task that held an ordered group's place lets the group run
+-- again, which wakes idle servers. A grouped task
 -- made pending joins its group's ready tasks; the bulk operations on
 -- pending tasks take the ungrouped ones first, then the grouped ones.
 -- The events stream gets 'r' for a task run, 'a' for one archived and 'x'
@@ -68,7 +70,7 @@ local function remove(id, rec)
   redis.call('HDEL', KEYS[7], id)
   redis.call('HDEL', KEYS[12], id)
   redis.call('HDEL', KEYS[19], id)
-  g_forget(G, id)
+  if g_forget(G, id) then woke = true end
   if not (rec_ok(rec) and (rec_state(rec) == 5 or rec_state(rec) == 6)) then
     w_ended(W, id, 'x', now, ARGV[9]) -- a finished task's end was told already
   end

@@ -138,12 +138,13 @@ local function g_waiting(G, now)
 end
 
 -- g_forget deletes what the partition keeps of a grouped task whose record
--- is deleted; an ordered group's place it held is freed.
+-- is deleted; an ordered group's place it held is freed. It reports whether
+-- the group went back in the rotation (then idle servers are to be woken).
 local function g_forget(G, id)
   local g = g_of(G, id)
-  if not g then return end
+  if not g then return false end
   redis.call('HDEL', G.id, id)
-  g_release(G, g, id, false, true)
+  return g_release(G, g, id, false, true)
 end
 
 -- g_throttle holds group g back until at (ms): no task of it starts before.

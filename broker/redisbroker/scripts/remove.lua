@@ -8,7 +8,7 @@
 -- KEYS[24] events stream
 -- ARGV[1] layout  ARGV[2] request ID  ARGV[3] reply cache expiry (ms)
 -- ARGV[4] id  ARGV[5] op  ARGV[6] event channel  ARGV[7] done channel
--- ARGV[8] events stream MAXLEN ('' or '0': no events)
+-- ARGV[8] events stream MAXLEN ('' or '0': no events)  ARGV[9] partition
 -- op 'delete': delete a task that is not active.
 -- op 'cancel': delete a task that is not active, or record the cancellation
 --   of an active one (flag in its record, read by Extend and Settle) and
@@ -19,7 +19,9 @@
 -- '5' the task was about to move in here from the old span of a repartition:
 -- its placeholder is removed, the caller removes it there too.
 -- A flow's step that has not finished is failed instead of deleted (see
--- below). A deleted task's waiters are told (w_ended). A request run again
+-- below). A deleted task's waiters are told (w_ended). Deleting the task
+-- that holds an ordered group's place lets the group run again: idle
+-- servers are woken ("p<partition>"). A request run again
 -- answers from the reply cache. The events stream gets 'x' for a task
 -- deleted by 'delete', 'c' for one deleted by 'cancel' and for a
 -- cancellation recorded.
@@ -92,7 +94,7 @@ redis.call('HDEL', KEYS[1], id)
 redis.call('HDEL', KEYS[7], id)
 redis.call('HDEL', KEYS[13], id)
 redis.call('HDEL', KEYS[20], id)
-g_forget(G, id)
+if g_forget(G, id) then redis.call('PUBLISH', ARGV[6], 'p' .. ARGV[9]) end
 if st ~= 5 and st ~= 6 then
   -- A finished task's end was told when it finished.
   w_ended(w_keys(21), id, 'x', redis_now(), ARGV[7])
