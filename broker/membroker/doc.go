@@ -34,7 +34,7 @@
 //   - Events: EventPending is sent when tasks become pending in a queue that
 //     had none (not while the queue is paused; Unpause sends one when tasks
 //     wait), and when a settlement or a lease recovery frees a slot of a
-//     queue at its Concurrency with tasks waiting, grouped ones included.
+//     queue's Concurrency with tasks waiting, grouped ones included.
 //     EventScheduled is sent when a scheduled or retry task becomes the
 //     queue's earliest. Events go to a buffered channel and are dropped when
 //     it is full.

@@ -31,8 +31,9 @@
 -- another server claims the partition at once. A grouped task that becomes
 -- due joins its group's ready tasks; one whose lease expired gives its
 -- group's slot back (and its ordered place when it is archived); one that
--- is archived tells its waiters (w_ended). Recovered leases free slots: with
--- tasks waiting, idle servers are woken. A recovered task is recorded in
+-- is archived tells its waiters (w_ended). Recovered leases free slots of
+-- the partition's concurrency share: with tasks waiting, idle servers are
+-- woken. A recovered task is recorded in
 -- the events stream as 'f' (lease expired) then 'r' or 'a'; events older
 -- than ARGV[15] are trimmed (ev_trim_age).
 local bad = layout_error(KEYS[12], ARGV[1])
@@ -196,7 +197,7 @@ if redis.call('HLEN', KEYS[14]) > 400 then
     if (tonumber(string.sub(f, 3)) or 0) < cut then redis.call('HDEL', KEYS[14], f) end
   end
 end
-if (was_empty and pending > 0) or woke or (recovered > 0 and (redis.call('LLEN', KEYS[3]) > 0 or g_waiting(G, now))) then
+if (was_empty and pending > 0) or woke or (recovered > 0 and redis.call('HEXISTS', KEYS[25], 'c') == 1 and (redis.call('LLEN', KEYS[3]) > 0 or g_waiting(G, now))) then
   redis.call('PUBLISH', ARGV[4], 'p' .. ARGV[5])
 end
 local lease = -1
