@@ -139,3 +139,52 @@ func TestOrderedHolderRemovedWakes(t *testing.T) {
 		})
 	}
 }
+
+// A task of a group that may run starts at once behind hundreds of ordered
+// groups that may not (each one's first task waits to be retried, its
+// second waits behind it), all made ready in one call before it: the
+// servers never have to walk past the blocked groups to find it.
+func TestRunnableGroupBehindBlockedGroups(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	const q, blocked = "behind-blocked", 300
+	var ran atomic.Int64
+	e.serverOn(noFallback{e.broker()}, tide.Config{
+		Queues:         map[string]int{q: 1},
+		QueueLimits:    map[string]tide.QueueLimits{q: {Ordered: true}},
+		RetryDelayFunc: func(int, error, *tide.Task) time.Duration { return time.Hour },
+	}, tide.HandlerFunc(func(ctx context.Context, task *tide.Task) error {
+		if string(task.Payload()) == "first" {
+			return fmt.Errorf("downstream down")
+		}
+		ran.Add(1)
+		return nil
+	}))
+	task := func(payload string, g int) *tide.Task {
+		return tide.NewTask("step", []byte(payload), tide.Group(fmt.Sprint("acct-", g)))
+	}
+	var firsts, seconds []*tide.Task
+	for g := range blocked {
+		firsts = append(firsts, task("first", g))
+		seconds = append(seconds, task("second", g))
+	}
+	if _, err := e.c.EnqueueMany(ctx, firsts, tide.Queue(q)); err != nil {
+		t.Fatal(err)
+	}
+	in := tide.NewInspector(e.b)
+	eventually(t, 30*time.Second, "every group's first task to wait in retry", func() bool {
+		qi, err := in.QueueInfo(ctx, q)
+		return err == nil && qi.Retry == blocked
+	})
+	if _, err := e.c.EnqueueMany(ctx, seconds, tide.Queue(q)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.Enqueue(ctx, task("free", blocked), tide.Queue(q)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, wakeWait, "the one task that may run to run", func() bool { return ran.Load() == 1 })
+	if n := ran.Load(); n != 1 {
+		t.Fatalf("%d tasks ran, want only the free group's", n)
+	}
+}

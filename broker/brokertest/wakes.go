@@ -20,6 +20,7 @@ var wakeTests = []struct {
 	{"WakeSlotFreedGrouped", testWakeSlotFreedGrouped},
 	{"WakeSlotRecovered", testWakeSlotRecovered},
 	{"WakeOrderedHolderRemoved", testWakeOrderedHolderRemoved},
+	{"BlockedGroupsSkipped", testBlockedGroupsSkipped},
 }
 
 // groupPerPartition returns one group name per partition of queue, the
@@ -159,6 +160,53 @@ func testWakeOrderedHolderRemoved(t *testing.T, b broker.Broker, a broker.Admin)
 			}
 			awaitPending(t, ch, q, how+" of the task holding an ordered group's place")
 			wantDrain(t, b, q, "after the holder was removed", ms[1].ID)
+		})
+	}
+}
+
+// testBlockedGroupsSkipped: hundreds of groups that may not start a task
+// (an ordered group whose earlier task runs, a group at GroupConcurrency),
+// each with a task waiting, do not hide a group that may: one Dequeue of
+// one task starts it. A blocked group that is let go (its running task
+// ends) is announced and starts its next task.
+func testBlockedGroupsSkipped(t *testing.T, b broker.Broker, a broker.Admin) {
+	for _, lim := range []tidetype.QueueLimits{{Ordered: true}, {GroupConcurrency: 1}} {
+		name := "Ordered"
+		if !lim.Ordered {
+			name = "GroupConcurrency"
+		}
+		t.Run(name, func(t *testing.T) {
+			q := "blocked-" + name
+			const blocked = 300
+			gs := sameGroups(t, b, q, "g", blocked+1)
+			setLimits(t, a, q, lim)
+			var firsts, seconds []*tidetype.TaskInfo
+			for _, g := range gs[:blocked] {
+				firsts = append(firsts, gmsg(q, "a", g))
+				seconds = append(seconds, gmsg(q, "b", g))
+			}
+			enqueue(t, b, firsts...)
+			running := drainAll(t, b, q, time.Minute)
+			if len(running) != blocked {
+				t.Fatalf("Dequeue started %d of the %d groups' first tasks", len(running), blocked)
+			}
+			enqueue(t, b, seconds...)
+			free := gmsg(q, "free", gs[blocked])
+			enqueue(t, b, free)
+			ds := dequeue(t, b, []string{q}, 1, time.Minute)
+			if len(ds) != 1 || ds[0].Task.ID != free.ID {
+				t.Fatalf("with %d blocked groups ahead of it, Dequeue(1) started %v, want %s", blocked, idsOf(ds), free.ID)
+			}
+			if ds := dequeue(t, b, []string{q}, 10, time.Minute); len(ds) != 0 {
+				t.Fatalf("with every group blocked Dequeue started %v", idsOf(ds))
+			}
+			ch := subscribed(t, b, q)
+			settleOK(t, b, outcomeOf(running[blocked/2], broker.SettleDone))
+			awaitPending(t, ch, q, "a blocked group's running task ended")
+			want := "b{" + running[blocked/2].Task.Group + "}"
+			if ds := dequeue(t, b, []string{q}, 10, time.Minute); len(ds) != 1 || ds[0].Task.ID != want {
+				t.Fatalf("after a blocked group's running task ended Dequeue started %v, want %s", idsOf(ds), want)
+			}
 		})
 	}
 }

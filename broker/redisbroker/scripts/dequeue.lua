@@ -27,12 +27,17 @@
 -- When the partition holds grouped tasks, due scheduled and retry tasks are
 -- not leased directly but made ready by Maintain (grouped ones join their
 -- group), and the groups with ready tasks are served round-robin, one task per turn, the ungrouped tasks
--- taking turns as one more group; a group is skipped, and leaves the
--- rotation, while it runs its concurrency limit's worth of tasks, while an
--- earlier task of an ordered group has not finished, while it is throttled
--- and while it is over its rate (these two return it at a time, announced
--- with a "p<partition>:<ms>" event). While a repartition runs, a queue with
--- group limits starts no grouped task (field gh of the limits hash).
+-- taking turns as one more group; a group leaves the rotation at the start
+-- after which it may not start another (it runs its concurrency limit's
+-- worth of tasks, an ordered group's task started, its rate is used up) and
+-- when it is throttled, and only what lets it go puts it back (groups.lua),
+-- so a call never walks past blocked groups. A group held until a time
+-- (throttled, over its rate) returns at that time, the earliest announced
+-- with a "p<partition>:<ms>" event. A call that still met more groups
+-- unable to start a task than it could look at (their limits changed)
+-- publishes "p<partition>" for the next call to go on. While a repartition
+-- runs, a queue with group limits starts no grouped task (field gh of the
+-- limits hash).
 -- Each task leased is an 's' event in the events stream, each archived
 -- record an 'a' event.
 local bad = layout_error(KEYS[10], ARGV[1])
@@ -106,25 +111,36 @@ if redis.call('EXISTS', G.id) == 0 then
     end
   end
 else
-  -- Grouped: serve the rotation. Due scheduled and retry tasks are made
-  -- ready by the partition's maintainer (which a due time wakes), so that
-  -- each call here costs a few commands only.
+  -- Grouped: serve the rotation, which holds only groups that may start a
+  -- task (see groups.lua). Due scheduled and retry tasks are made ready by
+  -- the partition's maintainer (which a due time wakes), so that each call
+  -- here costs a few commands only.
   for _, g in ipairs(redis.call('ZRANGEBYSCORE', G.w, '-inf', now)) do
     redis.call('ZREM', G.w, g)
     redis.call('HDEL', G.s, 't:' .. g) -- a throttle that ended
-    g_join(G, g) -- left again when it has nothing ready
+    if g_next(G, g, 1)[1] then g_enter(G, g, nil) end -- a blocked one comes back when let go
   end
   local gc, grl, gper, ord, hold = tonumber(lim[4]), tonumber(lim[5]), tonumber(lim[6]), lim[7] == '1', lim[8] == '1'
   local c = redis.call('HGET', G.s, 'c')
   local ungrouped = redis.call('LLEN', KEYS[2])
   if ungrouped > 0 and not hold then g_join(G, '') end -- the ungrouped tasks take turns too
-  local wake = nil
-  local tries = 0
+  local tries, capped = 0, false
   -- The rotation from the cursor on, read a batch at a time, wrapping round
   -- once per call at most.
   local heads, hi, wrapped = {}, 1, false
   local OUT = g_out()
-  while #ids < n and tries < 4 * n + 32 do
+  -- window_end is when a group whose rate log (after its starts) holds
+  -- started starts has room again.
+  local function window_end(log, started)
+    return struct.unpack('>I6', log, 1 + 6 * (started - grl)) + gper
+  end
+  while #ids < n do
+    if tries >= 4 * n + 32 then
+      -- Groups in the rotation that could not start a task after all
+      -- (their limits changed); the next call goes on from the cursor.
+      capped = true
+      break
+    end
     tries = tries + 1
     if hold then
       -- A repartition holds the groups: the ungrouped tasks run alone.
@@ -155,10 +171,11 @@ else
       local ak = 'a:' .. g
       local holder = ord and redis.call('HGET', G.s, 'h:' .. g)
       local v = redis.call('HINCRBY', G.s, ak, 1)
-      local marked = v >= OUT
-      local active = marked and v - OUT or v
+      local mark = math.floor(v / OUT)
+      local active = v - mark * OUT
+      local full = gc and active > gc
       local first, id, more = nil, nil, false
-      if not gc or active <= gc then
+      if not full then
         local next = redis.call('ZRANGEBYLEX', G.q, '[' .. g .. '\0', '(' .. g .. '\1', 'LIMIT', 0, 2)
         first, more = next[1], next[2] ~= nil
         id = first and string.sub(first, #g + 10)
@@ -174,30 +191,42 @@ else
       local log, started = '', 0
       if grl and first then log, started = g_rate(G, g, gper, now) end
       if not first or (holder and holder ~= id) or (grl and started >= grl) then
-        -- Nothing ready, or at its concurrency limit, or an earlier task of
-        -- the sequence runs or waits to be retried: back in the rotation
-        -- when a task becomes ready or one of its tasks settles. Over its
-        -- rate: back at the time a start leaves the window.
-        if active <= 1 then
+        -- In the rotation though it cannot start a task (its limits
+        -- changed, or nothing is ready): out until a task becomes ready
+        -- or one of its tasks settles (marked 2 when at its concurrency
+        -- limit). Over its rate: back at the time a start leaves the window.
+        active = active - 1
+        if active <= 0 then
           redis.call('HDEL', G.s, ak)
-        elseif marked then
-          redis.call('HINCRBY', G.s, ak, -1)
         else
-          redis.call('HINCRBY', G.s, ak, OUT - 1) -- out with tasks running: marked
+          redis.call('HINCRBY', G.s, ak, ((full and 2 or 1) - mark) * OUT - 1)
         end
         redis.call('ZREM', G.r, g)
         if first and grl and started >= grl then
-          local at = struct.unpack('>I6', log, 1) + gper
-          redis.call('ZADD', G.w, at, g)
-          if not wake or at < wake then wake = at end
+          redis.call('ZADD', G.w, window_end(log, started), g)
         end
       else
         redis.call('ZREM', G.q, first)
         if ord then redis.call('HSET', G.s, 'h:' .. g, id) end
-        if grl then redis.call('HSET', G.l, g, log .. struct.pack('>I6', now)) end
-        if not more then
+        if grl then
+          log, started = log .. struct.pack('>I6', now), started + 1
+          redis.call('HSET', G.l, g, log)
+        end
+        -- It stays in the rotation only while it may start another task:
+        -- an ordered group waits for this one, a group at its concurrency
+        -- limit for a settle (marked 2), one whose rate this start used up
+        -- for its time in w.
+        local limited = gc and active >= gc
+        local spent = grl and started >= grl
+        if more and not ord and not limited and not spent then
+          if mark > 0 then redis.call('HINCRBY', G.s, ak, -mark * OUT) end
+        else
           redis.call('ZREM', G.r, g)
-          if not marked then redis.call('HINCRBY', G.s, ak, OUT) end
+          local want = limited and 2 or 1
+          if want ~= mark then redis.call('HINCRBY', G.s, ak, (want - mark) * OUT) end
+          if more and spent and not ord and not limited then
+            redis.call('ZADD', G.w, window_end(log, started), g)
+          end
         end
         ids[#ids + 1] = id
         taken[id] = g
@@ -205,8 +234,12 @@ else
     end
   end
   if c then redis.call('HSET', G.s, 'c', c) end
-  if wake then
-    local at = string.format('%d', wake)
+  if capped then redis.call('PUBLISH', ARGV[6], 'p' .. ARGV[7]) end
+  -- The first time a held group may run again, announced once: servers
+  -- look again then. A later one is announced when that one has passed.
+  local held = redis.call('ZRANGE', G.w, 0, 0, 'WITHSCORES')[2]
+  if held then
+    local at = string.format('%d', tonumber(held))
     if redis.call('HGET', KEYS[12], 'gw') ~= at then
       redis.call('HSET', KEYS[12], 'gw', at)
       redis.call('PUBLISH', ARGV[6], 'p' .. ARGV[7] .. ':' .. at)
