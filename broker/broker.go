@@ -214,9 +214,10 @@ type EnqueueOptions struct {
 	// task (pending, scheduled or retry) with that ID: it takes the new
 	// task's payload, headers, options and due time, keeping its place in
 	// its group's order. A finished task (completed, archived) with the ID
-	// is replaced by the new one; an active one, a step of a workflow or
-	// batch (FlowHeader) and an internal task (Delivery.Internal) get
-	// ErrTaskIDConflict.
+	// is replaced by the new one, a new task that takes a new place in its
+	// group's order (after the tasks enqueued before it); an active one, a
+	// step of a workflow or batch (FlowHeader) and an internal task
+	// (Delivery.Internal) get ErrTaskIDConflict.
 	Replace bool
 	// Watch registers a waiter for each task as it is stored (see Waiter),
 	// so that a Wait that starts after Enqueue returns still learns how
