@@ -366,9 +366,11 @@ func (in *Inspector) PauseQueueFor(ctx context.Context, queue string, d time.Dur
 // next fetch on (well within a second), without a restart: a lower
 // Concurrency starts nothing until enough running tasks have finished, a
 // higher one wakes idle servers, and a new Rate counts the starts made in
-// its period before the change. Invalid limits are refused with an error
-// wrapping ErrInvalidTask that names the field: a negative Concurrency or
-// one over broker.MaxQueueConcurrency; a Rate.Limit that is negative or over
+// its period before the change, also while the queue had no Rate (brokers
+// record every start for broker.MaxRatePer). Invalid limits are refused
+// with an error wrapping ErrInvalidTask that names the field: a negative
+// Concurrency or one over broker.MaxQueueConcurrency; a Rate.Limit that is
+// negative or over
 // broker.MaxQueueRate; a Rate.Per under a millisecond, over
 // broker.MaxRatePer or not whole milliseconds when Rate.Limit is set, or set
 // without Rate.Limit; and a Concurrency or Rate.Limit below the queue's

@@ -67,3 +67,66 @@ func TestReplaceFinishedRunsInOrder(t *testing.T) {
 		t.Fatalf("the group ran %q, want %q: the replacement of a finished task is enqueued after b", order, want)
 	}
 }
+
+// A Rate set or changed on running servers counts the starts made before
+// the change within its period: those made without a rate, and those made
+// under a rate with a shorter period. No window of the new period holds
+// more starts than its limit.
+func TestRateCountsStartsBeforeChange(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		before tide.Rate // zero: none
+		first  int       // tasks run before the change
+		after  tide.Rate
+	}{
+		{"FromNone", tide.Rate{}, 15, tide.Rate{Limit: 10, Per: 2 * time.Second}},
+		{"LongerPeriod", tide.Rate{Limit: 4, Per: 300 * time.Millisecond}, 8, tide.Rate{Limit: 10, Per: 3 * time.Second}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			ctx := context.Background()
+			const q = "rate-change"
+			in := tide.NewInspector(e.b)
+			if err := in.SetQueueLimits(ctx, q, tide.QueueLimits{Rate: tc.before}); err != nil {
+				t.Fatal(err)
+			}
+			var st starts
+			e.server(tide.Config{Concurrency: 20, Queues: map[string]int{q: 1}}, tide.HandlerFunc(func(context.Context, *tide.Task) error {
+				st.add()
+				return nil
+			}))
+			enqueue := func(n int) {
+				t.Helper()
+				for range n {
+					if _, err := e.c.Enqueue(ctx, tide.NewTask("job", nil), tide.Queue(q)); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			enqueue(tc.first)
+			eventually(t, 10*time.Second, "the tasks before the change to run", func() bool { return st.len() == tc.first })
+			if err := in.SetQueueLimits(ctx, q, tide.QueueLimits{Rate: tc.after}); err != nil {
+				t.Fatal(err)
+			}
+			enqueue(10)
+			eventually(t, 30*time.Second, "every task to run", func() bool { return st.len() == tc.first+10 })
+			// The starts before the change obey their own limit only;
+			// every window that ends at a later start holds at most the
+			// new limit (less the handlers' start-up jitter, see
+			// checkRate).
+			const jitter = 200 * time.Millisecond
+			st.mu.Lock()
+			at := slices.Clone(st.at)
+			st.mu.Unlock()
+			slices.SortFunc(at, func(a, b time.Time) int { return a.Compare(b) })
+			for j := tc.first; j < len(at); j++ {
+				if i := j - tc.after.Limit; i >= 0 && at[j].Sub(at[i]) < tc.after.Per-jitter {
+					t.Fatalf("starts %d to %d (%d starts, %d of them before the change) came within %v, under Rate %d/%v",
+						i, j, tc.after.Limit+1, tc.first-i, at[j].Sub(at[i]), tc.after.Limit, tc.after.Per)
+				}
+			}
+		})
+	}
+}

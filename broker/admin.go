@@ -98,9 +98,12 @@ type Admin interface {
 	// the new limits from its next call on, on every server: a lower
 	// Concurrency hands out nothing until enough running tasks have
 	// finished, a higher one wakes idle servers; a rate counts the starts
-	// made before the change. Limits that CheckQueueLimits refuses, or that
-	// CheckLimitsFit refuses for the queue's partition count, are refused
-	// with an error wrapping ErrInvalidTask.
+	// made in its period before the change, also without a rate or under
+	// one with a shorter period (a broker records every start for
+	// MaxRatePer, at most MaxQueueRate of them). Limits that
+	// CheckQueueLimits refuses, or that CheckLimitsFit refuses for the
+	// queue's partition count, are refused with an error wrapping
+	// ErrInvalidTask.
 	SetQueueLimits(ctx context.Context, queue string, l tidetype.QueueLimits) error
 
 	// QueueLimits returns the limits recorded for queue; the zero value

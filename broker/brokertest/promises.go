@@ -17,6 +17,7 @@ var promiseTests = []struct {
 	fn   func(t *testing.T, b broker.Broker, a broker.Admin)
 }{
 	{"ReplaceFinishedTakesNewPlace", testReplaceFinishedTakesNewPlace},
+	{"RateRemembersStarts", testRateRemembersStarts},
 }
 
 // testReplaceFinishedTakesNewPlace: a grouped task that replaces a
@@ -60,4 +61,53 @@ func testReplaceFinishedTakesNewPlace(t *testing.T, b broker.Broker, a broker.Ad
 			})
 		}
 	}
+}
+
+// testRateRemembersStarts: a Rate set or changed counts the starts made in
+// its period before, also those made without a rate and those older than
+// the period of the rate they were made under.
+func testRateRemembersStarts(t *testing.T, b broker.Broker, a broker.Admin) {
+	rate := func(limit int, per time.Duration) tidetype.QueueLimits {
+		return tidetype.QueueLimits{Rate: tidetype.Rate{Limit: limit, Per: per}}
+	}
+	t.Run("FromNone", func(t *testing.T) {
+		const q = "rate-from-none"
+		n := fillPartitions(t, b, q, 2)
+		got := drainAll(t, b, q, time.Minute)
+		if len(got) != 2*n {
+			t.Fatalf("Dequeue without limits started %d, want %d", len(got), 2*n)
+		}
+		for _, d := range got {
+			settleOK(t, b, outcomeOf(d, broker.SettleDone))
+		}
+		fillPartitions(t, b, q, 2) // the same IDs again
+		setLimits(t, a, q, rate(2*n, time.Hour))
+		if ds := dequeue(t, b, []string{q}, 10, time.Minute); len(ds) != 0 {
+			t.Fatalf("Rate %d/h set after %d starts without a rate: Dequeue started %v", 2*n, 2*n, idsOf(ds))
+		}
+		setLimits(t, a, q, rate(3*n, time.Hour))
+		if ds := drainAll(t, b, q, time.Minute); len(ds) != n {
+			t.Fatalf("Rate raised to %d/h after %d starts: Dequeue started %d, want %d", 3*n, 2*n, len(ds), n)
+		}
+	})
+	t.Run("LongerPeriod", func(t *testing.T) {
+		const q = "rate-longer"
+		const per = 200 * time.Millisecond
+		n := fillPartitions(t, b, q, 4)
+		setLimits(t, a, q, rate(n, per))
+		if got := drainAll(t, b, q, time.Minute); len(got) != n {
+			t.Fatalf("Dequeue under Rate %d/%v started %d", n, per, len(got))
+		}
+		total := 0
+		eventually(t, waitLong, "a second round of starts under the short rate", func() bool {
+			total += len(dequeue(t, b, []string{q}, 10, time.Minute))
+			return total == n
+		})
+		// 2n starts within the last second or so, half of them older than
+		// the short period: a rate of 3n an hour leaves room for n more.
+		setLimits(t, a, q, rate(3*n, time.Hour))
+		if ds := drainAll(t, b, q, time.Minute); len(ds) != n {
+			t.Fatalf("Rate changed from %d/%v to %d/h after %d starts: Dequeue started %d, want %d", n, per, 3*n, 2*n, len(ds), n)
+		}
+	})
 }

@@ -194,7 +194,7 @@ type queue struct {
 	paused      bool
 	pausedUntil time.Time            // end of a PauseFor; zero: until Unpause
 	limits      tidetype.QueueLimits // see SetQueueLimits
-	starts      []time.Time          // starts within the last limits.Rate.Per, oldest first
+	starts      []time.Time          // starts, with a rate or without, oldest first (see started)
 	rateWake    time.Time            // the last room-opens time announced
 	owner       string
 	ownerUntil  time.Time

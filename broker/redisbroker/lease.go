@@ -40,7 +40,7 @@ func (b *Broker) Dequeue(ctx context.Context, queues []string, n int, lease time
 			c := &call{
 				script: b.s.dequeue,
 				keys:   append(append(append(p.keys("t", "pending", "active", "paused", "archived", "result", "scheduled", "retry", "seq", "meta"), cache, p.k("lim"), p.k("starts")), p.groupKeys()...), p.k(eventsKey)),
-				args:   []any{p.layout, rid, exp, n - len(out), lease.Milliseconds(), p.channel, p.idx, b.eventsArg(p)},
+				args:   []any{p.layout, rid, exp, n - len(out), lease.Milliseconds(), p.channel, p.idx, b.eventsArg(p), broker.MaxRatePer.Milliseconds(), broker.MaxQueueRate},
 				queue:  q,
 			}
 			b.run(ctx, []*call{c})

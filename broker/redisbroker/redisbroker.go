@@ -27,7 +27,8 @@
 //	<prefix>:{<queue>:<p>}:paused     flag
 //	<prefix>:{<queue>:<p>}:owner      the server maintaining the partition
 //	<prefix>:{<queue>:<p>}:lim        hash: the partition's shares of the queue's limits (see share.lua)
-//	<prefix>:{<queue>:<p>}:starts     zset: token -> start time (ms) of the tasks started in the last rate period
+//	<prefix>:{<queue>:<p>}:starts     zset: token -> start time (ms) of the tasks started in the last broker.MaxRatePer
+//	                                  (the newest broker.MaxQueueRate of them), with a rate or without
 //	<prefix>:{<queue>:<p>}:gq, gr, gw, gs, gid, gl
 //	                                  grouped tasks: ready tasks by group, the rotation, held-back groups,
 //	                                  group state, task -> group, rate windows (see groups.lua)
@@ -92,6 +93,13 @@
 // and on Redis Cluster, and a change is seen by the next Dequeue. A limit
 // must be at least the partition count, so that every partition gets a
 // share.
+//
+// Starts are recorded with a rate or without, for the longest period a rate
+// may have (broker.MaxRatePer; at most the newest broker.MaxQueueRate of
+// them, as no rate counts more), so that a rate set or changed later counts
+// the starts made in its period before the change. That costs about 120
+// bytes of Redis memory a start kept: up to about 12 MB for a partition
+// that starts more than MaxQueueRate tasks a week.
 //
 // While a repartition runs, the old partitions start nothing (their pending
 // tasks move to the new ones); the new ones share what the old ones' running

@@ -8,6 +8,8 @@
 -- ARGV[1] layout  ARGV[2] request ID  ARGV[3] reply cache expiry (ms)
 -- ARGV[4] n  ARGV[5] lease ms  ARGV[6] event channel  ARGV[7] partition
 -- ARGV[8] events stream MAXLEN ('' or '0': no events)
+-- ARGV[9] how long starts are kept, ms (broker.MaxRatePer)
+-- ARGV[10] how many starts are kept at most (broker.MaxQueueRate)
 -- Returns a flat array id1, record1, id2, record2, ... of the leased tasks with
 -- state set to active and a fresh token each. Pending tasks come first
 -- (oldest first); when fewer than n are pending, scheduled and retry tasks
@@ -22,8 +24,12 @@
 -- the share minus the tasks active in the partition (leased, not settled nor
 -- recovered). When it has a rate share (r tasks per per ms), it leases at most
 -- r minus the tasks it started in the last per ms (the starts zset, a sliding
--- window), and records each start; when that leaves no room while tasks wait,
--- it announces once when room opens again ("p<partition>:<ms>" event).
+-- window); when that leaves no room while tasks wait, it announces once when
+-- room opens again ("p<partition>:<ms>" event). Every start is recorded,
+-- with a rate share or without, and kept for the longest period a rate may
+-- have (ARGV[9]; at most the ARGV[10] newest, as no rate counts more), so
+-- that a rate set or changed later counts the starts made in its period
+-- before the change.
 -- When the partition holds grouped tasks, due scheduled and retry tasks are
 -- not leased directly but made ready by Maintain (grouped ones join their
 -- group), and the groups with ready tasks are served round-robin, one task per turn, the ungrouped tasks
@@ -81,10 +87,13 @@ local now = redis_now()
 local per = nil
 if lim[2] then
   per = tonumber(lim[3])
-  redis.call('ZREMRANGEBYSCORE', KEYS[13], '-inf', now - per)
-  local room = tonumber(lim[2]) - redis.call('ZCARD', KEYS[13])
+  local since = '(' .. string.format('%d', now - per)
+  local made = redis.call('ZCOUNT', KEYS[13], since, '+inf')
+  local room = tonumber(lim[2]) - made
   if room <= 0 then
-    local first = redis.call('ZRANGE', KEYS[13], 0, 0, 'WITHSCORES')
+    -- Room opens when the start that leaves the last one too many has
+    -- left the window.
+    local first = redis.call('ZRANGEBYSCORE', KEYS[13], since, '+inf', 'WITHSCORES', 'LIMIT', made - tonumber(lim[2]), 1)
     local at = string.format('%d', (tonumber(first[2]) or now) + per)
     if (redis.call('LLEN', KEYS[2]) > 0 or redis.call('EXISTS', KEYS[14]) == 1) and redis.call('HGET', KEYS[12], 'w') ~= at then
       redis.call('HSET', KEYS[12], 'w', at)
@@ -285,14 +294,18 @@ for _, id in ipairs(ids) do
 end
 call_many('HSET', KEYS[1], recs, 2)
 call_many('ZADD', KEYS[3], act, 2)
-if per and #leased > 0 then
+if #leased > 0 then
   local starts = {}
   for i = 2, #leased, 2 do
     starts[#starts + 1] = now
     starts[#starts + 1] = string.format('%d', leased[i])
   end
   call_many('ZADD', KEYS[13], starts, 2)
-  redis.call('PEXPIRE', KEYS[13], per)
+  local keep = tonumber(ARGV[9])
+  redis.call('ZREMRANGEBYSCORE', KEYS[13], '-inf', now - keep)
+  local over = redis.call('ZCARD', KEYS[13]) - tonumber(ARGV[10])
+  if over > 0 then redis.call('ZREMRANGEBYRANK', KEYS[13], 0, over - 1) end
+  redis.call('PEXPIRE', KEYS[13], keep)
 end
 ev_flush(E)
 req_put(KEYS[11], ARGV[2], string.format('%d:%d:%d', exp, first_tok, #leased / 2), tonumber(ARGV[3]))
