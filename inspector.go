@@ -320,6 +320,11 @@ func (in *Inspector) CancelProcessing(ctx context.Context, queue, id string) err
 // counters, pause flag and partition count are deleted. It returns an error
 // wrapping ErrQueueNotEmpty while the queue holds a task in any state (delete
 // them first with DeleteAllTasks); a later Enqueue creates the queue again.
+// The queue's limits (SetQueueLimits, Config.QueueLimits) are configuration
+// and outlive the deletion, with what they count (a Rate's recent starts,
+// group throttles) and the partition count they are shared on, so that
+// running servers keep their limits when the queue comes back; set the zero
+// QueueLimits first to forget them too.
 func (in *Inspector) DeleteQueue(ctx context.Context, queue string) error {
 	if err := in.needAdmin(); err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -128,5 +129,47 @@ func TestRateCountsStartsBeforeChange(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Servers started with Config.QueueLimits keep their limit on a queue that
+// an operator deleted while it was empty: when tasks come again, no more
+// than the limit run at once.
+func TestDeleteQueueKeepsServersLimits(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	const q, limit = "delete-limited", 2
+	var g gauge
+	var done atomic.Int64
+	e.server(tide.Config{
+		Concurrency: 10, Queues: map[string]int{q: 1},
+		QueueLimits: map[string]tide.QueueLimits{q: {Concurrency: limit}},
+	}, tide.HandlerFunc(func(context.Context, *tide.Task) error {
+		g.enter()
+		defer g.leave()
+		time.Sleep(20 * time.Millisecond) // long enough for the others to start if they may
+		done.Add(1)
+		return nil
+	}))
+	enqueue := func(n int) {
+		t.Helper()
+		for range n {
+			if _, err := e.c.Enqueue(ctx, tide.NewTask("job", nil), tide.Queue(q)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	enqueue(1)
+	eventually(t, 10*time.Second, "the first task to run", func() bool { return done.Load() == 1 })
+	in := tide.NewInspector(e.b)
+	eventually(t, 10*time.Second, "the queue to be deleted once empty", func() bool { return in.DeleteQueue(ctx, q) == nil })
+	if got, err := in.QueueLimits(ctx, q); err != nil || got.Concurrency != limit {
+		t.Fatalf("QueueLimits after DeleteQueue = %+v, %v; want Concurrency %d", got, err, limit)
+	}
+	enqueue(12)
+	eventually(t, 30*time.Second, "every task to run", func() bool { return done.Load() == 13 })
+	if p := g.peak.Load(); p > limit {
+		t.Fatalf("%d handlers ran at once on the queue that came back, under Concurrency %d", p, limit)
 	}
 }

@@ -1,6 +1,7 @@
 package brokertest
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ var promiseTests = []struct {
 }{
 	{"ReplaceFinishedTakesNewPlace", testReplaceFinishedTakesNewPlace},
 	{"RateRemembersStarts", testRateRemembersStarts},
+	{"DeleteQueueKeepsLimits", testDeleteQueueKeepsLimits},
 }
 
 // testReplaceFinishedTakesNewPlace: a grouped task that replaces a
@@ -110,4 +112,61 @@ func testRateRemembersStarts(t *testing.T, b broker.Broker, a broker.Admin) {
 			t.Fatalf("Rate changed from %d/%v to %d/h after %d starts: Dequeue started %d, want %d", n, per, 3*n, 2*n, len(ds), n)
 		}
 	})
+}
+
+// testDeleteQueueKeepsLimits: the limits of a queue outlive DeleteQueue,
+// with what they count (the rate's recent starts), so that servers that
+// set them keep their promise when the queue comes back; the queue leaves
+// Queues all the same. Limits removed before the deletion are gone.
+func testDeleteQueueKeepsLimits(t *testing.T, b broker.Broker, a broker.Admin) {
+	const q = "delete-limits"
+	n := partitions(t, b, q)
+	lim := tidetype.QueueLimits{Concurrency: n, Rate: tidetype.Rate{Limit: 2 * n, Per: time.Hour}}
+	setLimits(t, a, q, lim)
+	fillPartitions(t, b, q, 2)
+	for round := range 2 {
+		ds := drainAll(t, b, q, time.Minute)
+		if len(ds) != n {
+			t.Fatalf("round %d: Dequeue under Concurrency %d started %d", round, n, len(ds))
+		}
+		for _, d := range ds {
+			settleOK(t, b, outcomeOf(d, broker.SettleDone))
+		}
+	}
+	if err := a.DeleteQueue(t.Context(), q); err != nil {
+		t.Fatalf("DeleteQueue of the empty queue: %v", err)
+	}
+	if qs, err := a.Queues(t.Context()); err != nil || slices.Contains(qs, q) {
+		t.Fatalf("Queues after DeleteQueue = %v, %v", qs, err)
+	}
+	if got, err := a.QueueLimits(t.Context(), q); err != nil || got != lim {
+		t.Fatalf("QueueLimits after DeleteQueue = %+v, %v; want %+v", got, err, lim)
+	}
+	fillPartitions(t, b, q, 2)
+	if ds := dequeue(t, b, []string{q}, 10, time.Minute); len(ds) != 0 {
+		t.Fatalf("the queue came back with its Rate %d/h used up before DeleteQueue: Dequeue started %v", 2*n, idsOf(ds))
+	}
+	setLimits(t, a, q, tidetype.QueueLimits{Concurrency: n})
+	ds := drainAll(t, b, q, time.Minute)
+	if len(ds) != n {
+		t.Fatalf("under Concurrency %d after DeleteQueue Dequeue started %d", n, len(ds))
+	}
+	for _, d := range ds {
+		settleOK(t, b, outcomeOf(d, broker.SettleDone))
+	}
+	// Removed first, the limits go with the queue.
+	setLimits(t, a, q, tidetype.QueueLimits{})
+	for _, d := range drainAll(t, b, q, time.Minute) {
+		settleOK(t, b, outcomeOf(d, broker.SettleDone))
+	}
+	if err := a.DeleteQueue(t.Context(), q); err != nil {
+		t.Fatalf("DeleteQueue of the empty queue without limits: %v", err)
+	}
+	if got, err := a.QueueLimits(t.Context(), q); err != nil || got != (tidetype.QueueLimits{}) {
+		t.Fatalf("QueueLimits after removing them and DeleteQueue = %+v, %v; want none", got, err)
+	}
+	fillPartitions(t, b, q, 2)
+	if ds := drainAll(t, b, q, time.Minute); len(ds) != 2*n {
+		t.Fatalf("without limits Dequeue started %d, want %d", len(ds), 2*n)
+	}
 }

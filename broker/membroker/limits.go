@@ -50,6 +50,9 @@ func (b *Broker) QueueLimits(ctx context.Context, queue string) (tidetype.QueueL
 	if q := b.queues[queue]; q != nil {
 		return q.limits, nil
 	}
+	if k := b.kept[queue]; k != nil {
+		return k.limits, nil
+	}
 	return tidetype.QueueLimits{}, nil
 }
 
