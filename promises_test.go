@@ -2,6 +2,7 @@ package tide_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/broker/redisbroker"
+	"github.com/tidequeue/tide/internal/redistest"
 )
 
 // A task that replaces a finished task of an ordered group (Replace with
@@ -171,5 +174,63 @@ func TestDeleteQueueKeepsServersLimits(t *testing.T) {
 	eventually(t, 30*time.Second, "every task to run", func() bool { return done.Load() == 13 })
 	if p := g.peak.Load(); p > limit {
 		t.Fatalf("%d handlers ran at once on the queue that came back, under Concurrency %d", p, limit)
+	}
+}
+
+// A server whose clock was stepped back 20 s (it re-measures its offset to
+// Redis only every 30 s) throttles a group with ThrottleGroup: the group is
+// held for the whole throttle on every server, counted on Redis's clock.
+func TestThrottleGroupOnRedisClock(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	const q, hold = "throttle-clock", 2 * time.Second
+	var stepped atomic.Bool
+	skewed := redisbroker.New(redistest.Client(t, e.addr), redisbroker.WithPrefix(e.prefix), redisbroker.WithLocalClock(func() time.Time {
+		if stepped.Load() {
+			return time.Now().Add(-20 * time.Second)
+		}
+		return time.Now()
+	}))
+	skewed.Now() // measures the offset while the clock is right
+	stepped.Store(true)
+	var mu sync.Mutex
+	var throttledAt, secondAt time.Time
+	var once atomic.Bool
+	e.serverOn(skewed, tide.Config{Queues: map[string]int{q: 1}}, tide.HandlerFunc(func(ctx context.Context, task *tide.Task) error {
+		if string(task.Payload()) == "first" && once.CompareAndSwap(false, true) {
+			mu.Lock()
+			throttledAt = time.Now()
+			mu.Unlock()
+			return fmt.Errorf("downstream says slow down: %w", tide.ThrottleGroup(hold))
+		}
+		return nil
+	}))
+	first, err := e.c.Enqueue(ctx, tide.NewTask("call", []byte("first")), tide.Queue(q), tide.Group("tenant"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.waitState(q, first.ID, tide.StateRetry)
+	// Another server, whose clock is right, serves the queue too.
+	e.server(tide.Config{Queues: map[string]int{q: 1}}, tide.HandlerFunc(func(ctx context.Context, task *tide.Task) error {
+		if string(task.Payload()) == "second" {
+			mu.Lock()
+			secondAt = time.Now()
+			mu.Unlock()
+		}
+		return nil
+	}))
+	if _, err := e.c.Enqueue(ctx, tide.NewTask("call", []byte("second")), tide.Queue(q), tide.Group("tenant")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "the group's second task to run", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return !secondAt.IsZero()
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if d := secondAt.Sub(throttledAt); d < hold-50*time.Millisecond {
+		t.Fatalf("a task of the group started %v after ThrottleGroup(%v) on a server whose clock was 20 s behind", d, hold)
 	}
 }

@@ -166,6 +166,13 @@ type Settlement struct {
 	Err string
 	// RetryAt is when a retried or deferred task becomes pending again.
 	RetryAt time.Time
+	// RetryIn, when positive, replaces RetryAt for SettleRetry and
+	// SettleDefer: the task becomes pending again RetryIn after the broker
+	// applies the settlement, on the broker's own clock, and a Throttle
+	// holds the group back until then. A server sets it so that the time
+	// does not depend on how well its clock agrees with the broker's (a
+	// clock stepped back would otherwise end a throttle before it began).
+	RetryIn time.Duration
 	// At is when the attempt ended (LastFailedAt or CompletedAt).
 	At time.Time
 	// Started is when the attempt started and Server the server that ran
@@ -173,8 +180,9 @@ type Settlement struct {
 	Started time.Time
 	Server  string
 	// Throttle, with SettleDefer, also holds back the task's group: no
-	// task of the group starts before RetryAt (tide.ThrottleGroup). It is
-	// ignored for a task without a group.
+	// task of the group starts before RetryAt, or RetryIn from when the
+	// broker applies the settlement (tide.ThrottleGroup). It is ignored for
+	// a task without a group.
 	Throttle bool
 	// Then, when not nil, is a task stored in the same atomic step as the
 	// settlement, only when the settlement applies (a notification of the

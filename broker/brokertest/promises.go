@@ -20,6 +20,7 @@ var promiseTests = []struct {
 	{"ReplaceFinishedTakesNewPlace", testReplaceFinishedTakesNewPlace},
 	{"RateRemembersStarts", testRateRemembersStarts},
 	{"DeleteQueueKeepsLimits", testDeleteQueueKeepsLimits},
+	{"RetryInOnBrokerClock", testRetryInOnBrokerClock},
 }
 
 // testReplaceFinishedTakesNewPlace: a grouped task that replaces a
@@ -169,4 +170,47 @@ func testDeleteQueueKeepsLimits(t *testing.T, b broker.Broker, a broker.Admin) {
 	if ds := drainAll(t, b, q, time.Minute); len(ds) != 2*n {
 		t.Fatalf("without limits Dequeue started %d, want %d", len(ds), 2*n)
 	}
+}
+
+// testRetryInOnBrokerClock: a settlement's RetryIn counts from when the
+// broker applies it, on the broker's clock, whatever RetryAt says (here a
+// time already past, as a server whose clock runs 20 s behind would send):
+// a throttle holds the group, and a retried or deferred task waits, for
+// RetryIn.
+func testRetryInOnBrokerClock(t *testing.T, b broker.Broker, a broker.Admin) {
+	const q = "retry-in"
+	const in = time.Hour
+	behind := time.Now().Add(-20 * time.Second)
+	ms := gmsgs(q, "a", "A", 2)
+	plain := newMsg(q, "plain")
+	enqueue(t, b, ms[0], plain)
+	ds := wantDrain(t, b, q, "the first tasks", ms[0].ID, plain.ID)
+	before := time.Now()
+	s := outcomeOf(ds[ms[0].ID], broker.SettleDefer)
+	s.RetryAt, s.RetryIn, s.Throttle, s.Err = behind, in, true, "slow down"
+	settleOK(t, b, s)
+	r := retryOf(ds[plain.ID], behind, "boom")
+	r.RetryIn = in
+	settleOK(t, b, r)
+	after := time.Now()
+	within := func(what string, got time.Time) {
+		t.Helper()
+		if got.Before(msTrunc(before.Add(in))) || got.After(after.Add(in)) {
+			t.Fatalf("%s = %v, want %v from the settlement (between %v and %v)", what, got, in, before.Add(in), after.Add(in))
+		}
+	}
+	for _, id := range []string{ms[0].ID, plain.ID} {
+		got := get(t, b, q, id)
+		if got.State != tidetype.StateRetry {
+			t.Fatalf("task %s is %v after its settlement, want retry", id, got.State)
+		}
+		within("ProcessAt of "+id, got.NextProcessAt)
+	}
+	enqueue(t, b, ms[1])
+	wantDrain(t, b, q, "with group A throttled for an hour")
+	gs := groups(t, a, q, 10)
+	if len(gs) != 1 || gs[0].Group != "A" {
+		t.Fatalf("Groups = %+v, want group A", gs)
+	}
+	within("ThrottledUntil of group A", gs[0].ThrottledUntil)
 }

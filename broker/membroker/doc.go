@@ -30,7 +30,8 @@
 //     Recovered tasks count in Recovered, not Forwarded.
 //   - Dequeue never forwards due tasks itself; only Maintain does.
 //   - A zero MaintainRequest.Now means the Clock's now. Settlement.At and
-//     Settlement.RetryAt default to the Clock's now when zero.
+//     Settlement.RetryAt default to the Clock's now when zero; a positive
+//     Settlement.RetryIn counts from the Clock's now.
 //   - Events: EventPending is sent when tasks become pending in a queue that
 //     had none (not while the queue is paused; Unpause sends one when tasks
 //     wait), and when a settlement or a lease recovery frees a slot of a

@@ -22,7 +22,8 @@
 -- runs) where op is
 --   'd' done:      a, b, c unused                      -> deleted
 --   'c' completed: a = new record, b = expire-at ms, c = completed-at ms -> kept until b
---   'r' retry:     a = retry-at ms, b = failed-at ms, c = error
+--   'r' retry:     a = retry-at ms ('+<ms>': that long from now on the Redis
+--                  clock, as for 'w' and 't'), b = failed-at ms, c = error
 --   'a' archive:   b = failed-at ms, c = error
 --   'q' requeue:   back to the front of pending, attempt not counted
 --   'w' defer:     like retry, but Retried unchanged and not counted as
@@ -117,7 +118,7 @@ for i = 12, #ARGV, 11 do
       w_ended(W, id, 'c' .. c, now, ARGV[10])
       finished = finished + 1
     elseif op == 'r' or op == 'w' or op == 't' then
-      local at = tonumber(a)
+      local at = time_arg(a)
       local retried = rec_retried(rec)
       if op == 'r' then retried = retried + 1 end
       redis.call('HSET', KEYS[1], id, rec_patch(rec, 4, nil, retried, at, tonumber(b), c))
