@@ -43,9 +43,9 @@
 //     rotation of lanes, one per group with ready tasks and one for the
 //     ungrouped tasks; Dequeue takes the lane served least recently (a lane
 //     that joins goes to the back) and starts its next task: a group's in
-//     enqueue order, the ungrouped ones in pending-list order. Only groups
-//     that may start a task are in the rotation: a group leaves it at the
-//     start after which it may not start another, and a task made ready
+//     enqueue order, the ungrouped ones in pending-list order. A group that
+//     may not start a task leaves the rotation (at the start that blocks
+//     it, or at GroupConcurrency at its next turn), and a task made ready
 //     does not bring it back while it is blocked: at GroupConcurrency or while
 //     an earlier task of an Ordered group holds its place, until one of its
 //     tasks leaves active or finishes (then EventPending); while throttled

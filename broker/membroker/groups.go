@@ -20,14 +20,15 @@ import (
 // task and puts it at the back, so the lane served least recently goes
 // first, one task per turn. A lane that joins the rotation goes to the back.
 //
-// Only groups that may start a task now are in the rotation, so Dequeue
-// never walks past blocked ones: a group leaves at the start after which it
-// may not start another, and a task made ready does not bring it back while
-// it is blocked. At its concurrency limit or while an earlier task of an
-// ordered group has not finished, it comes back when one of its tasks
-// leaves active or finishes; while throttled or over its rate it is held
-// until a time (queue.held) and comes back at the first Dequeue from then
-// on.
+// A group that may not start a task leaves the rotation: at the start after
+// which it may not start another (Ordered, its rate used up) or at the
+// first turn that finds it at its concurrency limit, and a task made ready
+// does not bring it back while it is blocked, so Dequeue looks at a blocked
+// group at most once each time it blocks. At its concurrency limit or
+// while an earlier task of an ordered group has not finished, it comes back
+// when one of its tasks leaves active or finishes; while throttled or over
+// its rate it is held until a time (queue.held) and comes back at the first
+// Dequeue from then on.
 
 // group is one group of a queue: its ready tasks and what limits it.
 type group struct {
@@ -172,10 +173,12 @@ func (b *Broker) next(q *queue, now time.Time) *task {
 		if l.Ordered {
 			g.holder = t
 		}
-		// It stays in the rotation only while it may start another task.
+		// It stays in the rotation while it may start another task, and at
+		// its concurrency limit (as in the Redis broker: a turn that finds
+		// it still there takes it out).
 		switch {
-		case len(g.ready) == 0, l.Ordered, l.GroupConcurrency > 0 && g.active >= l.GroupConcurrency:
-			// back when a task is ready, or one of its tasks leaves active or finishes
+		case len(g.ready) == 0, l.Ordered:
+			// back when a task is ready, or when its task finishes
 		case r.Limit > 0 && len(g.starts) >= r.Limit:
 			b.hold(q, g, g.starts[len(g.starts)-r.Limit].Add(r.Per))
 		default:

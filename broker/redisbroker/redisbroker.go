@@ -116,13 +116,15 @@
 // its groups' ready tasks in enqueue order and a rotation of the groups that
 // may run; the dequeue script serves the rotation one task per group per
 // turn and checks the group limits (which are not split: a group is in one
-// partition) in the same step. Only groups that may start a task are in the
-// rotation: a group leaves it at the start that uses up what it may run (its
-// GroupConcurrency, an Ordered group's one task, its GroupRate) and a task
-// made ready does not bring it back while it is blocked; the settle, removal
-// or time that lets it go puts it back and wakes idle servers. So a dequeue
-// never walks past blocked groups, however many there are. A partition
-// without grouped tasks takes the plain path: one EXISTS more than before.
+// partition) in the same step. A group that may not start a task leaves
+// the rotation (at the start that blocks it: an Ordered group's one task,
+// its GroupRate used up; at its GroupConcurrency, at the next turn that
+// finds it there) and a task made ready does not bring it back while it is
+// blocked; the settle, removal or time that lets it go puts it back and
+// wakes idle servers. So a dequeue looks at a blocked group at most once
+// each time it blocks, however many groups are blocked and however many
+// tasks wait in them. A partition without grouped tasks takes the plain
+// path: one EXISTS more than before.
 //
 // When a settlement or a lease recovery gives room back to a partition that
 // was full and has tasks waiting (ungrouped, or grouped ones of a group that

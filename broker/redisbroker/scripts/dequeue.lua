@@ -34,10 +34,11 @@
 -- not leased directly but made ready by Maintain (grouped ones join their
 -- group), and the groups with ready tasks are served round-robin, one task per turn, the ungrouped tasks
 -- taking turns as one more group; a group leaves the rotation at the start
--- after which it may not start another (it runs its concurrency limit's
--- worth of tasks, an ordered group's task started, its rate is used up) and
--- when it is throttled, and only what lets it go puts it back (groups.lua),
--- so a call never walks past blocked groups. A group held until a time
+-- after which it may not start another (an ordered group's task started,
+-- its rate is used up), at the first turn that finds it at its concurrency
+-- limit, and when it is throttled, and only what lets it go puts it back
+-- (groups.lua), so a call walks past a blocked group at most once each time
+-- it blocks, never once per task made ready in it. A group held until a time
 -- (throttled, over its rate) returns at that time, the earliest announced
 -- with a "p<partition>:<ms>" event. A call that still met more groups
 -- unable to start a task than it could look at (their limits changed)
@@ -221,13 +222,15 @@ else
           log, started = log .. struct.pack('>I6', now), started + 1
           redis.call('HSET', G.l, g, log)
         end
-        -- It stays in the rotation only while it may start another task:
-        -- an ordered group waits for this one, a group at its concurrency
-        -- limit for a settle (marked 2), one whose rate this start used up
-        -- for its time in w.
+        -- An ordered group waits for this task and one whose rate this
+        -- start used up for its time in w: they leave the rotation now. A
+        -- group that reached its concurrency limit stays: one of its tasks
+        -- mostly settles before its next turn, and taking it out would
+        -- cost that settle a join; a turn that finds it still at its limit
+        -- takes it out (marked 2).
         local limited = gc and active >= gc
         local spent = grl and started >= grl
-        if more and not ord and not limited and not spent then
+        if more and not ord and not spent then
           if mark > 0 then redis.call('HINCRBY', G.s, ak, -mark * OUT) end
         else
           redis.call('ZREM', G.r, g)

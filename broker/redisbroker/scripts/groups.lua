@@ -11,14 +11,16 @@
 --      one now, scored by when they joined it (s's j); Dequeue serves them
 --      in that order from a cursor (s's c, the score served last), wrapping
 --      round, so each is served once per round without being moved. A group
---      that may not start a task is not in it: it leaves at the start that
---      blocks it (its concurrency limit reached, an ordered group's task
---      started, its rate used up) or when it has nothing ready, a task made
---      ready does not bring it back while it is blocked (g_enter), and what
---      lets it go (a settle, a removal, its time in w) puts it back, so no
---      Dequeue looks at blocked groups. One found unable to start a task all
---      the same (its limits changed) leaves it. The member '' stands for the
---      ungrouped tasks (the pending list) while there are any.
+--      that may not start a task leaves it: at the start that blocks it (an
+--      ordered group's task started, its rate used up), when it has nothing
+--      ready, or at the first turn that finds it at its concurrency limit
+--      (mostly one of its tasks has settled by then: leaving at the start
+--      would cost that settle a join); a task made ready does not bring it
+--      back while it is blocked (g_enter), and what lets it go (a settle, a
+--      removal, its time in w) puts it back. So Dequeue looks at a blocked
+--      group at most once each time it blocks, however many tasks are made
+--      ready in it meanwhile. The member '' stands for the ungrouped tasks
+--      (the pending list) while there are any.
 --   w  zset: groups held back until a time (throttled, or over their rate),
 --      scored by that time (ms)
 --   s  hash: j: the last join number handed out; c: the cursor; lc: where
