@@ -121,8 +121,9 @@ if redis.call('EXISTS', G.id) == 0 then
     end
   end
 else
-  -- Grouped: serve the rotation, which holds only groups that may start a
-  -- task (see groups.lua). Due scheduled and retry tasks are made ready by
+  -- Grouped: serve the rotation, which holds the groups that may start a
+  -- task, and until their next turn those that reached their concurrency
+  -- limit (see groups.lua). Due scheduled and retry tasks are made ready by
   -- the partition's maintainer (which a due time wakes), so that each call
   -- here costs a few commands only.
   for _, g in ipairs(redis.call('ZRANGEBYSCORE', G.w, '-inf', now)) do
@@ -201,10 +202,11 @@ else
       local log, started = '', 0
       if grl and first then log, started = g_rate(G, g, gper, now) end
       if not first or (holder and holder ~= id) or (grl and started >= grl) then
-        -- In the rotation though it cannot start a task (its limits
-        -- changed, or nothing is ready): out until a task becomes ready
-        -- or one of its tasks settles (marked 2 when at its concurrency
-        -- limit). Over its rate: back at the time a start leaves the window.
+        -- In the rotation though it cannot start a task (at its
+        -- concurrency limit since its last turn, its limits changed, or
+        -- nothing is ready): out until a task becomes ready or one of its
+        -- tasks settles (marked 2 when at its concurrency limit). Over its
+        -- rate: back at the time a start leaves the window.
         active = active - 1
         if active <= 0 then
           redis.call('HDEL', G.s, ak)
