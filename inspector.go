@@ -288,6 +288,11 @@ func (in *Inspector) CancelProcessing(ctx context.Context, queue, id string) err
 // counters, pause flag and partition count are deleted. It returns an error
 // wrapping ErrQueueNotEmpty while the queue holds a task in any state (delete
 // them first with DeleteAllTasks); a later Enqueue creates the queue again.
+// The queue's limits (SetQueueLimits, Config.QueueLimits) are configuration
+// and outlive the deletion, with what they count (a Rate's recent starts,
+// group throttles) and the partition count they are shared on, so that
+// running servers keep their limits when the queue comes back; set the zero
+// QueueLimits first to forget them too.
 func (in *Inspector) DeleteQueue(ctx context.Context, queue string) error {
 	if err := ValidateQueueName(queue); err != nil {
 		return err
@@ -328,9 +333,11 @@ func (in *Inspector) PauseQueueFor(ctx context.Context, queue string, d time.Dur
 // next fetch on (well within a second), without a restart: a lower
 // Concurrency starts nothing until enough running tasks have finished, a
 // higher one wakes idle servers, and a new Rate counts the starts made in
-// its period before the change. Invalid limits are refused with an error
-// wrapping ErrInvalidTask that names the field: a negative Concurrency or
-// one over broker.MaxQueueConcurrency; a Rate.Limit that is negative or over
+// its period before the change, also while the queue had no Rate (brokers
+// record every start for broker.MaxRatePer). Invalid limits are refused
+// with an error wrapping ErrInvalidTask that names the field: a negative
+// Concurrency or one over broker.MaxQueueConcurrency; a Rate.Limit that is
+// negative or over
 // broker.MaxQueueRate; a Rate.Per under a millisecond, over
 // broker.MaxRatePer or not whole milliseconds when Rate.Limit is set, or set
 // without Rate.Limit. The limits are the queue's whatever its partition

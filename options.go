@@ -84,7 +84,8 @@ func Group(key string) Option {
 // ErrTaskIDConflict: the task takes the new payload, headers, options and
 // due time, and keeps its place in its group's order. This debounces: the
 // task runs once, after the last Enqueue's delay. A finished task with the
-// ID (completed, archived) is replaced by the new one. A task that is
+// ID (completed, archived) is replaced by the new one, which is a new task:
+// in its group it comes after the tasks enqueued before it. A task that is
 // running still gets ErrTaskIDConflict. Without TaskID, Enqueue refuses
 // Replace.
 func Replace() Option {

@@ -28,7 +28,9 @@ func RetryAfter(d time.Duration) error {
 // ThrottleGroup returns an error that a handler returns to hold back the
 // whole group of its task (Group) for d: no task of the group starts
 // before d has passed, on any server, and this task runs again after it,
-// like RetryAfter (no retry used, attempt recorded as "deferred"). Use it
+// like RetryAfter (no retry used, attempt recorded as "deferred"). d is
+// counted on the broker's clock from when the broker records the throttle,
+// so a server whose own clock is off does not shorten it. Use it
 // when a tenant's downstream answers "slow down": the other groups keep
 // running. Tasks of the group already running finish. For a task without a
 // group it is RetryAfter. d is bounded like RetryAfter's.

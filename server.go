@@ -415,7 +415,8 @@ func (s *Server) run(ctx context.Context, d *broker.Delivery) (broker.Settlement
 	}
 	delay := DefaultRetryDelay(m.Retried+1, err, t)
 	safely(s.log, "RetryDelayFunc", func() { delay = s.cfg.RetryDelayFunc(m.Retried+1, err, t) })
-	set.RetryAt = now.Add(max(delay, 0))
+	// RetryIn: the broker counts the delay on its own clock.
+	set.RetryAt, set.RetryIn = now.Add(max(delay, 0)), max(delay, 0)
 	s.log.Info("tide: task failed; will retry", append(attrs, "in", max(delay, 0))...)
 	return set, true
 }
@@ -456,8 +457,11 @@ func decide(m *TaskInfo, err, cause error, now time.Time) (set broker.Settlement
 	}
 	if d, group, ok := retryAfter(err); ok {
 		// The handler asked to wait: no retry is used, even by a task
-		// that has none left.
-		set.Kind, set.RetryAt, set.Throttle = broker.SettleDefer, now.Add(d), group && m.Group != ""
+		// that has none left. The broker counts the wait (and a group's
+		// throttle) on its own clock, from when it applies the settlement:
+		// a server whose clock was stepped since it last measured the
+		// broker's would otherwise end a throttle before it began.
+		set.Kind, set.RetryAt, set.RetryIn, set.Throttle = broker.SettleDefer, now.Add(d), d, group && m.Group != ""
 		return set, ""
 	}
 	set.Kind = broker.SettleRetry

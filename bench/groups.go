@@ -17,7 +17,9 @@ import (
 //   - groups: what per-group limits cost. The same tasks, the same server and
 //     the same no-op handler, drained from a plain queue and spread over many
 //     groups with QueueLimits{GroupConcurrency: 1} (and, to tell the cost of
-//     the groups from that of the limit, over the groups without limits).
+//     the groups from that of the limit, over the groups without limits);
+//     and both ways under a queue Concurrency below the server's, where
+//     every slot that frees must wake a server for the next task.
 //   - fairness: what groups are for. A few tasks enqueued behind a large
 //     backlog wait for the whole backlog in a FIFO queue; in a group of their
 //     own they take turns with the backlog's group.
@@ -29,8 +31,9 @@ import (
 // groups against FIFO queues (tide without groups, and asynq).
 const (
 	groupsQueue     = "grouped"
-	groupsLimit     = 1 // QueueLimits.GroupConcurrency of the groups workload
-	groupsEnqueuers = 8 // goroutines calling EnqueueMany, one group a call
+	groupsLimit     = 1  // QueueLimits.GroupConcurrency of the groups workload
+	groupsQueueConc = 20 // QueueLimits.Concurrency of its Concurrency rows (under the server's 50)
+	groupsEnqueuers = 8  // goroutines calling EnqueueMany, one group a call
 	fairQueue       = "fair"
 	fairBig         = "big"
 	fairSmall       = "small"
@@ -43,11 +46,13 @@ func groupsWorkload(sz sizes) workload {
 		name:    "groups",
 		systems: []string{sysTide},
 		absent:  noGroupsCell,
-		about:   "cost of per-group limits: drain the same tasks without groups and over many groups (no limits; GroupConcurrency 1) (tide only)",
+		about:   "cost of per-group limits: drain the same tasks without groups and over many groups (no limits; GroupConcurrency 1; a queue Concurrency, both ways) (tide only)",
 		figs: []figure{
 			{key: "grpPlain", label: fmt.Sprintf("groups: drain %s pending, no groups, concurrency %d, no-op handler (median of %d)", kcount(sz.grpN), sz.concurrency, sz.grpRounds), unit: "tasks/s"},
 			{key: "grpFree", label: fmt.Sprintf("groups: the same %s over %s groups, no group limits (median of %d)", kcount(sz.grpN), kcount(sz.grpGroups), sz.grpRounds), unit: "tasks/s"},
 			{key: "grpProc", label: fmt.Sprintf("groups: the same %s over %s groups, QueueLimits{GroupConcurrency: %d} (median of %d)", kcount(sz.grpN), kcount(sz.grpGroups), groupsLimit, sz.grpRounds), unit: "tasks/s"},
+			{key: "grpConcPlain", label: fmt.Sprintf("groups: the same %s, no groups, QueueLimits{Concurrency: %d} (median of %d)", kcount(sz.grpN), groupsQueueConc, sz.grpRounds), unit: "tasks/s"},
+			{key: "grpConcGrouped", label: fmt.Sprintf("groups: the same %s over %s groups, QueueLimits{Concurrency: %d} (median of %d)", kcount(sz.grpN), kcount(sz.grpGroups), groupsQueueConc, sz.grpRounds), unit: "tasks/s"},
 		},
 		limit: time.Duration(sz.grpRounds*len(groupsModes)) * 2 * time.Minute,
 		run:   runGroups,
@@ -81,13 +86,20 @@ type groupsMode struct {
 	what   string // for notes and errors
 	groups bool   // spread over grpGroups groups
 	limit  bool   // with QueueLimits{GroupConcurrency: groupsLimit}
+	conc   bool   // with QueueLimits{Concurrency: groupsQueueConc}
 }
 
 var groupsModes = []groupsMode{
 	{key: "grpPlain", what: "no groups"},
 	{key: "grpFree", what: "groups, no limits", groups: true},
 	{key: "grpProc", what: fmt.Sprintf("groups, GroupConcurrency %d", groupsLimit), groups: true, limit: true},
+	{key: "grpConcPlain", what: fmt.Sprintf("no groups, Concurrency %d", groupsQueueConc), conc: true},
+	{key: "grpConcGrouped", what: fmt.Sprintf("groups, Concurrency %d", groupsQueueConc), groups: true, conc: true},
 }
+
+// groupsRatios are the pairs of modes (indices in groupsModes) whose
+// ratio by round the note lists: what groups cost with each limit.
+var groupsRatios = [][2]int{{2, 0}, {4, 3}}
 
 // runGroups drains grpN pending tasks grpRounds times in each groupsMode,
 // the order of the modes rotating from round to round, and reports the
@@ -113,13 +125,17 @@ func runGroups(ctx context.Context, e *env, kind string) (results, error) {
 		res[mode.key] = val{v: median(got[m])}
 		parts = append(parts, fmt.Sprintf("%s %s", mode.what, rates(got[m])))
 	}
-	last := len(groupsModes) - 1
-	ratios := make([]string, len(got[0]))
-	for i := range got[0] {
-		ratios[i] = fmt.Sprintf("%.2f", got[last][i]/got[0][i])
+	var pairs []string
+	for _, pr := range groupsRatios {
+		num, den := pr[0], pr[1]
+		ratios := make([]string, len(got[den]))
+		for i := range got[den] {
+			ratios[i] = fmt.Sprintf("%.2f", got[num][i]/got[den][i])
+		}
+		pairs = append(pairs, fmt.Sprintf("%s ÷ %s by round: %s", groupsModes[num].what, groupsModes[den].what, strings.Join(ratios, " ")))
 	}
-	e.note("groups/%s: %s tasks (%s groups), concurrency %d, each drain on a flushed Redis, order rotating; %s; %s ÷ %s by round: %s",
-		kind, kcount(e.sz.grpN), kcount(e.sz.grpGroups), e.sz.concurrency, strings.Join(parts, "; "), groupsModes[last].what, groupsModes[0].what, strings.Join(ratios, " "))
+	e.note("groups/%s: %s tasks (%s groups), concurrency %d, each drain on a flushed Redis, order rotating; %s; %s",
+		kind, kcount(e.sz.grpN), kcount(e.sz.grpGroups), e.sz.concurrency, strings.Join(parts, "; "), strings.Join(pairs, "; "))
 	e.note("groups: %s", noGroupsNote)
 	return res, nil
 }
@@ -140,8 +156,15 @@ func drainGroups(ctx context.Context, e *env, mode groupsMode) (float64, error) 
 	n, what := e.sz.grpN, "groups, "+mode.what
 	ps := payloads(n, kindTask, time.Now())
 	in := tide.NewInspector(ts.b)
+	var lim tide.QueueLimits
 	if mode.limit {
-		if err := in.SetQueueLimits(ctx, groupsQueue, tide.QueueLimits{GroupConcurrency: groupsLimit}); err != nil {
+		lim.GroupConcurrency = groupsLimit
+	}
+	if mode.conc {
+		lim.Concurrency = groupsQueueConc
+	}
+	if lim != (tide.QueueLimits{}) {
+		if err := in.SetQueueLimits(ctx, groupsQueue, lim); err != nil {
 			return 0, fmt.Errorf("%s: SetQueueLimits: %w", what, err)
 		}
 	}

@@ -6,7 +6,7 @@
 //	cd bench && go run . -only process,pickup -json out.json
 //	cd bench && go run . -only floor,enqueue    # enqueue figures, the floor and the goals
 //	cd bench && go run . -only soak -soak 5m     # Redis memory while processing
-//	cd bench && go run . -only groups,fairness   # what groups cost, and what they are for
+//	cd bench && go run . -only groups,fairness,blocked # what groups cost, what they are for, blocked groups
 //	cd bench && go run . -only chain,fanout,wait # workflows, batches and EnqueueAndWait
 //
 // See README.md for what each figure means.
@@ -415,6 +415,7 @@ var goals = []goal{
 	{"asynq Enqueue, 1 goroutine ÷ floor, 1 client", [2]string{sysAsynq, "enq1"}, [2]string{sysFloor, floorKey(1)}, 0, ""},
 	{"asynq Enqueue, 8 goroutines ÷ floor, 8 clients", [2]string{sysAsynq, "enq8"}, [2]string{sysFloor, floorKey(8)}, 0, ""},
 	{"tide drain, groups with GroupConcurrency 1 ÷ no groups", [2]string{sysTide, "grpProc"}, [2]string{sysTide, "grpPlain"}, 0.6, "≥ 0.60"},
+	{"tide drain under a queue Concurrency, groups ÷ no groups", [2]string{sysTide, "grpConcGrouped"}, [2]string{sysTide, "grpConcPlain"}, 0.9, "≥ 0.90"},
 	{"tide wait of the few, p99: FIFO ÷ own group", [2]string{sysTide, "fairF99"}, [2]string{sysTide, "fairG99"}, 0, ""},
 	{"wait of the few, p99: asynq FIFO ÷ tide own group", [2]string{sysAsynq, "fairF99"}, [2]string{sysTide, "fairG99"}, 0, ""},
 	{"chain: tide workflow per step ÷ tide hand-rolled chain per task (per-step overhead)", [2]string{sysTide, "chainWf"}, [2]string{sysTide, "chainPlain"}, 0, ""},

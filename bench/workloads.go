@@ -77,6 +77,8 @@ type sizes struct {
 	rollWait                 time.Duration
 	grpN, grpGroups          int
 	grpRounds                int
+	blockedGroups, blockedN  int
+	blockedCap               time.Duration
 	fairBigN, fairSmallN     int
 	fairConcurrency          int
 	chainN                   int
@@ -103,6 +105,7 @@ func fullSizes() sizes {
 		rollBaseline: 10 * time.Second, rollBudget: 15 * time.Second, rollTail: 5 * time.Second,
 		rollGap: time.Second, rollWait: time.Minute,
 		grpN: 100000, grpGroups: 10000, grpRounds: 3,
+		blockedGroups: 10000, blockedN: 200, blockedCap: 30 * time.Second,
 		fairBigN: 50000, fairSmallN: 50, fairConcurrency: 10,
 		chainN: 1000, chainCap: 15 * time.Second,
 		fanN:  10000,
@@ -124,6 +127,7 @@ func quickSizes() sizes {
 	s.soakDur, s.soakEvery = 15*time.Second, time.Second
 	s.rollBaseline, s.rollBudget, s.rollTail = 4*time.Second, 8*time.Second, 2*time.Second
 	s.grpN, s.grpGroups, s.grpRounds = 20000, 2000, 1
+	s.blockedGroups, s.blockedN, s.blockedCap = 2000, 50, 15*time.Second
 	s.fairBigN = 10000
 	s.chainN, s.chainCap = 200, 5*time.Second
 	s.fanN = 2000
@@ -288,6 +292,7 @@ func workloads(sz sizes) []workload {
 		groupsWorkload(sz),
 		fairnessWorkload(sz),
 		sharesWorkload(sz),
+		blockedWorkload(sz),
 		chainWorkload(sz),
 		fanoutWorkload(sz),
 		waitWorkload(sz),

@@ -81,9 +81,14 @@ type Admin interface {
 	PauseFor(ctx context.Context, queue string, d time.Duration) error
 
 	// DeleteQueue forgets an empty queue: it disappears from Queues and its
-	// bookkeeping (counters, pause flag, partition count, limits) is deleted. It
+	// bookkeeping (counters, pause flag, partition count) is deleted. It
 	// returns an error wrapping ErrQueueNotEmpty while the queue holds a task
-	// in any state; a later Enqueue creates the queue again.
+	// in any state; a later Enqueue creates the queue again. Limits set with
+	// SetQueueLimits are configuration and outlive it, with what they count
+	// (recent starts, group throttles and rate windows) and, where limits are
+	// shared among partitions, the partition count: servers started with
+	// limits for the queue keep them when it comes back. To forget them too,
+	// set the zero limits before deleting the queue.
 	DeleteQueue(ctx context.Context, queue string) error
 
 	// CancelProcessing records the cancellation of an active task; the
@@ -97,9 +102,11 @@ type Admin interface {
 	// the new limits from its next call on, on every server: a lower
 	// Concurrency hands out nothing until enough running tasks have
 	// finished, a higher one wakes idle servers; a rate counts the starts
-	// made before the change. The limits are the queue's, whatever its
-	// partition count. Limits that CheckQueueLimits refuses are refused
-	// with an error wrapping ErrInvalidTask.
+	// made in its period before the change, also without a rate or under
+	// one with a shorter period (a broker records every start for
+	// MaxRatePer, at most MaxQueueRate of them). The limits are the
+	// queue's, whatever its partition count. Limits that CheckQueueLimits
+	// refuses are refused with an error wrapping ErrInvalidTask.
 	SetQueueLimits(ctx context.Context, queue string, l tidetype.QueueLimits) error
 
 	// QueueLimits returns the limits recorded for queue; the zero value

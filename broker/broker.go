@@ -169,6 +169,13 @@ type Settlement struct {
 	Err string
 	// RetryAt is when a retried or deferred task becomes pending again.
 	RetryAt time.Time
+	// RetryIn, when positive, replaces RetryAt for SettleRetry and
+	// SettleDefer: the task becomes pending again RetryIn after the broker
+	// applies the settlement, on the broker's own clock, and a Throttle
+	// holds the group back until then. A server sets it so that the time
+	// does not depend on how well its clock agrees with the broker's (a
+	// clock stepped back would otherwise end a throttle before it began).
+	RetryIn time.Duration
 	// At is when the attempt ended (LastFailedAt or CompletedAt).
 	At time.Time
 	// Started is when the attempt started and Server the server that ran
@@ -176,8 +183,9 @@ type Settlement struct {
 	Started time.Time
 	Server  string
 	// Throttle, with SettleDefer, also holds back the task's group: no
-	// task of the group starts before RetryAt (tide.ThrottleGroup). It is
-	// ignored for a task without a group.
+	// task of the group starts before RetryAt, or RetryIn from when the
+	// broker applies the settlement (tide.ThrottleGroup). It is ignored for
+	// a task without a group.
 	Throttle bool
 }
 
@@ -206,9 +214,10 @@ type EnqueueOptions struct {
 	// task (pending, scheduled or retry) with that ID: it takes the new
 	// task's payload, headers, options and due time, keeping its place in
 	// its group's order. A finished task (completed, archived) with the ID
-	// is replaced by the new one; an active one, a step of a workflow or
-	// batch (FlowHeader) and an internal task (Delivery.Internal) get
-	// ErrTaskIDConflict.
+	// is replaced by the new one, a new task that takes a new place in its
+	// group's order (after the tasks enqueued before it); an active one, a
+	// step of a workflow or batch (FlowHeader) and an internal task
+	// (Delivery.Internal) get ErrTaskIDConflict.
 	Replace bool
 	// Watch registers a waiter for each task as it is stored (see Waiter),
 	// so that a Wait that starts after Enqueue returns still learns how

@@ -108,7 +108,7 @@ func Run(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
 			tc.fn(t, newBroker(t))
 		})
 	}
-	for _, tc := range slices.Concat(adminTests, limitTests, groupTests) {
+	for _, tc := range slices.Concat(adminTests, limitTests, groupTests, wakeTests, promiseTests) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			b := newBroker(t)

@@ -517,7 +517,9 @@ func (b *Broker) SchedulerEntries(ctx context.Context) ([]tidetype.SchedulerEntr
 	return out, nil
 }
 
-// DeleteQueue implements broker.Admin.
+// DeleteQueue implements broker.Admin. A queue with limits keeps them,
+// with its starts and its groups' throttles and rate windows, until it
+// comes back (or SetQueueLimits removes them).
 func (b *Broker) DeleteQueue(ctx context.Context, name string) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -536,6 +538,14 @@ func (b *Broker) DeleteQueue(ctx context.Context, name string) error {
 		return fmt.Errorf("%w: queue %q holds %d %s", broker.ErrQueueNotEmpty, name, n, what)
 	}
 	delete(b.queues, name) // subscribers are attached again if it comes back (see queue)
+	if q.limits != (tidetype.QueueLimits{}) {
+		// Limits are the queue's configuration, not its bookkeeping: they
+		// stay, with what they count, for the queue to take up again.
+		for _, g := range q.groups {
+			g.inRot, g.prev, g.next = false, nil, nil // no task is left to serve
+		}
+		b.kept[name] = &keptLimits{limits: q.limits, starts: q.starts, groups: q.groups, held: q.held}
+	}
 	return nil
 }
 
@@ -543,4 +553,13 @@ func (b *Broker) DeleteQueue(ctx context.Context, name string) error {
 // partitions, so it answers with an error wrapping broker.ErrNotSupported.
 func (b *Broker) Repartition(ctx context.Context, queue string, n int, progress func(moved, left int)) error {
 	return fmt.Errorf("%w: the in-memory broker has no partitions to change", broker.ErrNotSupported)
+}
+
+// keptLimits is what a queue deleted with limits keeps (DeleteQueue): its
+// limits, its starts, and its groups' throttles and rate windows.
+type keptLimits struct {
+	limits tidetype.QueueLimits
+	starts []time.Time
+	groups map[string]*group
+	held   map[*group]struct{}
 }

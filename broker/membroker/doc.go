@@ -30,10 +30,13 @@
 //     Recovered tasks count in Recovered, not Forwarded.
 //   - Dequeue never forwards due tasks itself; only Maintain does.
 //   - A zero MaintainRequest.Now means the Clock's now. Settlement.At and
-//     Settlement.RetryAt default to the Clock's now when zero.
+//     Settlement.RetryAt default to the Clock's now when zero; a positive
+//     Settlement.RetryIn counts from the Clock's now.
 //   - Events: EventPending is sent when tasks become pending in a queue that
 //     had none (not while the queue is paused; Unpause sends one when tasks
-//     wait). EventScheduled is sent when a scheduled or retry task becomes the
+//     wait), and when a settlement or a lease recovery frees a slot of a
+//     queue's Concurrency with tasks waiting, grouped ones included.
+//     EventScheduled is sent when a scheduled or retry task becomes the
 //     queue's earliest. Events go to a buffered channel and are dropped when
 //     it is full.
 //   - Groups (TaskInfo.Group): a queue's ready tasks are served by a
@@ -41,7 +44,9 @@
 //     ungrouped tasks; Dequeue takes the lane served least recently (a lane
 //     that joins goes to the back) and starts its next task: a group's in
 //     enqueue order, the ungrouped ones in pending-list order. A group that
-//     may not start a task leaves the rotation: at GroupConcurrency or while
+//     may not start a task leaves the rotation (at the start that blocks
+//     it, or at GroupConcurrency at its next turn), and a task made ready
+//     does not bring it back while it is blocked: at GroupConcurrency or while
 //     an earlier task of an Ordered group holds its place, until one of its
 //     tasks leaves active or finishes (then EventPending); while throttled
 //     (Settlement.Throttle) or over GroupRate, until that time (announced

@@ -20,11 +20,15 @@ import (
 // task and puts it at the back, so the lane served least recently goes
 // first, one task per turn. A lane that joins the rotation goes to the back.
 //
-// A group that may not start a task now leaves the rotation: at its
-// concurrency limit or while an earlier task of an ordered group has not
-// finished, it comes back when one of its tasks leaves active or finishes;
-// while throttled or over its rate it is held until a time (queue.held) and
-// comes back at the first Dequeue from then on.
+// A group that may not start a task leaves the rotation: at the start after
+// which it may not start another (Ordered, its rate used up) or at the
+// first turn that finds it at its concurrency limit, and a task made ready
+// does not bring it back while it is blocked, so Dequeue looks at a blocked
+// group at most once each time it blocks. At its concurrency limit or
+// while an earlier task of an ordered group has not finished, it comes back
+// when one of its tasks leaves active or finishes; while throttled or over
+// its rate it is held until a time (queue.held) and comes back at the first
+// Dequeue from then on.
 
 // group is one group of a queue: its ready tasks and what limits it.
 type group struct {
@@ -87,16 +91,29 @@ func (q *queue) group(name string) *group {
 }
 
 // addReady adds a grouped task to its group's ready tasks (the caller counts
-// it in q.pending) and reports whether the group joined the rotation.
+// it in q.pending) and reports whether the group joined the rotation: it
+// joins unless it is held until a time or blocked.
 func (q *queue) addReady(t *task) bool {
 	g := q.group(t.msg.Group)
 	t.key, t.seq = time.Time{}, t.eseq // a taskHeap of equal keys orders by seq
 	heap.Push(&g.ready, t)
-	if g.inRot || !g.until.IsZero() {
+	if g.inRot || !g.until.IsZero() || q.blocked(g, t) {
 		return false
 	}
 	q.rotPush(g)
 	return true
+}
+
+// blocked reports whether group g may not start a task for a reason that a
+// settlement or a removal ends: it runs GroupConcurrency tasks, or an
+// Ordered group's place is held by a task other than t (nil: any) that is
+// not ready.
+func (q *queue) blocked(g *group, t *task) bool {
+	l := q.limits
+	if l.GroupConcurrency > 0 && g.active >= l.GroupConcurrency {
+		return true
+	}
+	return l.Ordered && g.holder != nil && g.holder != t && g.holder.msg.State != tidetype.StatePending
 }
 
 // unready takes a ready grouped task out of its group's ready tasks.
@@ -141,10 +158,11 @@ func (b *Broker) next(q *queue, now time.Time) *task {
 		case l.Ordered && g.holder != nil && g.holder != t:
 			continue // back when the holder finishes or is ready again
 		}
-		if r := l.GroupRate; r.Limit > 0 {
+		r := l.GroupRate
+		if r.Limit > 0 {
 			g.prune(r.Per, now)
 			if len(g.starts) >= r.Limit {
-				b.hold(q, g, g.starts[0].Add(r.Per))
+				b.hold(q, g, g.starts[len(g.starts)-r.Limit].Add(r.Per))
 				continue
 			}
 			g.starts = append(g.starts, msTime(now))
@@ -155,7 +173,15 @@ func (b *Broker) next(q *queue, now time.Time) *task {
 		if l.Ordered {
 			g.holder = t
 		}
-		if len(g.ready) > 0 {
+		// It stays in the rotation while it may start another task, and at
+		// its concurrency limit (as in the Redis broker: a turn that finds
+		// it still there takes it out).
+		switch {
+		case len(g.ready) == 0, l.Ordered:
+			// back when a task is ready, or when its task finishes
+		case r.Limit > 0 && len(g.starts) >= r.Limit:
+			b.hold(q, g, g.starts[len(g.starts)-r.Limit].Add(r.Per))
+		default:
 			q.rotPush(g)
 		}
 		return t
@@ -201,7 +227,7 @@ func (q *queue) wake(now time.Time) {
 	for _, g := range due {
 		delete(q.held, g)
 		g.until = time.Time{}
-		if len(g.ready) > 0 {
+		if len(g.ready) > 0 && !q.blocked(g, nil) {
 			q.rotPush(g)
 		}
 	}
@@ -212,8 +238,8 @@ func (q *queue) wake(now time.Time) {
 // release is called when grouped task t leaves active (left: settled or
 // recovered) and/or finishes (finished: done, archived, deleted or
 // replaced, which frees the place an ordered group's task holds). The group
-// goes back in the rotation when it has ready tasks and is not held until a
-// time; subscribers learn when it was out of it.
+// goes back in the rotation when it has ready tasks and may start one (not
+// held until a time, not blocked); subscribers learn when it was out of it.
 func (b *Broker) release(q *queue, t *task, left, finished bool) {
 	if t.msg.Group == "" {
 		return
@@ -229,7 +255,7 @@ func (b *Broker) release(q *queue, t *task, left, finished bool) {
 		g.holder = nil
 	}
 	now := b.clock.Now()
-	if len(g.ready) > 0 && !g.inRot && g.until.IsZero() {
+	if len(g.ready) > 0 && !g.inRot && g.until.IsZero() && !q.blocked(g, nil) {
 		q.rotPush(g)
 		if !q.isPaused(now) {
 			b.emit(q, broker.Event{Kind: broker.EventPending, Queue: q.name})
@@ -285,8 +311,8 @@ func (q *queue) sweepGroups(now time.Time) {
 }
 
 // limitsChanged applies new limits to q's groups: a group held back by its
-// rate or out of the rotation for its concurrency or order goes back in,
-// and the next Dequeue judges it by the new limits.
+// rate goes back in, and one out of the rotation for its concurrency or
+// order goes back in unless the new limits block it too.
 func (q *queue) limitsChanged(now time.Time) {
 	if q.limits.GroupRate.Limit == 0 {
 		for _, g := range q.groups {
@@ -307,7 +333,7 @@ func (q *queue) limitsChanged(now time.Time) {
 	}
 	slices.Sort(names)
 	for _, n := range names {
-		if g := q.groups[n]; len(g.ready) > 0 && g.until.IsZero() {
+		if g := q.groups[n]; len(g.ready) > 0 && g.until.IsZero() && !q.blocked(g, nil) {
 			q.rotPush(g)
 		}
 	}

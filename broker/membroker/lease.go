@@ -150,12 +150,15 @@ func (b *Broker) settle(s *broker.Settlement, now time.Time) error {
 			errMsg += "; last error: " + s.Err
 		}
 	}
+	retryAt := s.RetryAt
+	if s.RetryIn > 0 {
+		retryAt = now.Add(s.RetryIn) // on the broker's clock, whatever the server's says
+	}
+	if retryAt.IsZero() {
+		retryAt = now
+	}
 	if kind == broker.SettleDefer && s.Throttle {
-		until := s.RetryAt
-		if until.IsZero() {
-			until = now
-		}
-		b.throttle(q, t, msTime(until))
+		b.throttle(q, t, msTime(retryAt))
 	}
 	b.release(q, t, true, kind == broker.SettleDone || kind == broker.SettleArchive)
 	switch kind {
@@ -198,10 +201,6 @@ func (b *Broker) settle(s *broker.Settlement, now time.Time) error {
 		b.ended(q, t, false, nil, now)
 		b.trim(q, now)
 	case broker.SettleRetry, broker.SettleDefer:
-		retryAt := s.RetryAt
-		if retryAt.IsZero() {
-			retryAt = now
-		}
 		if kind == broker.SettleRetry {
 			t.msg.Retried++
 		}

@@ -92,6 +92,11 @@ func (b *Broker) Maintain(ctx context.Context, req broker.MaintainRequest) (brok
 			b.archive(q, t, leaseExpiredErr+"; no retries left", msTime(now), now)
 		}
 	}
+	if res.Recovered > 0 && q.limits.Concurrency > 0 && q.pending > 0 && !q.isPaused(now) {
+		// The recovered leases freed slots of the queue's Concurrency
+		// that waiting tasks may take.
+		b.emit(q, broker.Event{Kind: broker.EventPending, Queue: req.Queue})
+	}
 	// Trim completed past retention and archived past count or age.
 	res.Trimmed = b.trim(q, now)
 	q.sweepGroups(now)

@@ -95,6 +95,8 @@ type Broker struct {
 
 	flowsMu sync.Mutex
 	flows   map[string]*flow // workflows and batches, see flows.go
+
+	kept map[string]*keptLimits // deleted queues' limits, see DeleteQueue
 }
 
 // idemRef names an idempotency key: keys are per queue and outlive the
@@ -127,6 +129,7 @@ func New(opts ...Option) *Broker {
 		idemWindow:  24 * time.Hour,
 		idem:        make(map[idemRef]idemEntry),
 		flows:       make(map[string]*flow),
+		kept:        make(map[string]*keptLimits),
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -198,7 +201,7 @@ type queue struct {
 	paused      bool
 	pausedUntil time.Time            // end of a PauseFor; zero: until Unpause
 	limits      tidetype.QueueLimits // see SetQueueLimits
-	starts      []time.Time          // starts within the last limits.Rate.Per, oldest first
+	starts      []time.Time          // starts, with a rate or without, oldest first (see started)
 	rateWake    time.Time            // the last room-opens time announced
 	owner       string
 	ownerUntil  time.Time
@@ -236,6 +239,10 @@ func (b *Broker) queue(name string) *queue {
 			held:   make(map[*group]struct{}),
 		}
 		b.queues[name] = q
+		if k := b.kept[name]; k != nil { // deleted with limits: they hold again
+			delete(b.kept, name)
+			q.limits, q.starts, q.groups, q.held = k.limits, k.starts, k.groups, k.held
+		}
 		for s := range b.subs { // subscribed before the queue was deleted
 			if !s.closed && slices.Contains(s.queues, name) {
 				if q.subs == nil {

@@ -400,7 +400,9 @@ func (b *Broker) DeleteTasks(ctx context.Context, queue string, st tidetype.Task
 // DeleteQueue implements broker.Admin. It looks at every partition, takes
 // the queue out of the registry, then deletes each partition's keys in a
 // script that checks again that it is empty; a task that arrives meanwhile
-// stops it and puts the queue back.
+// stops it and puts the queue back. A queue with limits keeps them, its
+// partition count (their shares are per partition) and what they count
+// (recent starts, group throttles and rate windows).
 func (b *Broker) DeleteQueue(ctx context.Context, queue string) error {
 	l, err := b.freshLayout(ctx, queue)
 	if err != nil {
@@ -413,6 +415,13 @@ func (b *Broker) DeleteQueue(ctx context.Context, queue string) error {
 	if err != nil {
 		return err
 	}
+	_, lim, limited, err := b.readLimits(ctx, queue)
+	if err != nil {
+		return err
+	}
+	// Limits are the queue's configuration, not its bookkeeping: they stay,
+	// with the partitions they are shared on and what they count.
+	keep := limited && lim != (tidetype.QueueLimits{})
 	if qi.Size > 0 {
 		what := "tasks"
 		if qi.Size == 1 {
@@ -428,15 +437,21 @@ func (b *Broker) DeleteQueue(ctx context.Context, queue string) error {
 	}
 	pipe := b.rdb.Pipeline()
 	pipe.SRem(ctx, b.prefix+":queues", queue)
-	pipe.HDel(ctx, b.prefix+":partitions", queue)
+	if !keep {
+		pipe.HDel(ctx, b.prefix+":partitions", queue)
+	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return callErr("delete queue "+queue, classify(err))
 	}
 	b.forgetLayout(queue)
+	keepArg := "0"
+	if keep {
+		keepArg = "1"
+	}
 	for i := range l.total() {
 		p := b.partAt(queue, l, i)
 		// The events stream goes with the partition's other keys.
-		n, err := b.s.drop.Run(ctx, b.rdb, append(b.moveKeys(p), p.k(eventsKey)), p.layout).Int()
+		n, err := b.s.drop.Run(ctx, b.rdb, append(b.moveKeys(p), p.k(eventsKey)), p.layout, keepArg).Int()
 		if err != nil {
 			restore()
 			return callErr("delete queue "+queue, classify(err))
@@ -445,6 +460,9 @@ func (b *Broker) DeleteQueue(ctx context.Context, queue string) error {
 			restore()
 			return fmt.Errorf("%w: a task arrived in queue %q while it was deleted; it is kept", broker.ErrQueueNotEmpty, queue)
 		}
+	}
+	if keep {
+		return nil
 	}
 	return b.forgetLimits(ctx, queue, l)
 }

@@ -17,7 +17,8 @@ import (
 )
 
 // groupOut is groups.lua's g_out(): the mark on a group's active count while
-// the group is out of the rotation with tasks running.
+// the group is out of the rotation with tasks running (twice it while the
+// group is at its concurrency limit), so the count is the value modulo it.
 const groupOut = 1 << 40
 
 // groupedID returns the task ID of a member of a partition's ready grouped

@@ -3,6 +3,7 @@ package redisbroker
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -40,7 +41,7 @@ func (b *Broker) Dequeue(ctx context.Context, queues []string, n int, lease time
 			c := &call{
 				script: b.s.dequeue,
 				keys:   append(append(append(p.keys("t", "pending", "active", "paused", "archived", "result", "scheduled", "retry", "seq", "meta"), cache, p.k("lim"), p.k("starts")), p.groupKeys()...), p.k(eventsKey)),
-				args:   []any{p.layout, rid, exp, n - len(out), lease.Milliseconds(), p.channel, p.idx, b.eventsArg(p)},
+				args:   []any{p.layout, rid, exp, n - len(out), lease.Milliseconds(), p.channel, p.idx, b.eventsArg(p), broker.MaxRatePer.Milliseconds(), broker.MaxQueueRate},
 				queue:  q,
 			}
 			b.run(ctx, []*call{c})
@@ -226,7 +227,7 @@ func (b *Broker) settleCall(p part, ss []broker.Settlement, idx []int) *call {
 				args = append(args, "d", id, tok, "", "", at.UnixMilli())
 			}
 		case broker.SettleRetry:
-			args = append(args, "r", id, tok, s.RetryAt.UnixMilli(), at.UnixMilli(), s.Err)
+			args = append(args, "r", id, tok, retryArg(s), at.UnixMilli(), s.Err)
 		case broker.SettleArchive:
 			args = append(args, "a", id, tok, "", at.UnixMilli(), s.Err)
 		case broker.SettleDefer:
@@ -234,7 +235,7 @@ func (b *Broker) settleCall(p part, ss []broker.Settlement, idx []int) *call {
 			if s.Throttle {
 				op = "t"
 			}
-			args = append(args, op, id, tok, s.RetryAt.UnixMilli(), at.UnixMilli(), s.Err)
+			args = append(args, op, id, tok, retryArg(s), at.UnixMilli(), s.Err)
 		default: // broker.SettleRequeue (Settle checked the kinds)
 			args = append(args, "q", id, tok, "", "", "")
 		}
@@ -254,6 +255,16 @@ func (b *Broker) settleCall(p part, ss []broker.Settlement, idx []int) *call {
 		args:   args,
 		queue:  p.queue,
 	}
+}
+
+// retryArg is settle.lua's retry time of s: "+<ms>" for a RetryIn (counted
+// on the Redis clock, rounded up to the millisecond so that a throttle
+// lasts at least that long), else RetryAt in ms.
+func retryArg(s broker.Settlement) string {
+	if s.RetryIn > 0 {
+		return "+" + strconv.FormatInt((s.RetryIn+time.Millisecond-1).Milliseconds(), 10)
+	}
+	return strconv.FormatInt(s.RetryAt.UnixMilli(), 10)
 }
 
 // SetResult implements broker.Broker.

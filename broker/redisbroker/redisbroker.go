@@ -27,7 +27,8 @@
 //	<prefix>:{<queue>:<p>}:paused     flag
 //	<prefix>:{<queue>:<p>}:owner      the server maintaining the partition
 //	<prefix>:{<queue>:<p>}:lim        hash: the partition's slots and settings of the queue's limits (see slots.lua, share.lua)
-//	<prefix>:{<queue>:<p>}:starts     zset: token -> start time (ms) of the tasks started in the last rate period
+//	<prefix>:{<queue>:<p>}:starts     zset: token -> start time (ms) of the tasks started in the last broker.MaxRatePer
+//	                                  (the newest broker.MaxQueueRate of them), with a rate or without
 //	<prefix>:{<queue>:<p>}:gq, gr, gw, gs, gid, gl
 //	                                  grouped tasks: ready tasks by group, the rotation, held-back groups,
 //	                                  group state, task -> group, rate windows (see groups.lua)
@@ -175,6 +176,14 @@
 // of partitions together throughout, and any limit fits any partition
 // count.
 //
+// Starts are recorded with a rate or without, for the longest period a rate
+// may have (broker.MaxRatePer; at most the newest broker.MaxQueueRate of
+// them, as no rate counts more), so that a rate set or changed later counts
+// the starts made in its period before the change; a rate token counts as
+// used while the start that used it is in the rate's period. That costs
+// about 120 bytes of Redis memory a start kept: up to about 12 MB for a
+// partition that starts more than MaxQueueRate tasks a week.
+//
 // # Groups
 //
 // A grouped task's ID carries its group as a hash tag ("<random>{<group>}";
@@ -183,8 +192,15 @@
 // its groups' ready tasks in enqueue order and a rotation of the groups that
 // may run; the dequeue script serves the rotation one task per group per
 // turn and checks the group limits (which are not split: a group is in one
-// partition) in the same step. A partition without grouped tasks takes the
-// plain path: one EXISTS more than before.
+// partition) in the same step. A group that may not start a task leaves
+// the rotation (at the start that blocks it: an Ordered group's one task,
+// its GroupRate used up; at its GroupConcurrency, at the next turn that
+// finds it there) and a task made ready does not bring it back while it is
+// blocked; the settle, removal or time that lets it go puts it back and
+// wakes idle servers. So a dequeue looks at a blocked group at most once
+// each time it blocks, however many groups are blocked and however many
+// tasks wait in them. A partition without grouped tasks takes the plain
+// path: one EXISTS more than before.
 //
 // A repartition keeps what it promised to groups. While it runs, grouped
 // tasks start in neither set of partitions (ungrouped ones go on): a group
@@ -197,10 +213,10 @@
 // copied to their new partitions; only then, once every old partition is
 // retired, do grouped tasks start again.
 //
-// When a settlement gives room back to a partition that was full and has
-// tasks waiting, the script publishes a pending event, so idle servers look
-// again at once; room freed by lease recovery is found by the server
-// maintaining the partition. A dequeue refused by the rate limit while tasks
+// When a settlement or a lease recovery gives room back to a partition that
+// was full and has tasks waiting (ungrouped, or grouped ones of a group that
+// may run), the script publishes a pending event, so idle servers look
+// again at once. A dequeue refused by the rate limit while tasks
 // wait publishes, once per instant, a pending event that says when room
 // opens; servers look again then.
 //

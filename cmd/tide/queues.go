@@ -87,7 +87,10 @@ var cmdQueuesRm = &command{
 	help: `
 Remove a queue that holds no task: it disappears from 'tide queues', and its
 counters, pause flag and partition count (every partition) are deleted. A
-later task enqueued to it creates it again.
+later task enqueued to it creates it again. Its limits ('tide limits set',
+or servers' QueueLimits) stay, with the partition count they are shared on
+and the recent starts a rate counts, so that they hold when the queue comes
+back; run 'tide limits set <queue> --clear' first to forget them too.
 
 A queue that still holds tasks, in any state, is refused (exit 1) with what
 it holds: delete them first ('tide tasks delete <queue> --all --state S';

@@ -27,7 +27,9 @@
 -- but archives a workflow step or batch task that has not finished (as
 -- remove.lua's delete does). 'archiveall' and 'deleteall' pass over
 -- workflow follow-ups. Archiving is a task's end: whoever follows it
--- gets its follow-up (fu_end). A grouped task
+-- gets its follow-up (fu_end). An archived or deleted task that held an
+-- ordered group's place lets the group run again, which wakes idle
+-- servers. A grouped task
 -- made pending joins its group's ready tasks; the bulk operations on
 -- pending tasks take the ungrouped ones first, then the grouped ones.
 -- The events stream gets 'r' for a task run, 'a' for one archived and 'x'
@@ -79,7 +81,7 @@ local function remove(id, rec)
   redis.call('HDEL', KEYS[7], id)
   redis.call('HDEL', KEYS[12], id)
   redis.call('HDEL', KEYS[19], id)
-  g_forget(G, id)
+  if g_forget(G, id) then woke = true end
   if not (rec_ok(rec) and (rec_state(rec) == 5 or rec_state(rec) == 6)) then
     w_ended(W, id, 'x', now, ARGV[9]) -- a finished task's end was told already
   end

@@ -8,6 +8,8 @@
 -- ARGV[1] layout  ARGV[2] request ID  ARGV[3] reply cache expiry (ms)
 -- ARGV[4] n  ARGV[5] lease ms  ARGV[6] event channel  ARGV[7] partition
 -- ARGV[8] events stream MAXLEN ('' or '0': no events)
+-- ARGV[9] how long starts are kept, ms (broker.MaxRatePer)
+-- ARGV[10] how many starts are kept at most (broker.MaxQueueRate)
 -- Returns a flat array id1, record1, id2, record2, ... of the leased tasks with
 -- state set to active and a fresh token each. Pending tasks come first
 -- (oldest first); when fewer than n are pending, scheduled and retry tasks
@@ -22,21 +24,29 @@
 -- them (and under its cap ct, when set): the slots minus the tasks active in
 -- the partition (leased, not settled nor recovered). When it holds rate
 -- tokens (r tasks per per ms), it leases at most r minus the tasks it
--- started in the last per ms (the starts zset, a sliding window), and
--- records each start; when that leaves no room while tasks wait, it
--- announces once when room opens again ("p<partition>:<ms>" event). A call
--- refused for want of slots while tasks wait, or that leaves free slots
--- unused under a cap, returns {'!'} alone: the caller rebalances the
+-- started in the last per ms (the starts zset, a sliding window); when that
+-- leaves no room while tasks wait, it announces once when room opens again
+-- ("p<partition>:<ms>" event). Every start is recorded, with rate tokens or
+-- without, and kept for the longest period a rate may have (ARGV[9]; at
+-- most the ARGV[10] newest, as no rate counts more), so that a rate set or
+-- changed later counts the starts made in its period before the change. A
+-- call refused for want of slots while tasks wait, or that leaves free
+-- slots unused under a cap, returns {'!'} alone: the caller rebalances the
 -- queue's slots.
 -- When the partition holds grouped tasks, due scheduled and retry tasks are
 -- not leased directly but made ready by Maintain (grouped ones join their
 -- group), and the groups with ready tasks are served round-robin, one task per turn, the ungrouped tasks
--- taking turns as one more group; a group is skipped, and leaves the
--- rotation, while it runs its concurrency limit's worth of tasks, while an
--- earlier task of an ordered group has not finished, while it is throttled
--- and while it is over its rate (these two return it at a time, announced
--- with a "p<partition>:<ms>" event). While a repartition runs, no grouped
--- task starts (field gh of the limits hash; see move.lua).
+-- taking turns as one more group; a group leaves the rotation at the start
+-- after which it may not start another (an ordered group's task started,
+-- its rate is used up), at the first turn that finds it at its concurrency
+-- limit, and when it is throttled, and only what lets it go puts it back
+-- (groups.lua), so a call walks past a blocked group at most once each time
+-- it blocks, never once per task made ready in it. A group held until a time
+-- (throttled, over its rate) returns at that time, the earliest announced
+-- with a "p<partition>:<ms>" event. A call that still met more groups
+-- unable to start a task than it could look at (their limits changed)
+-- publishes "p<partition>" for the next call to go on. While a repartition
+-- runs, no grouped task starts (field gh of the limits hash; see move.lua).
 -- Each task leased is an 's' event in the events stream, each archived
 -- record an 'a' event.
 local bad = layout_error(KEYS[10], ARGV[1])
@@ -92,10 +102,13 @@ local now = redis_now()
 local per = nil
 if lim[2] then
   per = tonumber(lim[3])
-  redis.call('ZREMRANGEBYSCORE', KEYS[13], '-inf', now - per)
-  local room = tonumber(lim[2]) - redis.call('ZCARD', KEYS[13])
+  local since = '(' .. string.format('%d', now - per)
+  local made = redis.call('ZCOUNT', KEYS[13], since, '+inf')
+  local room = tonumber(lim[2]) - made
   if room <= 0 then
-    local first = redis.call('ZRANGE', KEYS[13], 0, 0, 'WITHSCORES')
+    -- Room opens when the start that leaves the last one too many has
+    -- left the window.
+    local first = redis.call('ZRANGEBYSCORE', KEYS[13], since, '+inf', 'WITHSCORES', 'LIMIT', made - tonumber(lim[2]), 1)
     local at = string.format('%d', (tonumber(first[2]) or now) + per)
     if (redis.call('LLEN', KEYS[2]) > 0 or redis.call('EXISTS', KEYS[14]) == 1) and redis.call('HGET', KEYS[12], 'w') ~= at then
       redis.call('HSET', KEYS[12], 'w', at)
@@ -122,25 +135,37 @@ if redis.call('EXISTS', G.id) == 0 then
     end
   end
 else
-  -- Grouped: serve the rotation. Due scheduled and retry tasks are made
-  -- ready by the partition's maintainer (which a due time wakes), so that
-  -- each call here costs a few commands only.
+  -- Grouped: serve the rotation, which holds the groups that may start a
+  -- task, and until their next turn those that reached their concurrency
+  -- limit (see groups.lua). Due scheduled and retry tasks are made ready by
+  -- the partition's maintainer (which a due time wakes), so that each call
+  -- here costs a few commands only.
   for _, g in ipairs(redis.call('ZRANGEBYSCORE', G.w, '-inf', now)) do
     redis.call('ZREM', G.w, g)
     redis.call('HDEL', G.s, 't:' .. g) -- a throttle that ended
-    g_join(G, g) -- left again when it has nothing ready
+    if g_next(G, g, 1)[1] then g_enter(G, g, nil) end -- a blocked one comes back when let go
   end
   local gc, grl, gper, ord, hold = tonumber(lim[4]), tonumber(lim[5]), tonumber(lim[6]), lim[7] == '1', lim[8] == '1'
   local c = redis.call('HGET', G.s, 'c')
   local ungrouped = redis.call('LLEN', KEYS[2])
   if ungrouped > 0 and not hold then g_join(G, '') end -- the ungrouped tasks take turns too
-  local wake = nil
-  local tries = 0
+  local tries, capped = 0, false
   -- The rotation from the cursor on, read a batch at a time, wrapping round
   -- once per call at most.
   local heads, hi, wrapped = {}, 1, false
   local OUT = g_out()
-  while #ids < n and tries < 4 * n + 32 do
+  -- window_end is when a group whose rate log (after its starts) holds
+  -- started starts has room again.
+  local function window_end(log, started)
+    return struct.unpack('>I6', log, 1 + 6 * (started - grl)) + gper
+  end
+  while #ids < n do
+    if tries >= 4 * n + 32 then
+      -- Groups in the rotation that could not start a task after all
+      -- (their limits changed); the next call goes on from the cursor.
+      capped = true
+      break
+    end
     tries = tries + 1
     if hold then
       -- A repartition holds the groups: the ungrouped tasks run alone.
@@ -171,10 +196,11 @@ else
       local ak = 'a:' .. g
       local holder = ord and redis.call('HGET', G.s, 'h:' .. g)
       local v = redis.call('HINCRBY', G.s, ak, 1)
-      local marked = v >= OUT
-      local active = marked and v - OUT or v
+      local mark = math.floor(v / OUT)
+      local active = v - mark * OUT
+      local full = gc and active > gc
       local first, id, more = nil, nil, false
-      if not gc or active <= gc then
+      if not full then
         local next = redis.call('ZRANGEBYLEX', G.q, '[' .. g .. '\0', '(' .. g .. '\1', 'LIMIT', 0, 2)
         first, more = next[1], next[2] ~= nil
         id = first and string.sub(first, #g + 10)
@@ -190,30 +216,45 @@ else
       local log, started = '', 0
       if grl and first then log, started = g_rate(G, g, gper, now) end
       if not first or (holder and holder ~= id) or (grl and started >= grl) then
-        -- Nothing ready, or at its concurrency limit, or an earlier task of
-        -- the sequence runs or waits to be retried: back in the rotation
-        -- when a task becomes ready or one of its tasks settles. Over its
+        -- In the rotation though it cannot start a task (at its
+        -- concurrency limit since its last turn, its limits changed, or
+        -- nothing is ready): out until a task becomes ready or one of its
+        -- tasks settles (marked 2 when at its concurrency limit). Over its
         -- rate: back at the time a start leaves the window.
-        if active <= 1 then
+        active = active - 1
+        if active <= 0 then
           redis.call('HDEL', G.s, ak)
-        elseif marked then
-          redis.call('HINCRBY', G.s, ak, -1)
         else
-          redis.call('HINCRBY', G.s, ak, OUT - 1) -- out with tasks running: marked
+          redis.call('HINCRBY', G.s, ak, ((full and 2 or 1) - mark) * OUT - 1)
         end
         redis.call('ZREM', G.r, g)
         if first and grl and started >= grl then
-          local at = struct.unpack('>I6', log, 1) + gper
-          redis.call('ZADD', G.w, at, g)
-          if not wake or at < wake then wake = at end
+          redis.call('ZADD', G.w, window_end(log, started), g)
         end
       else
         redis.call('ZREM', G.q, first)
         if ord then redis.call('HSET', G.s, 'h:' .. g, id) end
-        if grl then redis.call('HSET', G.l, g, log .. struct.pack('>I6', now)) end
-        if not more then
+        if grl then
+          log, started = log .. struct.pack('>I6', now), started + 1
+          redis.call('HSET', G.l, g, log)
+        end
+        -- An ordered group waits for this task and one whose rate this
+        -- start used up for its time in w: they leave the rotation now. A
+        -- group that reached its concurrency limit stays: one of its tasks
+        -- mostly settles before its next turn, and taking it out would
+        -- cost that settle a join; a turn that finds it still at its limit
+        -- takes it out (marked 2).
+        local limited = gc and active >= gc
+        local spent = grl and started >= grl
+        if more and not ord and not spent then
+          if mark > 0 then redis.call('HINCRBY', G.s, ak, -mark * OUT) end
+        else
           redis.call('ZREM', G.r, g)
-          if not marked then redis.call('HINCRBY', G.s, ak, OUT) end
+          local want = limited and 2 or 1
+          if want ~= mark then redis.call('HINCRBY', G.s, ak, (want - mark) * OUT) end
+          if more and spent and not ord and not limited then
+            redis.call('ZADD', G.w, window_end(log, started), g)
+          end
         end
         ids[#ids + 1] = id
         taken[id] = g
@@ -221,8 +262,12 @@ else
     end
   end
   if c then redis.call('HSET', G.s, 'c', c) end
-  if wake then
-    local at = string.format('%d', wake)
+  if capped then redis.call('PUBLISH', ARGV[6], 'p' .. ARGV[7]) end
+  -- The first time a held group may run again, announced once: servers
+  -- look again then. A later one is announced when that one has passed.
+  local held = redis.call('ZRANGE', G.w, 0, 0, 'WITHSCORES')[2]
+  if held then
+    local at = string.format('%d', tonumber(held))
     if redis.call('HGET', KEYS[12], 'gw') ~= at then
       redis.call('HSET', KEYS[12], 'gw', at)
       redis.call('PUBLISH', ARGV[6], 'p' .. ARGV[7] .. ':' .. at)
@@ -273,14 +318,18 @@ for _, id in ipairs(ids) do
 end
 call_many('HSET', KEYS[1], recs, 2)
 call_many('ZADD', KEYS[3], act, 2)
-if per and #leased > 0 then
+if #leased > 0 then
   local starts = {}
   for i = 2, #leased, 2 do
     starts[#starts + 1] = now
     starts[#starts + 1] = string.format('%d', leased[i])
   end
   call_many('ZADD', KEYS[13], starts, 2)
-  redis.call('PEXPIRE', KEYS[13], per)
+  local keep = tonumber(ARGV[9])
+  redis.call('ZREMRANGEBYSCORE', KEYS[13], '-inf', now - keep)
+  local over = redis.call('ZCARD', KEYS[13]) - tonumber(ARGV[10])
+  if over > 0 then redis.call('ZREMRANGEBYRANK', KEYS[13], 0, over - 1) end
+  redis.call('PEXPIRE', KEYS[13], keep)
 end
 ev_flush(E)
 req_put(KEYS[11], ARGV[2], string.format('%d:%d:%d', exp, first_tok, #leased / 2), tonumber(ARGV[3]))

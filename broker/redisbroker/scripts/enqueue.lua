@@ -28,7 +28,8 @@
 -- beyond the layout check and the reply cache. A grouped task gets its
 -- enqueue sequence and, when pending, joins its group's ready tasks. A task
 -- to replace another one takes the place of a waiting task with its ID
--- (keeping its enqueue sequence) or of a finished one; an active one, one
+-- (keeping its enqueue sequence) or of a finished one (as a new task, with
+-- a new enqueue sequence: after those enqueued before it); an active one, one
 -- a repartition moves, a step of a workflow or batch and a task the broker
 -- stored itself (rec_internal) are an ID conflict: no enqueue takes their
 -- place. Each task stored is an 'e'
@@ -61,6 +62,7 @@ local function unplace(id, rec)
   if st == 5 or st == 6 then
     redis.call('HDEL', KEYS[13], id)
     redis.call('HDEL', KEYS[14], id)
+    redis.call('HDEL', G.id, id) -- a new task: a new place in its group
   end
   release_uniq(rec, KEYS[5], id)
   return true

@@ -7,12 +7,20 @@
 --      "<group>\0<seq><id>" each (seq: 8 bytes, the task's enqueue
 --      sequence), so a group's tasks sort in enqueue order and one ZRANGEBYLEX
 --      finds the group's next task
---   r  zset: the rotation, groups that may have ready tasks and may run,
---      scored by when they joined it (s's j); Dequeue serves them in that
---      order from a cursor (s's c, the score served last), wrapping round,
---      so each is served once per round without being moved; one found with
---      nothing to start leaves it. The member '' stands for the ungrouped
---      tasks (the pending list) while there are any.
+--   r  zset: the rotation, the groups that have ready tasks and may start
+--      one now, scored by when they joined it (s's j); Dequeue serves them
+--      in that order from a cursor (s's c, the score served last), wrapping
+--      round, so each is served once per round without being moved. A group
+--      that may not start a task leaves it: at the start that blocks it (an
+--      ordered group's task started, its rate used up), when it has nothing
+--      ready, or at the first turn that finds it at its concurrency limit
+--      (mostly one of its tasks has settled by then: leaving at the start
+--      would cost that settle a join); a task made ready does not bring it
+--      back while it is blocked (g_enter), and what lets it go (a settle, a
+--      removal, its time in w) puts it back. So Dequeue looks at a blocked
+--      group at most once each time it blocks, however many tasks are made
+--      ready in it meanwhile. The member '' stands for the ungrouped tasks
+--      (the pending list) while there are any.
 --   w  zset: groups held back until a time (throttled, or over their rate),
 --      scored by that time (ms)
 --   s  hash: j: the last join number handed out; c: the cursor; lc: where
@@ -20,7 +28,9 @@
 --      last enqueue sequence; a:<group> its
 --      active tasks, plus g_out() while the group is out of the rotation
 --      with tasks running, so that the settle that may let it run again
---      knows to look (a zero is removed when the group leaves the rotation);
+--      knows to look, or twice g_out() when it left at its concurrency
+--      limit, so that no task made ready brings it back before such a settle
+--      (a zero is removed when the group leaves the rotation);
 --      h:<group> the task that holds an ordered group's place;
 --      t:<group> throttled until (ms)
 --   id hash: task ID -> "<group>\0<seq>" for every grouped task of the
@@ -61,16 +71,38 @@ local function g_join(G, g)
   return redis.call('ZADD', G.r, 'NX', redis.call('HINCRBY', G.s, 'j', 1), g) == 1
 end
 
+-- g_out is the mark added to a group's active count (a:<group>) while the
+-- group is out of the rotation with tasks running: 2^40, far above any count
+-- (twice it while the group is at its concurrency limit).
+local function g_out() return 1099511627776 end
+
+-- g_held reports whether an ordered group's place is held by a task other
+-- than id (nil: any task) that is not ready (it runs, or waits for its
+-- retry): no other task of the group may start.
+local function g_held(G, g, id)
+  local h = redis.call('HGET', G.s, 'h:' .. g)
+  if not h or h == id then return false end
+  local _, hseq = g_of(G, h)
+  return not (hseq and redis.call('ZSCORE', G.q, g .. '\0' .. hseq .. h))
+end
+
+-- g_enter puts group g, which has ready tasks, in the rotation unless it is
+-- in it, held back until a time, at its concurrency limit (marked so, see
+-- s) or held by its ordered place (g_held; id is the task just made ready,
+-- or nil). It reports whether the group joined.
+local function g_enter(G, g, id)
+  if redis.call('ZSCORE', G.r, g) or redis.call('ZSCORE', G.w, g) then return false end
+  if tonumber(redis.call('HGET', G.s, 'a:' .. g) or '0') >= 2 * g_out() or g_held(G, g, id) then return false end
+  return g_join(G, g)
+end
+
 -- g_ready makes grouped task id ready to start: it joins its group's tasks
--- in enqueue order, and the group joins the rotation unless it is held back
--- until a time. It reports whether the group joined the rotation (then idle
+-- in enqueue order, and the group joins the rotation when it may start it
+-- (g_enter). It reports whether the group joined the rotation (then idle
 -- servers are to be woken).
 local function g_ready(G, g, seq, id)
   redis.call('ZADD', G.q, 0, g .. '\0' .. seq .. id)
-  if not redis.call('ZSCORE', G.w, g) then
-    return g_join(G, g)
-  end
-  return false
+  return g_enter(G, g, id)
 end
 
 -- g_unready takes a ready grouped task out of its group's tasks (deleted,
@@ -85,56 +117,65 @@ local function g_next(G, g, n)
   return redis.call('ZRANGEBYLEX', G.q, '[' .. g .. '\0', '(' .. g .. '\1', 'LIMIT', 0, n)
 end
 
--- g_out is the mark added to a group's active count (a:<group>) while the
--- group is out of the rotation with tasks running: 2^40, far above any count.
-local function g_out() return 1099511627776 end
-
 -- g_release is called when task id of group g stops holding its group:
 -- leaving active (left: settled or recovered) and/or finishing (finished:
 -- done, archived or deleted, which frees an ordered group's place; ordered
 -- false says the queue's groups are not ordered, so none holds one). A
 -- group that was out of the rotation (marked, or a place freed, or a call
--- that is not a settle) goes back in when it has ready tasks and is not held
--- back until a time; it reports whether it went back (then idle servers are
--- to be woken). A settle of a group in the rotation costs one command.
+-- that is not a settle) goes back in when it has ready tasks and may start
+-- one (not held back until a time, not at its concurrency limit unless a
+-- task just left, not held by its ordered place); it reports whether it
+-- went back (then idle servers are to be woken). A settle of a group in
+-- the rotation costs one command.
 local function g_release(G, g, id, left, finished, ordered)
-  local out, active, OUT = false, nil, g_out()
-  if left then
-    local v = redis.call('HINCRBY', G.s, 'a:' .. g, -1)
-    out = v >= OUT
-    active = out and v - OUT or v
-  end
+  local OUT, v = g_out(), nil
+  if left then v = redis.call('HINCRBY', G.s, 'a:' .. g, -1) end
   local freed = false
   if finished and ordered ~= false and redis.call('HGET', G.s, 'h:' .. g) == id then
     redis.call('HDEL', G.s, 'h:' .. g)
     freed = true
   end
-  if left and not out and not freed then return false end
+  if left and v < OUT and not freed then return false end
+  if not left then v = tonumber(redis.call('HGET', G.s, 'a:' .. g) or '0') end
+  local mark = math.floor(v / OUT)
+  local active = v - mark * OUT
   local back = false
   if redis.call('ZSCORE', G.r, g) then
     back = nil -- in the rotation already
-  elseif g_next(G, g, 1)[1] and not redis.call('ZSCORE', G.w, g) then
+  elseif g_next(G, g, 1)[1] and not redis.call('ZSCORE', G.w, g) and (left or mark < 2) and not g_held(G, g, nil) then
     back = g_join(G, g)
   end
-  if out then
+  if mark > 0 then
     if active <= 0 then
       redis.call('HDEL', G.s, 'a:' .. g)
     elseif back ~= false then
-      redis.call('HINCRBY', G.s, 'a:' .. g, -OUT) -- in the rotation again
+      redis.call('HINCRBY', G.s, 'a:' .. g, -mark * OUT) -- in the rotation again
+    elseif mark >= 2 and left then
+      redis.call('HINCRBY', G.s, 'a:' .. g, -OUT) -- below its limit, still out
     end
-  elseif active and active <= 0 and back == false then
+  elseif left and active <= 0 and back == false then
     redis.call('HDEL', G.s, 'a:' .. g)
   end
   return back == true
 end
 
+-- g_waiting reports whether grouped tasks may wait for a free slot: a group
+-- is in the rotation, or one held back until a time that now (ms) has
+-- reached (the next Dequeue puts it back). G is nil when the partition has
+-- no grouped task.
+local function g_waiting(G, now)
+  if not G then return false end
+  return redis.call('ZCARD', G.r) > 0 or redis.call('ZRANGEBYSCORE', G.w, '-inf', now, 'LIMIT', 0, 1)[1] ~= nil
+end
+
 -- g_forget deletes what the partition keeps of a grouped task whose record
--- is deleted; an ordered group's place it held is freed.
+-- is deleted; an ordered group's place it held is freed. It reports whether
+-- the group went back in the rotation (then idle servers are to be woken).
 local function g_forget(G, id)
   local g = g_of(G, id)
-  if not g then return end
+  if not g then return false end
   redis.call('HDEL', G.id, id)
-  g_release(G, g, id, false, true)
+  return g_release(G, g, id, false, true)
 end
 
 -- g_throttle holds group g back until at (ms): no task of it starts before.

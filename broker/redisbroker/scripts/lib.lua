@@ -118,6 +118,14 @@ local function redis_now()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- time_arg reads a time argument in ms: '+<d>' is d ms from now on the
+-- Redis clock (a delay the caller measured; its own clock may be off),
+-- anything else the time itself.
+local function time_arg(a)
+  if string.byte(a, 1) == 43 then return redis_now() + tonumber(string.sub(a, 2)) end
+  return tonumber(a)
+end
+
 -- layout_error returns an error reply when the partition's recorded layout
 -- (its meta key) is not the one the caller routed with, else nil: a process
 -- configured with another partition count must not touch the partition.

@@ -33,7 +33,9 @@
 -- due joins its group's ready tasks; one whose lease expired gives its
 -- group's slot back (and its ordered place when it is archived); one that
 -- is archived tells its waiters (w_ended) and whoever follows it (fu_end: a
--- workflow step's flow, a NotifyURL). A recovered task is recorded in
+-- workflow step's flow, a NotifyURL). Recovered leases free slots of the
+-- partition's concurrency limit: with tasks waiting, idle servers are
+-- woken. A recovered task is recorded in
 -- the events stream as 'f' (lease expired) then 'r' or 'a'; events older
 -- than ARGV[15] are trimmed (ev_trim_age).
 local bad = layout_error(KEYS[12], ARGV[1])
@@ -190,7 +192,7 @@ if redis.call('HLEN', KEYS[14]) > 400 then
     if (tonumber(string.sub(f, 3)) or 0) < cut then redis.call('HDEL', KEYS[14], f) end
   end
 end
-if (was_empty and pending > 0) or woke then
+if (was_empty and pending > 0) or woke or (recovered > 0 and redis.call('HEXISTS', KEYS[25], 'c') == 1 and (redis.call('LLEN', KEYS[3]) > 0 or g_waiting(G, now))) then
   redis.call('PUBLISH', ARGV[4], 'p' .. ARGV[5])
 end
 local lease = -1

@@ -25,7 +25,9 @@
 -- ("deleted by an operator", "cancelled"), which is its end: its follow-up
 -- is stored (fu_end) so that its flow learns. A deleted task's waiters are
 -- told (w_ended); a deleted task that had not finished gets no follow-up (a
--- NotifyURL reports completed and archived tasks only). A request run again
+-- NotifyURL reports completed and archived tasks only). Deleting the task
+-- that holds an ordered group's place lets the group run again: idle
+-- servers are woken ("p<partition>"). A request run again
 -- answers from the reply cache. The events stream gets 'x' for a task
 -- deleted by 'delete', 'c' for one deleted by 'cancel' and for a
 -- cancellation recorded.
@@ -113,7 +115,7 @@ redis.call('HDEL', KEYS[1], id)
 redis.call('HDEL', KEYS[7], id)
 redis.call('HDEL', KEYS[13], id)
 redis.call('HDEL', KEYS[20], id)
-g_forget(G, id)
+if g_forget(G, id) then redis.call('PUBLISH', ARGV[6], 'p' .. ARGV[10]) end
 if st ~= 5 and st ~= 6 then
   -- A finished task's end was told when it finished.
   w_ended(w_keys(21), id, 'x', redis_now(), ARGV[7])

@@ -19,7 +19,8 @@
 -- its record says), where op is
 --   'd' done:      c = done-at ms; a, b unused            -> deleted
 --   'c' completed: a = new record, b = expire-at ms, c = completed-at ms -> kept until b
---   'r' retry:     a = retry-at ms, b = failed-at ms, c = error
+--   'r' retry:     a = retry-at ms ('+<ms>': that long from now on the Redis
+--                  clock, as for 'w' and 't'), b = failed-at ms, c = error
 --   'a' archive:   b = failed-at ms, c = error
 --   'q' requeue:   back to the front of pending, attempt not counted
 --   'w' defer:     like retry, but Retried unchanged and not counted as
@@ -127,7 +128,7 @@ for i = 13, #ARGV, 9 do
       w_ended(W, id, 'c' .. c, now, ARGV[10])
       finished = finished + 1
     elseif op == 'r' or op == 'w' or op == 't' then
-      local at = tonumber(a)
+      local at = time_arg(a)
       local retried = rec_retried(rec)
       if op == 'r' then retried = retried + 1 end
       redis.call('HSET', KEYS[1], id, rec_patch(rec, 4, nil, retried, at, tonumber(b), c))
@@ -171,7 +172,7 @@ end
 if requeued > 0 and redis.call('LLEN', KEYS[3]) == requeued then
   redis.call('PUBLISH', ARGV[4], 'p' .. ARGV[5])
 end
-if was_full and redis.call('ZCARD', KEYS[2]) < share and redis.call('LLEN', KEYS[3]) > 0 then
+if was_full and redis.call('ZCARD', KEYS[2]) < share and (redis.call('LLEN', KEYS[3]) > 0 or g_waiting(G, redis_now())) then
   redis.call('PUBLISH', ARGV[4], 'p' .. ARGV[5])
 end
 if was_capped and redis.call('ZCARD', KEYS[2]) < share then

@@ -65,12 +65,18 @@ local function waiting(now, lim)
 end
 
 -- used counts the rate tokens used in the last period (starts still in the
--- window), dropping the starts that left it.
+-- window). Older starts stay: dequeue.lua keeps every start for the longest
+-- period a rate may have, so that a rate changed later counts them.
 local function used(now)
   local per = num('per')
   if not per then return 0 end
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - per)
-  return redis.call('ZCARD', KEYS[2])
+  return redis.call('ZCOUNT', KEYS[2], '(' .. string.format('%d', now - per), '+inf')
+end
+
+-- keep_starts makes the starts zset live at least per ms (it may live longer:
+-- dequeue.lua keeps it for broker.MaxRatePer).
+local function keep_starts(per)
+  if per and redis.call('PTTL', KEYS[2]) < per then redis.call('PEXPIRE', KEYS[2], per) end
 end
 
 if op == 'state' then
@@ -133,7 +139,9 @@ if op == 'give' then
       freer = freer - fromfree
       local n = dr - fromfree
       if n > 0 and part then
-        local zs = redis.call('ZRANGE', KEYS[2], 0, n - 1, 'WITHSCORES')
+        -- the oldest starts still in the window: the tokens they use go
+        -- with their ages
+        local zs = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. string.format('%d', now - num('per')), '+inf', 'WITHSCORES', 'LIMIT', 0, n)
         for j = 1, #zs, 2 do
           redis.call('ZREM', KEYS[2], zs[j])
           ages[#ages + 1] = string.format('%d', math.max(now - tonumber(zs[j + 1]), 0))
@@ -183,8 +191,7 @@ if op == 'apply' then
         i = i + 1
         redis.call('ZADD', KEYS[2], now - tonumber(age), 'x' .. ARGV[4] .. '.' .. ARGV[5] .. '.' .. i)
       end
-      local per = num('per')
-      if per then redis.call('PEXPIRE', KEYS[2], per) end
+      keep_starts(num('per'))
     end
   end
   if added and part and ARGV[12] ~= '' and waiting(redis_now(), 1) > 0 then
