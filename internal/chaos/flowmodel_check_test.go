@@ -369,6 +369,9 @@ func (m *modelRun) checkFlow(ctx context.Context, l *modelLog, f *mFlow, fig *fi
 				if l.acted(f, s, never, "cancelworkflow") {
 					why = "only CancelWorkflow could have deleted it (Cancel of the completed task)"
 				}
+				if zero := l.zeroBulk(f, s, "deleteall"); zero != "" {
+					why += "; bulk deletes on its queue that reported no task: " + zero
+				}
 				fail("step %s succeeded, but its task, kept for WorkflowRetention, is gone: %s:%s", s.name, why, describe())
 			}
 		case tide.StepFailed, tide.StepCanceled:
@@ -490,6 +493,19 @@ func (l *modelLog) bulkOn(f *mFlow, s *mStep, kind, st string) bool {
 		}
 	}
 	return false
+}
+
+// zeroBulk lists the bulk actions of kind on step s's queue, after its
+// flow was created, that reported handling no task: one that did (its
+// reply lost and its count wrong) would explain a task gone.
+func (l *modelLog) zeroBulk(f *mFlow, s *mStep, kind string) string {
+	var out []string
+	for _, o := range l.bulk[s.queue] {
+		if o.kind == kind && o.seq > f.createdSeq && !o.took() {
+			out = append(out, fmt.Sprintf("%s(%s)@%d=%s/%d", o.kind, o.state, o.seq, o.class, o.n))
+		}
+	}
+	return strings.Join(out, " ")
 }
 
 // explain returns "" when the log explains why step s failed or was
