@@ -45,13 +45,14 @@ func envUint(name string, def uint64) uint64 {
 
 // One unit of scale of the model run.
 const (
-	modelActive     = 8 * time.Second // flows are enqueued and the operator acts
-	modelWorkflows  = 100
-	modelBatches    = 30
-	modelOpEvery    = 25 * time.Millisecond
-	modelRecent     = 25 // the operator's targets: steps of the last flows
-	modelMaxRetry   = 8  // planned failures (<= 2) and a few recoveries stay below
-	modelDrainLimit = 60 * time.Second
+	modelActive       = 8 * time.Second // flows are enqueued and the operator acts
+	modelWorkflows    = 100
+	modelBatches      = 30
+	modelOpEvery      = 25 * time.Millisecond
+	modelRecent       = 25 // the operator's targets: steps of the last flows
+	modelRecentCancel = 6  // CancelWorkflow's: the newest flows
+	modelMaxRetry     = 8  // planned failures (<= 2) and a few recoveries stay below
+	modelDrainLimit   = 60 * time.Second
 )
 
 // mStep is one step of a model flow (for a batch: a task, or its callback).
@@ -476,7 +477,7 @@ func (m *modelRun) target(kind string, r *rand.Rand) (queue, id string, ok bool)
 			return q, ts[r.IntN(len(ts))].ID, true
 		}
 	}
-	f := m.recentFlow(r)
+	f := m.recentFlow(r, modelRecent)
 	if f == nil {
 		return "", "", false
 	}
@@ -484,13 +485,14 @@ func (m *modelRun) target(kind string, r *rand.Rand) (queue, id string, ok bool)
 	return s.queue, s.id, true
 }
 
-func (m *modelRun) recentFlow(r *rand.Rand) *mFlow {
+// recentFlow picks one of the last n flows enqueued.
+func (m *modelRun) recentFlow(r *rand.Rand, n int) *mFlow {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if len(m.flows) == 0 {
 		return nil
 	}
-	recent := m.flows[max(0, len(m.flows)-modelRecent):]
+	recent := m.flows[max(0, len(m.flows)-n):]
 	return recent[r.IntN(len(recent))]
 }
 
@@ -556,7 +558,8 @@ func (m *modelRun) act(kind string, r *rand.Rand) {
 		}
 		finish(id, err, n)
 	case "cancelworkflow":
-		f := m.recentFlow(r)
+		// One of the newest flows: its steps are still running and ending.
+		f := m.recentFlow(r, modelRecentCancel)
 		if f == nil {
 			return
 		}
