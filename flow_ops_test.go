@@ -347,3 +347,87 @@ func TestFlowCreationStoppedHalfway(t *testing.T) {
 		t.Fatalf("workflow %+v", wf)
 	}
 }
+
+// waitEnded waits until the flow has ended: not running, and its last step
+// finished (FinishedAt; a cancelled flow ends when its enqueued steps do).
+func waitEnded(t *testing.T, in *tide.Inspector, id string) *tide.WorkflowInfo {
+	t.Helper()
+	var wf *tide.WorkflowInfo
+	eventually(t, 30*time.Second, "workflow "+id+" to end", func() bool {
+		var err error
+		wf, err = in.GetWorkflow(context.Background(), id)
+		return err == nil && wf.State != tide.FlowRunning && !wf.FinishedAt.IsZero()
+	})
+	return wf
+}
+
+// settleNext runs the next task of queue by hand, successfully, with no
+// server: its end is stored (its follow-up waits in the queue) but its
+// workflow has not recorded it yet.
+func (e *env) settleNext(queue, want string) {
+	e.t.Helper()
+	ctx := context.Background()
+	d, err := e.b.Dequeue(ctx, []string{queue}, 1, time.Minute)
+	if err != nil || len(d) != 1 || d[0].Task.ID != want {
+		e.t.Fatalf("Dequeue: %v %v; want %s", d, err, want)
+	}
+	if errs, err := e.b.Settle(ctx, []broker.Settlement{{Lease: d[0].Lease(), Kind: broker.SettleDone, Task: d[0].Task, At: time.Now()}}); err != nil || errs[0] != nil {
+		e.t.Fatalf("Settle: %v %v", err, errs)
+	}
+}
+
+// A step that succeeded before CancelWorkflow, whose end its workflow has
+// not recorded yet (the follow-up still waits in its queue), is a step
+// already finished: it keeps its outcome and its task (kept for
+// WorkflowRetention), also when CancelWorkflow runs twice (a caller whose
+// reply was lost).
+func TestCancelWorkflowKeepsFinishedStep(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	in := tide.NewInspector(e.b)
+	wf := tide.NewWorkflow("fin-1").Add("a", tide.NewTask("a", nil)).Add("later", tide.NewTask("later", nil, tide.ProcessIn(time.Hour)))
+	if _, err := e.c.EnqueueWorkflow(ctx, wf); err != nil {
+		t.Fatal(err)
+	}
+	e.settleNext("default", "fin-1/a")
+	for range 2 {
+		if err := e.c.CancelWorkflow(ctx, "fin-1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ti, err := in.GetTaskInfo(ctx, "default", "fin-1/a"); err != nil || ti.State != tide.StateCompleted {
+		t.Errorf("a's task after CancelWorkflow: %+v, %v; want it kept, completed", ti, err)
+	}
+	var ran ranLog
+	e.server(tide.Config{}, ran.handler(nil))
+	got := waitEnded(t, in, "fin-1")
+	if st := stepStates(got); got.State != tide.FlowCanceled || st["a"] != "succeeded" || st["later"] != "cancelled" {
+		t.Fatalf("workflow %s, steps %v; want cancelled, a succeeded (it did), later cancelled", got.State, st)
+	}
+}
+
+// A batch task without Retention is deleted when it succeeds; its end
+// still reaches the batch after a CancelWorkflow that found the task gone:
+// it counts as succeeded.
+func TestCancelBatchKeepsFinishedMember(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	in := tide.NewInspector(e.b)
+	b, err := e.c.EnqueueBatch(ctx, []*tide.Task{tide.NewTask("now", nil), tide.NewTask("later", nil, tide.ProcessIn(time.Hour))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.settleNext("default", b.ID+"/0")
+	if err := e.c.CancelWorkflow(ctx, b.ID); err != nil {
+		t.Fatal(err)
+	}
+	var ran ranLog
+	e.server(tide.Config{}, ran.handler(nil))
+	waitEnded(t, in, b.ID)
+	got, err := in.GetBatch(ctx, b.ID)
+	if err != nil || got.State != tide.FlowCanceled || got.Succeeded != 1 || got.Failed != 1 {
+		t.Fatalf("batch %+v, %v; want cancelled with 1 succeeded (task 0 did) and 1 failed", got, err)
+	}
+}

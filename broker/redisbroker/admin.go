@@ -368,7 +368,11 @@ func (b *Broker) adminBulk(ctx context.Context, op, queue string, st tidetype.Ta
 	}
 	total := 0
 	for i := 0; i < l.total() && total < limit; i++ {
-		c := b.adminCall(b.partAt(queue, l, i), "", "", 0, op, int(st), limit-total)
+		// With a request ID, a run again (a lost reply) answers with the
+		// first run's count, not with what is left then.
+		p := b.partAt(queue, l, i)
+		rid, cache, exp, _ := b.request(p)
+		c := b.adminCall(p, rid, cache, exp, op, int(st), limit-total)
 		b.run(ctx, []*call{c})
 		if c.err != nil {
 			return total, callErr(fmt.Sprintf("%s %s", op, queue), c.err)

@@ -324,6 +324,44 @@ func TestResentChangesAnswerLikeTheFirstRun(t *testing.T) {
 	}
 }
 
+// A bulk action run twice (its reply came after the read timeout) answers
+// like the first run: how many tasks it handled, not what the second run
+// found left (none).
+func TestResentBulkActionCountsWhatItDid(t *testing.T) {
+	t.Parallel()
+	f := newFaulty(t)
+	ctx := context.Background()
+	// Load the admin script: a first EVALSHA would fall back to EVAL.
+	if _, err := f.b.RunTasks(ctx, "q", tidetype.StateRetry, 1); err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range []struct {
+		name string
+		do   func(context.Context, string, tidetype.TaskState, int) (int, error)
+	}{{"DeleteTasks", f.b.DeleteTasks}, {"ArchiveTasks", f.b.ArchiveTasks}, {"RunTasks", f.b.RunTasks}} {
+		for range 5 {
+			if _, err := f.c.Enqueue(ctx, tide.NewTask("t", nil), tide.Queue("q"), tide.ProcessIn(time.Hour)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		seen := f.proxy.Seen("EVALSHA")
+		f.proxy.DelayReplies(faultproxy.Commands("EVALSHA"), 500*time.Millisecond, 1)
+		n, err := op.do(ctx, "q", tidetype.StateScheduled, 100)
+		if f.proxy.Seen("EVALSHA") < seen+2 {
+			t.Fatalf("%s was not sent again", op.name)
+		}
+		if err != nil || n != 5 {
+			t.Errorf("a re-sent %s: %d, %v; want 5 (the first run's answer)", op.name, n, err)
+		}
+		// Clear the queue for the next action.
+		for _, st := range []tidetype.TaskState{tidetype.StateScheduled, tidetype.StatePending, tidetype.StateArchived} {
+			if _, err := f.b.DeleteTasks(ctx, "q", st, 100); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
 // A request whose replies never come reports that its outcome is unknown,
 // with the task's ID, instead of guessing; sent again with that ID it is
 // recognised as stored.

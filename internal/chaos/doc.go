@@ -5,4 +5,13 @@
 // then check that no task was lost, that no re-sent request doubled one, and
 // that the duplicates kills and pauses cause stay within what the
 // at-least-once contract allows.
+//
+// TestFlowModel and TestFlowModelMem are a model-based test of workflows
+// and batches (flowmodel_*_test.go): random DAGs and batches with random
+// outcomes, random operator actions through the public API, rolling
+// restarts, SIGKILLs and lost replies; at the end every flow must have
+// ended, with an outcome that the log of what its handlers and the
+// operator did explains. The seed and length are flags:
+//
+//	go test -race -run FlowModel ./internal/chaos -args -flowmodel.seed=7 -flowmodel.scale=10
 package chaos

@@ -17,6 +17,7 @@ import (
 type fleet struct {
 	t                 *testing.T
 	dir, addr, prefix string
+	env               []string // NAME=value given to every process
 
 	mu    sync.Mutex
 	all   []*proc          // every incarnation started
@@ -87,6 +88,7 @@ func (f *fleet) start(name string, env ...string) {
 	cmd.Env = append(os.Environ(),
 		workerEnv+"="+name, envAddr+"="+f.addr, envPrefix+"="+f.prefix,
 		envDir+"="+f.dir, envIncarnat+"="+strconv.Itoa(inc))
+	cmd.Env = append(cmd.Env, f.env...)
 	cmd.Env = append(cmd.Env, env...)
 	cmd.Stdout, cmd.Stderr = errf, errf
 	if err := cmd.Start(); err != nil {
@@ -121,7 +123,8 @@ func (f *fleet) pause(name string, d time.Duration) {
 }
 
 // killAndRestart SIGKILLs the live incarnation of name and starts the next.
-func (f *fleet) killAndRestart(name string) {
+// It returns the incarnation it killed.
+func (f *fleet) killAndRestart(name string) int {
 	f.t.Helper()
 	f.mu.Lock()
 	p := f.live[name]
@@ -133,6 +136,45 @@ func (f *fleet) killAndRestart(name string) {
 	f.kills = append(f.kills, kill{name: name, inc: p.inc, at: time.Now()})
 	f.mu.Unlock()
 	f.start(name)
+	return p.inc
+}
+
+// restart stops the live incarnation of name gracefully (SIGTERM: the
+// server shuts down and checks for leaked goroutines), waits for it at most
+// limit, and starts the next: one step of a rolling deploy. It returns what
+// went wrong with the stopped one.
+func (f *fleet) restart(name string, limit time.Duration) error {
+	f.mu.Lock()
+	p := f.live[name]
+	p.expected = true
+	f.mu.Unlock()
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	var err error
+	select {
+	case <-p.done:
+		err = f.exitError(p)
+	case <-time.After(limit):
+		err = fmt.Errorf("worker %s.%d did not exit within %v of SIGTERM", p.name, p.inc, limit)
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+	f.start(name)
+	return err
+}
+
+// exitError tells what is wrong with how the exited process p ended, or nil
+// for a clean exit.
+func (f *fleet) exitError(p *proc) error {
+	report, _ := os.ReadFile(exitFile(f.dir, p.name, p.inc))
+	switch code := p.state.ExitCode(); code {
+	case exitClean:
+		return nil
+	case exitLeak:
+		return fmt.Errorf("worker %s.%d leaked goroutines: %s", p.name, p.inc, report)
+	default:
+		stderr, _ := os.ReadFile(stderrFile(f.dir, p.name, p.inc))
+		return fmt.Errorf("worker %s.%d exited with %v: %s\n%s", p.name, p.inc, p.state, report, tail(stderr, 4000))
+	}
 }
 
 // unexpected lists the processes that exited without being signalled.
@@ -174,14 +216,8 @@ func (f *fleet) terminate(limit time.Duration) []error {
 			errs = append(errs, fmt.Errorf("worker %s.%d did not exit within %v of SIGTERM", p.name, p.inc, limit))
 			continue
 		}
-		report, _ := os.ReadFile(exitFile(f.dir, p.name, p.inc))
-		switch code := p.state.ExitCode(); code {
-		case exitClean:
-		case exitLeak:
-			errs = append(errs, fmt.Errorf("worker %s.%d leaked goroutines: %s", p.name, p.inc, report))
-		default:
-			stderr, _ := os.ReadFile(stderrFile(f.dir, p.name, p.inc))
-			errs = append(errs, fmt.Errorf("worker %s.%d exited with %v: %s\n%s", p.name, p.inc, p.state, report, tail(stderr, 4000)))
+		if err := f.exitError(p); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errs

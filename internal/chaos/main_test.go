@@ -9,7 +9,11 @@ import (
 
 func TestMain(m *testing.M) {
 	if os.Getenv(workerEnv) != "" {
-		// Re-executed by TestChaos as a server process (see worker_test.go).
+		// Re-executed by TestChaos (see worker_test.go) or TestFlowModel
+		// (flowmodel_worker_test.go) as a server process.
+		if os.Getenv(envModel) != "" {
+			os.Exit(runModelWorker())
+		}
 		os.Exit(runWorker())
 	}
 	goleak.VerifyTestMain(m,

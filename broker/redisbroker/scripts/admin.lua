@@ -5,7 +5,7 @@
 -- KEYS[10] layout meta  KEYS[11] reply cache KEYS[12] attempt histories hash
 -- KEYS[13..18] group keys (groups.lua)  KEYS[19] progress hash
 -- KEYS[20..22] waiter keys (w_keys in lib.lua)  KEYS[23] events stream
--- ARGV[1] layout  ARGV[2] request ID ('' for bulk ops)  ARGV[3] reply cache expiry (ms)
+-- ARGV[1] layout  ARGV[2] request ID  ARGV[3] reply cache expiry (ms)
 -- ARGV[4] op: 'run' | 'archive' (one task) or 'runall' | 'archiveall' | 'deleteall'
 -- ARGV[5] task ID (one task) or state number (bulk)
 -- ARGV[6] limit (bulk)  ARGV[7] event channel  ARGV[8] partition
@@ -19,7 +19,8 @@
 -- repartition moves it, -99 when its record is unreadable (answered from
 -- the reply cache when run again);
 -- for bulk: the number of tasks handled (at most the limit; call again
--- until 0).
+-- until 0). Run again, a request answers from the reply cache: a bulk one
+-- with the count of its first run, not with what is left then.
 -- 'run' makes a scheduled, retry or archived task pending at the front
 -- ('runall' passes over archived workflow steps, looking at most ten times
 -- the limit); 'archive' archives a pending, scheduled or retry task (its
@@ -119,6 +120,12 @@ if op == 'run' or op == 'archive' then
   return answer(done(1))
 end
 
+-- bulk_done answers a bulk request, keeping its answer for a run again.
+local function bulk_done(n)
+  req_put(KEYS[11], ARGV[2], tostring(n), tonumber(ARGV[3]))
+  return done(n)
+end
+
 local st, limit = tonumber(ARGV[5]), tonumber(ARGV[6])
 local ids
 if st == 1 then
@@ -162,7 +169,7 @@ if st == 1 then
     end
     n = n + 1
   end
-  return done(n)
+  return bulk_done(n)
 end
 local z = zset_of(st, KEYS)
 if not z then return 0 end
@@ -194,4 +201,4 @@ while n < limit and skipped < 10 * limit do
     end
   end
 end
-return done(n)
+return bulk_done(n)
