@@ -313,11 +313,13 @@ func infoOf(f *broker.Flow) *WorkflowInfo {
 }
 
 // CancelWorkflow cancels a workflow or batch: steps that have not started
-// never will, and the tasks of enqueued steps are cancelled (Client.Cancel:
-// deleted when waiting, their handlers cancelled when running). The
-// workflow's state becomes FlowCanceled; steps already finished keep their
-// outcome. A workflow that has ended is left as it is. It returns
-// ErrWorkflowNotFound for an unknown ID.
+// never will, and the tasks of enqueued steps are cancelled (archived when
+// waiting, their handlers cancelled when running). The workflow's state
+// becomes FlowCanceled; steps already finished keep their outcome, also a
+// step whose task finished just before and whose end the workflow has not
+// recorded yet (its task and result are kept). A workflow that has ended is
+// left as it is. Calling it again is safe. It returns ErrWorkflowNotFound
+// for an unknown ID.
 func (c *Client) CancelWorkflow(ctx context.Context, id string) error {
 	if c.closed.Load() {
 		return ErrClientClosed
@@ -332,10 +334,11 @@ func (c *Client) CancelWorkflow(ctx context.Context, id string) error {
 	}
 	var errs []error
 	for _, s := range running {
-		err := c.b.Cancel(ctx, s.Queue, s.TaskID)
+		// A step whose task has ended meanwhile keeps its outcome: its
+		// follow-up reports it. Only a task gone without one (deleted in
+		// bulk, trimmed) leaves the end to record here.
+		err := fl.CancelStepTask(ctx, s.Queue, s.TaskID)
 		if errors.Is(err, ErrTaskNotFound) {
-			// The task is gone (deleted in bulk, trimmed): nothing will
-			// report its end, so record it here.
 			_, err = fl.EndStep(ctx, id, s.Name, s.TaskID, false, "tide: workflow cancelled; the step's task was gone")
 		}
 		if err != nil {

@@ -106,6 +106,20 @@ type Flows interface {
 	// A flow that ended is left as it is (nothing is returned).
 	CancelFlow(ctx context.Context, flow string) ([]tidetype.StepInfo, error)
 
+	// CancelStepTask cancels the task id of queue, a step of a cancelled
+	// flow (one CancelFlow returned), so that its end reaches the flow
+	// once, whatever the task did meanwhile: a waiting task is archived
+	// ("tide: task cancelled") with its follow-up; a running one has its
+	// cancellation recorded as by Cancel (its settlement stores the
+	// follow-up); a finished one is left as it is, its outcome and result
+	// kept, since its follow-up was stored when it ended. It returns
+	// ErrTaskNotFound only when nothing will report the step's end: the
+	// task is gone (deleted in bulk, trimmed, unreadable) and no follow-up
+	// of it is stored; the caller then ends the step itself (EndStep). A
+	// task that is not followed (no flow headers) is cancelled as by
+	// Cancel. Run again, it answers like the first run.
+	CancelStepTask(ctx context.Context, queue, id string) error
+
 	// GetFlow returns the flow; with steps false, without its Steps.
 	GetFlow(ctx context.Context, flow string, steps bool) (*tidetype.WorkflowInfo, error)
 

@@ -148,6 +148,11 @@ func (Unsupported) CancelFlow(context.Context, string) ([]tidetype.StepInfo, err
 	return nil, notSupported("workflows and batches")
 }
 
+// CancelStepTask implements Flows.
+func (Unsupported) CancelStepTask(context.Context, string, string) error {
+	return notSupported("workflows and batches")
+}
+
 // GetFlow implements Flows.
 func (Unsupported) GetFlow(context.Context, string, bool) (*tidetype.WorkflowInfo, error) {
 	return nil, notSupported("workflows and batches")

@@ -21,6 +21,7 @@ var followTests = []struct {
 	{"FollowupInternal", testFollowupInternal},
 	{"FollowupAdmin", testFollowupAdmin},
 	{"FollowupKept", testFollowupKept},
+	{"CancelStepTask", testCancelStepTask},
 }
 
 // stepMsg returns a pending task of queue that is step s of workflow wf,
@@ -396,4 +397,80 @@ func testFollowupKept(t *testing.T, b broker.Broker) {
 	if got := get(t, b, "fk", id); got.State != tidetype.StateRetry {
 		t.Fatalf("the workflow follow-up is %s, want still waiting in retry", got.State)
 	}
+}
+
+// testCancelStepTask: cancelling the task of a cancelled flow's step ends
+// the step once, whatever the task did: a waiting one is archived with its
+// follow-up, a running one is cancelled, a finished one keeps its outcome
+// and result, one that ended and is gone is reported by its follow-up
+// (ErrTaskNotFound only when nothing will report it), and each answers the
+// same when run again.
+func testCancelStepTask(t *testing.T, b broker.Broker) {
+	ctx := t.Context()
+	needs(t, "Flows", b.CancelStepTask(ctx, "cst-probe", "none"))
+	twice := func(t *testing.T, q, id string, want error) {
+		t.Helper()
+		for i := range 2 {
+			if err := b.CancelStepTask(ctx, q, id); !errors.Is(err, want) {
+				t.Fatalf("CancelStepTask of %s (run %d): %v, want %v", id, i+1, err, want)
+			}
+		}
+	}
+	t.Run("Waiting", func(t *testing.T) {
+		m := stepMsg("cst-wait", "a", "wf", "s", "")
+		m.State, m.NextProcessAt = tidetype.StateScheduled, time.Now().Add(time.Hour)
+		enqueue(t, b, m)
+		twice(t, "cst-wait", "a", nil)
+		if got := get(t, b, "cst-wait", "a"); got.State != tidetype.StateArchived {
+			t.Fatalf("a waiting step is %s, want archived", got.State)
+		}
+		oneFollowup(t, b, "cst-wait", "a", broker.OutcomeArchived, "cancelled")
+	})
+	t.Run("Running", func(t *testing.T) {
+		enqueue(t, b, stepMsg("cst-run", "a", "wf", "s", ""))
+		d := dequeueOne(t, b, "cst-run", time.Minute)
+		twice(t, "cst-run", "a", nil)
+		settleOK(t, b, retryOf(d, time.Now(), "boom"))
+		oneFollowup(t, b, "cst-run", "a", broker.OutcomeArchived, "cancelled")
+	})
+	t.Run("Completed", func(t *testing.T) {
+		m := stepMsg("cst-done", "a", "wf", "s", "")
+		m.Retention = time.Hour
+		enqueue(t, b, m)
+		d := dequeueOne(t, b, "cst-done", time.Minute)
+		if err := b.SetResult(ctx, leaseOf(d), []byte("receipt")); err != nil {
+			t.Fatal(err)
+		}
+		s := outcomeOf(d, broker.SettleDone)
+		s.Task = d.Task
+		settleOK(t, b, s)
+		twice(t, "cst-done", "a", nil)
+		if got := get(t, b, "cst-done", "a"); got.State != tidetype.StateCompleted || string(got.Result) != "receipt" {
+			t.Fatalf("a completed step after CancelStepTask: %s, result %q; want kept", got.State, got.Result)
+		}
+		oneFollowup(t, b, "cst-done", "a", broker.OutcomeCompleted, "")
+	})
+	t.Run("Archived", func(t *testing.T) {
+		enqueue(t, b, stepMsg("cst-arch", "a", "wf", "s", ""))
+		s := outcomeOf(dequeueOne(t, b, "cst-arch", time.Minute), broker.SettleArchive)
+		s.Err = "card declined"
+		settleOK(t, b, s)
+		twice(t, "cst-arch", "a", nil)
+		if got := get(t, b, "cst-arch", "a"); got.State != tidetype.StateArchived || !strings.Contains(got.LastErr, "card declined") {
+			t.Fatalf("an archived step after CancelStepTask: %s, %q; want kept as it was", got.State, got.LastErr)
+		}
+		oneFollowup(t, b, "cst-arch", "a", broker.OutcomeArchived, "card declined")
+	})
+	t.Run("EndedAndGone", func(t *testing.T) {
+		enqueue(t, b, stepMsg("cst-gone", "a", "wf", "s", ""))
+		settleOK(t, b, outcomeOf(dequeueOne(t, b, "cst-gone", time.Minute), broker.SettleDone))
+		// Deleted as done; its follow-up still waits: it reports the end.
+		twice(t, "cst-gone", "a", nil)
+		oneFollowup(t, b, "cst-gone", "a", broker.OutcomeCompleted, "")
+		// Follow-up done too: nothing will report it any more.
+		twice(t, "cst-gone", "a", broker.ErrTaskNotFound)
+	})
+	t.Run("NeverThere", func(t *testing.T) {
+		twice(t, "cst-none", "a", broker.ErrTaskNotFound)
+	})
 }

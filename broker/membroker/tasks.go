@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/tidequeue/tide/broker"
@@ -77,6 +78,10 @@ func (b *Broker) dropOrFail(qn string, q *queue, t *task, why string, kind tidet
 func (b *Broker) Cancel(ctx context.Context, queue, id string) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	return b.cancel(ctx, queue, id)
+}
+
+func (b *Broker) cancel(ctx context.Context, queue, id string) error {
 	if err := b.check(ctx); err != nil {
 		return err
 	}
@@ -98,6 +103,42 @@ func (b *Broker) Cancel(ctx context.Context, queue, id string) error {
 	}
 	b.dropOrFail(queue, q, t, canceledErr, tidetype.EventCancelled)
 	return nil
+}
+
+// CancelStepTask implements broker.Flows.
+func (b *Broker) CancelStepTask(ctx context.Context, queue, id string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.check(ctx); err != nil {
+		return err
+	}
+	q := b.queues[queue]
+	var t *task
+	if q != nil {
+		t = q.tasks[id]
+	}
+	switch {
+	case t == nil:
+		// Ended and gone: a follow-up still stored tells the flow.
+		for k := 1; q != nil && k <= 8; k++ {
+			fid := "tide:f:" + id
+			if k > 1 {
+				fid += "#" + strconv.Itoa(k)
+			}
+			if q.tasks[fid] != nil {
+				return nil
+			}
+		}
+		return broker.ErrTaskNotFound
+	case t.msg.State == tidetype.StateCompleted || t.msg.State == tidetype.StateArchived:
+		// Finished: its follow-up was stored when it ended; nothing
+		// reports the end of one that is not followed.
+		if typ, _ := broker.FollowupType(t.msg.Headers); typ == "" {
+			return broker.ErrTaskNotFound
+		}
+		return nil
+	}
+	return b.cancel(ctx, queue, id)
 }
 
 // Pause implements broker.Broker.

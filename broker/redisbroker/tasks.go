@@ -150,6 +150,21 @@ func (b *Broker) Cancel(ctx context.Context, queue, id string) error {
 	return nil
 }
 
+// CancelStepTask implements broker.Flows.
+func (b *Broker) CancelStepTask(ctx context.Context, queue, id string) error {
+	code, err := b.remove(ctx, queue, id, "cancelstep")
+	if err != nil {
+		return err
+	}
+	switch code {
+	case "0":
+		return broker.ErrTaskNotFound
+	case "6":
+		return fmt.Errorf("%w (task %s/%s)", broker.ErrInternalTask, queue, id)
+	}
+	return nil
+}
+
 // CancelProcessing implements broker.Admin: it records the cancellation of
 // an active task (read by the running server at its next lease renewal at
 // the latest) and publishes it so that the server cancels the handler now.

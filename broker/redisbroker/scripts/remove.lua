@@ -16,11 +16,17 @@
 --   of an active one (flag in its record, read by Extend and Settle) and
 --   publish "c<id>" so that the server running it cancels its handler now.
 -- op 'cancelactive': only the latter; a task that is not active is refused.
+-- op 'cancelstep': 'cancel' for the step of a cancelled flow
+--   (broker.Flows.CancelStepTask): a finished followed task is left as it
+--   is ('8'); a task not found answers '7' when a follow-up of it is still
+--   stored (its end will reach the flow), else '0'; an unreadable record
+--   is removed and answers '0' (nothing will report its end).
 -- Returns '1' deleted, '0' not found, '2' active (delete refused),
 -- '3' cancellation recorded, '4<state>' not active (cancelactive refused),
 -- '5' the task was about to move in here from the old span of a repartition:
 -- its placeholder is removed, the caller removes it there too; '6' a
--- workflow follow-up (rec_flowfu), which is left alone.
+-- workflow follow-up (rec_flowfu), which is left alone; '7' and '8' as
+-- above.
 -- A flow's step that has not finished is archived instead of deleted
 -- ("deleted by an operator", "cancelled"), which is its end: its follow-up
 -- is stored (fu_end) so that its flow learns. A deleted task's waiters are
@@ -45,7 +51,19 @@ local function answer(code)
 end
 
 local rec = redis.call('HGET', KEYS[1], id)
-if not rec then return answer('0') end
+if not rec then
+  if op == 'cancelstep' then
+    -- Ended and gone (deleted as done, or by an earlier run of this
+    -- request): its follow-up, stored in this partition when it ended
+    -- (fu_end), tells its flow unless it already has.
+    local base = 'tide:f{' .. ARGV[9] .. '}:' .. id
+    if redis.call('HEXISTS', KEYS[1], base) == 1 then return answer('7') end
+    for k = 2, 8 do
+      if redis.call('HEXISTS', KEYS[1], base .. '#' .. k) == 1 then return answer('7') end
+    end
+  end
+  return answer('0')
+end
 if rec_absent(rec) then
   if op == 'cancelactive' then return answer('0') end
   redis.call('HDEL', KEYS[1], id)
@@ -68,6 +86,12 @@ if st == 2 then
   return answer('3')
 end
 if op == 'cancelactive' then return answer('4' .. (st or 0)) end
+if op == 'cancelstep' and (st == 5 or st == 6) then
+  -- Finished: its follow-up was stored when it ended; one that is not
+  -- followed has nothing to report it (answered as not found).
+  if rec_followed(rec) then return answer('8') end
+  return answer('0')
+end
 if st and st ~= 5 and st ~= 6 and rec_flow(rec) then
   -- A flow's step that has not finished is not deleted: it is archived,
   -- and its end recorded for its flow. One a repartition is moving out
@@ -124,4 +148,5 @@ if E then
   ev_add(E, op == 'delete' and 'x' or 'c', id, rec_type(rec))
   ev_flush(E)
 end
+if op == 'cancelstep' and not st then return answer('0') end
 return answer('1')
