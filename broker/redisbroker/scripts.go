@@ -12,17 +12,30 @@ var scriptFS embed.FS
 
 // scripts holds every state-changing script, each prefixed with the helpers
 // of lib.lua and groups.lua it uses.
+//
+// Each script's header names its keys and arguments, "KEYS[1] records hash"
+// (or "KEYS: 1 records hash  2 pending list" for long lists) and "ARGV[1]
+// layout", "ARGV[n..]" for a variable tail. The header is the binding:
+// TestConformance/ScriptBindings records every call the conformance suite
+// makes and fails when the number of keys or arguments, or any key's
+// place, differs from it (bindings_test.go maps each name to its key).
+// TestScriptHelperFiles and TestScriptsLinked check the prelude linker.
 type scripts struct {
 	enqueue, enqueuePlain, dequeue, extend, settle, setResult, remove, maintain, admin, move, registry, drop, limits, share, slots, wait, progress, flow *redis.Script
+
+	byFile map[string]*redis.Script // file name -> script, for tests
 }
 
 func loadScripts() *scripts {
 	lib := parseLib(mustRead("groups.lua") + "\n" + mustRead("lib.lua"))
+	byFile := map[string]*redis.Script{}
 	s := func(name string) *redis.Script {
 		body := mustRead(name)
-		return redis.NewScript(lib.prelude(body) + body)
+		byFile[name] = redis.NewScript(lib.prelude(body) + body)
+		return byFile[name]
 	}
 	return &scripts{
+		byFile:       byFile,
 		enqueue:      s("enqueue.lua"),
 		enqueuePlain: s("enqueue_plain.lua"),
 		dequeue:      s("dequeue.lua"),

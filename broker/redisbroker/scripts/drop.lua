@@ -3,7 +3,8 @@
 --   5 archived zset  6 completed zset  7 results hash  8 active zset
 --   9 unique locks hash  10 moving zset  11 reserved set  12 layout meta
 --   13 stats hash  14 token sequence  15 owner  16 paused flag
---   17 attempt histories hash  18 minute counters hash  19..28 group, progress and waiter keys
+--   17 attempt histories hash  18 minute counters hash  19..24 group keys
+--   25 progress hash  26..28 waiter keys  29 events stream
 -- ARGV[1] layout  ARGV[2] '1' to keep what the queue's limits use: the
 -- layout meta (the partition count stays) and the groups' held times, state
 -- and rate windows (KEYS 21, 22, 24: throttles, group rate starts)

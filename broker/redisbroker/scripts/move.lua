@@ -24,9 +24,10 @@
 --   8 active zset  9 unique locks hash  10 moving zset (ID -> score before
 --   the move)  11 reserved set  12 layout meta  13 stats hash
 --   14 token sequence  15 owner  16 paused flag  17 attempt histories hash
---   18 minute counters hash  19..24 group keys (groups.lua)  25 progress
---   hash  26..28 waiter keys (w_keys in lib.lua)
+--   18 minute counters hash  19..24 group keys (groups.lua)
+--   25 progress hash  26..28 waiter keys (w_keys in lib.lua)
 -- ARGV[1] layout (the caller's view of the partition's meta)  ARGV[2] op
+-- ARGV[3..] the op's arguments (below)
 --   groups (O)   after O holds nothing: a page of its groups' rate windows
 --                and throttles, for adopt
 --   adopt (N)    take over those windows and throttles (see below)

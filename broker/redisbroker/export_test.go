@@ -1,0 +1,36 @@
+package redisbroker
+
+import "strings"
+
+// ScriptFiles maps the SHA1 of each script, as Redis runs it (prelude and
+// body), to its file name.
+func ScriptFiles() map[string]string {
+	out := map[string]string{}
+	for name, s := range loadScripts().byFile {
+		out[s.Hash()] = name
+	}
+	return out
+}
+
+// ScriptHeader returns the leading comment of a script file, without the
+// comment marks.
+func ScriptHeader(file string) string {
+	var sb strings.Builder
+	for _, line := range strings.Split(mustRead(file), "\n") {
+		if !strings.HasPrefix(line, "--") {
+			break
+		}
+		sb.WriteString(strings.TrimPrefix(strings.TrimPrefix(line, "--"), " "))
+		sb.WriteByte('\n')
+	}
+	return sb.String()
+}
+
+// ScriptNames returns the file names of the scripts the broker runs.
+func ScriptNames() []string {
+	var out []string
+	for name := range loadScripts().byFile {
+		out = append(out, name)
+	}
+	return out
+}
