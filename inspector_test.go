@@ -217,6 +217,15 @@ func TestInspectorOperatorViews(t *testing.T) {
 	if a := active[0]; a.StartedAt.IsZero() || a.LeaseExpiresAt.Before(time.Now()) {
 		t.Fatalf("running task: started %v, lease until %v", a.StartedAt, a.LeaseExpiresAt)
 	}
+	// GetTaskInfo tells the same of one task, without a listing.
+	one, err := in.GetTaskInfo(ctx, "default", active[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if one.Server != "worker-9" || !one.StartedAt.Equal(active[0].StartedAt) || one.LeaseExpiresAt.Before(time.Now()) {
+		t.Fatalf("GetTaskInfo of the running task: server %q, started %v, lease until %v; want worker-9, %v, a future expiry",
+			one.Server, one.StartedAt, one.LeaseExpiresAt, active[0].StartedAt)
+	}
 	close(release)
 
 	info, err := e.c.Enqueue(ctx, tide.NewTask("job", []byte("fail")), tide.MaxRetry(0))

@@ -100,9 +100,6 @@ func (h *handler) taskPage(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err, false)
 		return
 	}
-	if t.State == tide.StateActive && (t.Server == "" || t.LeaseExpiresAt.IsZero()) {
-		h.fillRunning(ctx, t)
-	}
 	d := &taskData{
 		Task: t, Payload: viewBlob(t.Payload), Result: viewBlob(t.Result), Err: viewText(t.LastErr),
 		Actions:  taskActions(t.State),
@@ -167,26 +164,3 @@ func truncateErr(s string) string {
 	return s[:cut] + "…"
 }
 
-// fillRunning fills in where and since when an active task runs, and when
-// its lease expires, from the active listing: Inspector.GetTaskInfo leaves
-// them out, Inspector.SearchTasks of active tasks has them. Errors leave
-// them out: the page is shown without them.
-func (h *handler) fillRunning(ctx context.Context, t *tide.TaskInfo) {
-	next := 0
-	for range searchCalls {
-		ts, n, err := h.in.SearchTasks(ctx, t.Queue, tide.StateActive, tide.TaskFilter{ID: t.ID}, next, maxPageSize)
-		if err != nil {
-			return
-		}
-		for _, a := range ts {
-			if a.ID == t.ID {
-				t.StartedAt, t.Server, t.LeaseExpiresAt = a.StartedAt, a.Server, a.LeaseExpiresAt
-				return
-			}
-		}
-		if n < 0 || n <= next {
-			return
-		}
-		next = n
-	}
-}
