@@ -163,4 +163,3 @@ func truncateErr(s string) string {
 	}
 	return s[:cut] + "…"
 }
-
