@@ -431,13 +431,13 @@ type Broker struct {
 	clock          clock
 	newID          func() string // broker.NewID; tests replace it
 
-	batch   batcher
-	closed  atomic.Bool
-	waits   waitHub // Wait's subscriptions
-	subsMu  sync.Mutex
-	subs    map[int]func() // open subscriptions, ended by Close
-	subSeq  int
-	layouts sync.Map // queue name -> layout
+	coalesce coalescer
+	closed   atomic.Bool
+	waits    waitHub // Wait's subscriptions
+	subsMu   sync.Mutex
+	subs     map[int]func() // open subscriptions, ended by Close
+	subSeq   int
+	layouts  sync.Map // queue name -> layout
 	// cacheExpiry maps a partition's key prefix to the last of its reply
 	// caches whose expiry a call of this process set (enqueuePlainCall).
 	cacheExpiry sync.Map
@@ -474,7 +474,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Broker {
 		eventsMax: DefaultEventsMaxLen, eventsAge: DefaultEventsMaxAge,
 	}
 	b.clock.local = time.Now
-	b.batch.send = b.enqueueNow
+	b.coalesce.send = b.enqueueNow
 	b.reb.ctx, b.reb.stop = context.WithCancel(context.Background())
 	var tag [4]byte
 	_, _ = rand.Read(tag[:])
