@@ -9,9 +9,9 @@ import (
 	"net/url"
 	"slices"
 	"time"
-	"unicode/utf8"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/internal/outbound"
 )
 
 // taskData is the data of the task page.
@@ -152,14 +152,4 @@ func (h *handler) fillHistory(ctx context.Context, d *taskData, queue, id string
 }
 
 // truncateErr bounds an error message shown on a page to 1 KiB.
-func truncateErr(s string) string {
-	const limit = 1 << 10
-	if len(s) <= limit {
-		return s
-	}
-	cut := limit
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…"
-}
+func truncateErr(s string) string { return outbound.ClipTo(s, 1<<10) }
