@@ -170,7 +170,7 @@ func TestInspectorCancelProcessingAndServers(t *testing.T) {
 	if !strings.Contains(ti.LastErr, "cancelled") {
 		t.Fatalf("archived with %q", ti.LastErr)
 	}
-	if err := in.CancelProcessing(ctx, "default", info.ID); err == nil || !strings.Contains(err.Error(), "not active") {
+	if err := in.CancelProcessing(ctx, "default", info.ID); !errors.Is(err, tide.ErrTaskState) || !strings.Contains(err.Error(), "not active") {
 		t.Fatalf("cancel archived: %v", err)
 	}
 	qi, err := in.QueueInfo(ctx, "default")

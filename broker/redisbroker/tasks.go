@@ -145,7 +145,7 @@ func (b *Broker) remove(ctx context.Context, queue, id, op string) error {
 		if err != nil {
 			return callErr(op, fmt.Errorf("unexpected reply %q", code))
 		}
-		return fmt.Errorf("tide: cannot cancel task %s: it is %s, not active", id, tidetype.TaskState(st))
+		return fmt.Errorf("%w: cannot cancel task %s: it is %s, not active", broker.ErrTaskState, id, tidetype.TaskState(st))
 	case code == removeDeleted, code == removeRecorded, code == removeFollowed, code == removeFinished:
 		return nil
 	}
