@@ -149,6 +149,11 @@ else
   local c = redis.call('HGET', G.s, 'c')
   local ungrouped = redis.call('LLEN', KEYS[2])
   if ungrouped > 0 and not hold then g_join(G, '') end -- the ungrouped tasks take turns too
+  g_cache(G)
+  -- Tasks taken from q are removed with one command after the loop (a
+  -- group met twice in one call skips those taken before: took[g]); an
+  -- ordered group's at once (its holder may be taken out of turn).
+  local took, unq = {}, {}
   local tries, capped = 0, false
   -- The rotation from the cursor on, read a batch at a time, wrapping round
   -- once per call at most.
@@ -173,12 +178,16 @@ else
       break
     end
     if hi > #heads then
-      heads, hi = redis.call('ZRANGEBYSCORE', G.r, c and ('(' .. c) or '-inf', '+inf', 'WITHSCORES', 'LIMIT', 0, n - #ids + 1), 1
+      local lim = string.format('%d', n - #ids + 1)
+      heads, hi = redis.call('ZRANGEBYSCORE', G.r, c and ('(' .. c) or '-inf', '+inf', 'WITHSCORES', 'LIMIT', '0', lim), 1
       if #heads == 0 and c and not wrapped then
         wrapped, c = true, nil
-        heads = redis.call('ZRANGEBYSCORE', G.r, '-inf', '+inf', 'WITHSCORES', 'LIMIT', 0, n - #ids + 1)
+        heads = redis.call('ZRANGEBYSCORE', G.r, '-inf', '+inf', 'WITHSCORES', 'LIMIT', '0', lim)
       end
       if #heads == 0 then break end
+      local gs = {}
+      for j = 1, #heads, 2 do gs[#gs + 1] = heads[j] end
+      g_prefetch(G, gs)
     end
     local g = heads[hi]
     c = heads[hi + 1]
@@ -193,15 +202,15 @@ else
       -- Count the task as running before looking (one call when it is
       -- taken, as it mostly is); undone when the group cannot start one.
       -- A throttled group is never here: it waits in w.
-      local ak = 'a:' .. g
       local holder = ord and redis.call('HGET', G.s, 'h:' .. g)
-      local v = redis.call('HINCRBY', G.s, ak, 1)
+      local v = g_count(G, g, 1)
       local mark = math.floor(v / OUT)
       local active = v - mark * OUT
       local full = gc and active > gc
       local first, id, more = nil, nil, false
       if not full then
-        local next = redis.call('ZRANGEBYLEX', G.q, '[' .. g .. '\0', '(' .. g .. '\1', 'LIMIT', 0, 2)
+        local skip = took[g] or 0
+        local next = redis.call('ZRANGEBYLEX', G.q, '[' .. g .. '\0', '(' .. g .. '\1', 'LIMIT', skip == 0 and '0' or string.format('%d', skip), '2')
         first, more = next[1], next[2] ~= nil
         id = first and string.sub(first, #g + 10)
       end
@@ -223,17 +232,22 @@ else
         -- rate: back at the time a start leaves the window.
         active = active - 1
         if active <= 0 then
-          redis.call('HDEL', G.s, ak)
+          g_count(G, g, -v) -- deleted
         else
-          redis.call('HINCRBY', G.s, ak, ((full and 2 or 1) - mark) * OUT - 1)
+          g_count(G, g, ((full and 2 or 1) - mark) * OUT - 1)
         end
         redis.call('ZREM', G.r, g)
         if first and grl and started >= grl then
           redis.call('ZADD', G.w, window_end(log, started), g)
         end
       else
-        redis.call('ZREM', G.q, first)
-        if ord then redis.call('HSET', G.s, 'h:' .. g, id) end
+        if ord then
+          redis.call('ZREM', G.q, first)
+          redis.call('HSET', G.s, 'h:' .. g, id)
+        else
+          unq[#unq + 1] = first
+          took[g] = (took[g] or 0) + 1
+        end
         if grl then
           log, started = log .. struct.pack('>I6', now), started + 1
           redis.call('HSET', G.l, g, log)
@@ -247,11 +261,11 @@ else
         local limited = gc and active >= gc
         local spent = grl and started >= grl
         if more and not ord and not spent then
-          if mark > 0 then redis.call('HINCRBY', G.s, ak, -mark * OUT) end
+          if mark > 0 then g_count(G, g, -mark * OUT) end
         else
           redis.call('ZREM', G.r, g)
           local want = limited and 2 or 1
-          if want ~= mark then redis.call('HINCRBY', G.s, ak, (want - mark) * OUT) end
+          if want ~= mark then g_count(G, g, (want - mark) * OUT) end
           if more and spent and not ord and not limited then
             redis.call('ZADD', G.w, window_end(log, started), g)
           end
@@ -261,6 +275,8 @@ else
       end
     end
   end
+  call_many('ZREM', G.q, unq, 1)
+  g_flush(G)
   if c then redis.call('HSET', G.s, 'c', c) end
   if capped then redis.call('PUBLISH', ARGV[6], 'p' .. ARGV[7]) end
   -- The first time a held group may run again, announced once: servers
@@ -281,6 +297,9 @@ if #ids == 0 then
   return {}
 end
 local exp = now + tonumber(ARGV[5])
+-- Scores go to Redis as strings: a Lua number is formatted with %.17g on
+-- every redis.call, which costs more than the command it feeds.
+local exps, nows = string.format('%d', exp), string.format('%d', now)
 local tok = next_tokens(KEYS[9], #ids)
 local first_tok = tok
 local E = ev_new(KEYS[20], ARGV[8])
@@ -294,7 +313,7 @@ for _, id in ipairs(ids) do
     rec = rec_patch(rec, 2, tok, nil, nil, nil, nil)
     recs[#recs + 1] = id
     recs[#recs + 1] = rec
-    act[#act + 1] = exp
+    act[#act + 1] = exps
     act[#act + 1] = id
     out[#out + 1] = id
     out[#out + 1] = rec
@@ -321,7 +340,7 @@ call_many('ZADD', KEYS[3], act, 2)
 if #leased > 0 then
   local starts = {}
   for i = 2, #leased, 2 do
-    starts[#starts + 1] = now
+    starts[#starts + 1] = nows
     starts[#starts + 1] = string.format('%d', leased[i])
   end
   call_many('ZADD', KEYS[13], starts, 2)
@@ -331,6 +350,7 @@ if #leased > 0 then
   if over > 0 then redis.call('ZREMRANGEBYRANK', KEYS[13], 0, over - 1) end
   redis.call('PEXPIRE', KEYS[13], keep)
 end
+g_flush(G)
 ev_flush(E)
 req_put(KEYS[11], ARGV[2], string.format('%d:%d:%d', exp, first_tok, #leased / 2), tonumber(ARGV[3]))
 return out

@@ -30,7 +30,7 @@
 --      with tasks running, so that the settle that may let it run again
 --      knows to look, or twice g_out() when it left at its concurrency
 --      limit, so that no task made ready brings it back before such a settle
---      (a zero is removed when the group leaves the rotation);
+--      (a zero is removed: absent is zero; see g_count);
 --      h:<group> the task that holds an ordered group's place;
 --      t:<group> throttled until (ms)
 --   id hash: task ID -> "<group>\0<seq>" for every grouped task of the
@@ -43,6 +43,86 @@
 
 local function g_keys(i)
   return {q = KEYS[i], r = KEYS[i + 1], w = KEYS[i + 2], s = KEYS[i + 3], id = KEYS[i + 4], l = KEYS[i + 5]}
+end
+
+-- A group's active count (s's a:<group>) is read and written through
+-- g_active and g_count. A script that touches many groups calls g_cache
+-- first: the counts are then read once per group (g_prefetch reads several
+-- with one command) and written once, by g_flush, which the script must call
+-- before it returns. Lua's redis.call costs about as much as the command
+-- itself, so a batch of tasks pays a few commands, not a few per task. A
+-- count that reaches zero is deleted (absent is zero), so that s stays a
+-- small hash of the groups with tasks running.
+local function g_cache(G)
+  G.a, G.dirty = {}, {}
+end
+
+-- g_prefetch reads the counts of groups gs (a list; '' and duplicates
+-- allowed) that the cache does not hold, with one command.
+local function g_prefetch(G, gs)
+  if not G.a then return end
+  local want, fields, seen = {}, {}, {}
+  for _, g in ipairs(gs) do
+    if g ~= '' and G.a[g] == nil and not seen[g] then
+      seen[g] = true
+      want[#want + 1] = g
+      fields[#fields + 1] = 'a:' .. g
+    end
+  end
+  for i = 1, #fields, 1000 do
+    local vs = redis.call('HMGET', G.s, unpack(fields, i, math.min(i + 999, #fields)))
+    for j = 1, #vs do G.a[want[i + j - 1]] = tonumber(vs[j] or '0') end
+  end
+end
+
+-- g_active returns group g's active count (with its g_out marks).
+local function g_active(G, g)
+  if G.a then
+    local v = G.a[g]
+    if v == nil then
+      v = tonumber(redis.call('HGET', G.s, 'a:' .. g) or '0')
+      G.a[g] = v
+    end
+    return v
+  end
+  return tonumber(redis.call('HGET', G.s, 'a:' .. g) or '0')
+end
+
+-- g_count adds d to group g's active count and returns the new count; a
+-- count of zero is deleted.
+local function g_count(G, g, d)
+  if G.a then
+    local v = g_active(G, g) + d
+    G.a[g] = v
+    if not G.dirty[g] then
+      G.dirty[g] = true
+      G.dirty[#G.dirty + 1] = g
+    end
+    return v
+  end
+  if d == 0 then return g_active(G, g) end
+  local v = redis.call('HINCRBY', G.s, 'a:' .. g, string.format('%d', d))
+  if v == 0 then redis.call('HDEL', G.s, 'a:' .. g) end
+  return v
+end
+
+-- g_flush writes the counts that g_count changed since the cache was made
+-- or last flushed: one HSET and one HDEL at most.
+local function g_flush(G)
+  if not (G and G.a) then return end
+  local set, del = {}, {}
+  for _, g in ipairs(G.dirty) do
+    local v = G.a[g]
+    if v == 0 then
+      del[#del + 1] = 'a:' .. g
+    else
+      set[#set + 1] = 'a:' .. g
+      set[#set + 1] = string.format('%d', v)
+    end
+  end
+  for i = 1, #set, 1000 do redis.call('HSET', G.s, unpack(set, i, math.min(i + 999, #set))) end
+  for i = 1, #del, 1000 do redis.call('HDEL', G.s, unpack(del, i, math.min(i + 999, #del))) end
+  G.dirty = {}
 end
 
 -- g_of returns the group and enqueue sequence of task id, or nil when the
@@ -92,7 +172,7 @@ end
 -- or nil). It reports whether the group joined.
 local function g_enter(G, g, id)
   if redis.call('ZSCORE', G.r, g) or redis.call('ZSCORE', G.w, g) then return false end
-  if tonumber(redis.call('HGET', G.s, 'a:' .. g) or '0') >= 2 * g_out() or g_held(G, g, id) then return false end
+  if g_active(G, g) >= 2 * g_out() or g_held(G, g, id) then return false end
   return g_join(G, g)
 end
 
@@ -114,7 +194,7 @@ end
 -- g_next returns up to n of group g's ready tasks (members of q), first in
 -- line first.
 local function g_next(G, g, n)
-  return redis.call('ZRANGEBYLEX', G.q, '[' .. g .. '\0', '(' .. g .. '\1', 'LIMIT', 0, n)
+  return redis.call('ZRANGEBYLEX', G.q, '[' .. g .. '\0', '(' .. g .. '\1', 'LIMIT', '0', string.format('%d', n))
 end
 
 -- g_release is called when task id of group g stops holding its group:
@@ -129,14 +209,14 @@ end
 -- the rotation costs one command.
 local function g_release(G, g, id, left, finished, ordered)
   local OUT, v = g_out(), nil
-  if left then v = redis.call('HINCRBY', G.s, 'a:' .. g, -1) end
+  if left then v = g_count(G, g, -1) end
   local freed = false
   if finished and ordered ~= false and redis.call('HGET', G.s, 'h:' .. g) == id then
     redis.call('HDEL', G.s, 'h:' .. g)
     freed = true
   end
   if left and v < OUT and not freed then return false end
-  if not left then v = tonumber(redis.call('HGET', G.s, 'a:' .. g) or '0') end
+  if not left then v = g_active(G, g) end
   local mark = math.floor(v / OUT)
   local active = v - mark * OUT
   local back = false
@@ -147,14 +227,12 @@ local function g_release(G, g, id, left, finished, ordered)
   end
   if mark > 0 then
     if active <= 0 then
-      redis.call('HDEL', G.s, 'a:' .. g)
+      g_count(G, g, -v) -- deleted
     elseif back ~= false then
-      redis.call('HINCRBY', G.s, 'a:' .. g, -mark * OUT) -- in the rotation again
+      g_count(G, g, -mark * OUT) -- in the rotation again
     elseif mark >= 2 and left then
-      redis.call('HINCRBY', G.s, 'a:' .. g, -OUT) -- below its limit, still out
+      g_count(G, g, -OUT) -- below its limit, still out
     end
-  elseif left and active <= 0 and back == false then
-    redis.call('HDEL', G.s, 'a:' .. g)
   end
   return back == true
 end

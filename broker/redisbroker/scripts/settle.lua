@@ -65,7 +65,21 @@ local was_full = share >= 0 and redis.call('ZCARD', KEYS[2]) >= share
 local cap = tonumber(lim[3] or '')
 local was_capped = cap and cap < share and redis.call('ZCARD', KEYS[2]) >= cap
 local G = g_keys(16)
-if redis.call('EXISTS', G.id) == 0 then G = nil end
+if redis.call('EXISTS', G.id) == 0 then
+  G = nil
+else
+  -- The groups' active counts are read with one command and written with
+  -- one or two at the end (g_flush); so are the grouped IDs of done tasks
+  -- deleted (forgot).
+  g_cache(G)
+  local gs = {}
+  for i = 13, #ARGV, 9 do
+    local g = ARGV[i+8]
+    if g ~= '' and g ~= '?' then gs[#gs + 1] = g end
+  end
+  g_prefetch(G, gs)
+end
+local forgot = {}
 local ordered = lim[2] == '1'
 local woke = false
 -- Progress and waiters are rare: one EXISTS tells when neither is here.
@@ -116,7 +130,7 @@ for i = 13, #ARGV, 9 do
       redis.call('HDEL', KEYS[1], id)
       gone[#gone + 1] = id -- its result, and history if retried or deferred
       if progress then redis.call('HDEL', KEYS[22], id) end
-      if g then redis.call('HDEL', G.id, id) end
+      if g then forgot[#forgot + 1] = id end
       w_ended(W, id, 'd' .. string.format('%d', now or 0), now, ARGV[10])
     elseif op == 'c' then
       if fu_end(F, E, id, rec, 'c', tonumber(c), nil, now) then followed = true end
@@ -159,6 +173,7 @@ for i = 13, #ARGV, 9 do
   end
 end
 call_many('ZREM', KEYS[2], left, 1)
+if G then call_many('HDEL', G.id, forgot, 1) end
 call_many('HDEL', KEYS[7], gone, 1)
 call_many('HDEL', KEYS[13], gone, 1)
 count_day(KEYS[10], ARGV[6], processed, failed)
@@ -166,6 +181,7 @@ count_minute(KEYS[14], ARGV[9], processed, failed)
 if finished > 0 then
   trim(KEYS[6], KEYS[5], KEYS[1], KEYS[7], KEYS[13], redis_now(), tonumber(ARGV[7]), tonumber(ARGV[8]), 2 * finished, G, KEYS[22])
 end
+g_flush(G)
 if woke or followed then
   redis.call('PUBLISH', ARGV[4], 'p' .. ARGV[5])
 end
