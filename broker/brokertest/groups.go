@@ -234,6 +234,41 @@ func testGroupRoundRobin(t *testing.T, b broker.Broker) {
 			t.Fatalf("the first 6 dequeues (behind 100 grouped tasks) started %v of the ungrouped tasks, want all of %v in order; order %v", gotPlain, plain, order)
 		}
 	})
+	t.Run("WrapInOneCall", func(t *testing.T) {
+		// A call that asks for more tasks than there are groups goes round
+		// the rotation more than once: it takes each group's next tasks in
+		// enqueue order, never one task twice.
+		const q = "rr-wrap"
+		gs := sameGroups(t, b, q, "g", 3)
+		var want []string
+		for _, g := range gs {
+			ms := gmsgs(q, "t", g, 4)
+			enqueue(t, b, ms...)
+			want = append(want, idsOfMsgs(ms)...)
+		}
+		got := []string{dequeueOne(t, b, q, time.Minute).Task.ID} // the cursor stands after one group
+		for len(got) < len(want) {
+			ds := dequeue(t, b, []string{q}, len(want), time.Minute)
+			if len(ds) == 0 {
+				t.Fatalf("Dequeue started nothing after %v of %d tasks", got, len(want))
+			}
+			got = append(got, idsOf(ds)...)
+		}
+		if !slices.Equal(slices.Sorted(slices.Values(got)), slices.Sorted(slices.Values(want))) {
+			t.Fatalf("Dequeue over 3 groups of 4 started %v, want each of %v once", got, want)
+		}
+		for _, g := range gs {
+			var order []string
+			for _, id := range got {
+				if broker.HashTag(id) == g {
+					order = append(order, id)
+				}
+			}
+			if !slices.IsSorted(order) {
+				t.Fatalf("group %s started %v, want enqueue order", g, order)
+			}
+		}
+	})
 	t.Run("DueLater", func(t *testing.T) {
 		const q = "rr-due"
 		late := gmsg(q, "a-late", "g")

@@ -150,10 +150,10 @@ else
   local ungrouped = redis.call('LLEN', KEYS[2])
   if ungrouped > 0 and not hold then g_join(G, '') end -- the ungrouped tasks take turns too
   g_cache(G)
-  -- Tasks taken from q are removed with one command after the loop (a
-  -- group met twice in one call skips those taken before: took[g]); an
-  -- ordered group's at once (its holder may be taken out of turn).
-  local took, unq = {}, {}
+  -- Tasks taken from q are removed with one command after the loop, and
+  -- when the call wraps round (a group is met at most once before and once
+  -- after); an ordered group's at once (its holder may go out of turn).
+  local unq = {}
   local tries, capped = 0, false
   -- The rotation from the cursor on, read a batch at a time, wrapping round
   -- once per call at most.
@@ -182,12 +182,12 @@ else
       heads, hi = redis.call('ZRANGEBYSCORE', G.r, c and ('(' .. c) or '-inf', '+inf', 'WITHSCORES', 'LIMIT', '0', lim), 1
       if #heads == 0 and c and not wrapped then
         wrapped, c = true, nil
+        call_many('ZREM', G.q, unq, 1)
+        unq = {}
         heads = redis.call('ZRANGEBYSCORE', G.r, '-inf', '+inf', 'WITHSCORES', 'LIMIT', '0', lim)
       end
       if #heads == 0 then break end
-      local gs = {}
-      for j = 1, #heads, 2 do gs[#gs + 1] = heads[j] end
-      g_prefetch(G, gs)
+      g_prefetch(G, heads, 1, 2)
     end
     local g = heads[hi]
     c = heads[hi + 1]
@@ -209,8 +209,7 @@ else
       local full = gc and active > gc
       local first, id, more = nil, nil, false
       if not full then
-        local skip = took[g] or 0
-        local next = redis.call('ZRANGEBYLEX', G.q, '[' .. g .. '\0', '(' .. g .. '\1', 'LIMIT', skip == 0 and '0' or string.format('%d', skip), '2')
+        local next = redis.call('ZRANGEBYLEX', G.q, '[' .. g .. '\0', '(' .. g .. '\1', 'LIMIT', '0', '2')
         first, more = next[1], next[2] ~= nil
         id = first and string.sub(first, #g + 10)
       end
@@ -246,7 +245,6 @@ else
           redis.call('HSET', G.s, 'h:' .. g, id)
         else
           unq[#unq + 1] = first
-          took[g] = (took[g] or 0) + 1
         end
         if grl then
           log, started = log .. struct.pack('>I6', now), started + 1

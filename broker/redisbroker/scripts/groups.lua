@@ -57,21 +57,25 @@ local function g_cache(G)
   G.a, G.dirty = {}, {}
 end
 
--- g_prefetch reads the counts of groups gs (a list; '' and duplicates
--- allowed) that the cache does not hold, with one command.
-local function g_prefetch(G, gs)
+-- g_prefetch reads, with one command, the counts of the groups at
+-- positions first, first + step, ... of list gs that the cache does not
+-- hold ('' and repeats are skipped).
+local function g_prefetch(G, gs, first, step)
   if not G.a then return end
-  local want, fields, seen = {}, {}, {}
-  for _, g in ipairs(gs) do
-    if g ~= '' and G.a[g] == nil and not seen[g] then
-      seen[g] = true
+  local want, fields = {}, {}
+  for i = first, #gs, step do
+    local g = gs[i]
+    if g ~= '' and G.a[g] == nil then
+      G.a[g] = 0
       want[#want + 1] = g
       fields[#fields + 1] = 'a:' .. g
     end
   end
   for i = 1, #fields, 1000 do
     local vs = redis.call('HMGET', G.s, unpack(fields, i, math.min(i + 999, #fields)))
-    for j = 1, #vs do G.a[want[i + j - 1]] = tonumber(vs[j] or '0') end
+    for j = 1, #vs do
+      if vs[j] then G.a[want[i + j - 1]] = tonumber(vs[j]) end
+    end
   end
 end
 
@@ -94,13 +98,9 @@ local function g_count(G, g, d)
   if G.a then
     local v = g_active(G, g) + d
     G.a[g] = v
-    if not G.dirty[g] then
-      G.dirty[g] = true
-      G.dirty[#G.dirty + 1] = g
-    end
+    G.dirty[g] = true
     return v
   end
-  if d == 0 then return g_active(G, g) end
   local v = redis.call('HINCRBY', G.s, 'a:' .. g, string.format('%d', d))
   if v == 0 then redis.call('HDEL', G.s, 'a:' .. g) end
   return v
@@ -111,7 +111,7 @@ end
 local function g_flush(G)
   if not (G and G.a) then return end
   local set, del = {}, {}
-  for _, g in ipairs(G.dirty) do
+  for g in pairs(G.dirty) do
     local v = G.a[g]
     if v == 0 then
       del[#del + 1] = 'a:' .. g

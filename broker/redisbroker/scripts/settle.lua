@@ -72,12 +72,9 @@ else
   -- one or two at the end (g_flush); so are the grouped IDs of done tasks
   -- deleted (forgot).
   g_cache(G)
-  local gs = {}
-  for i = 13, #ARGV, 9 do
-    local g = ARGV[i+8]
-    if g ~= '' and g ~= '?' then gs[#gs + 1] = g end
-  end
-  g_prefetch(G, gs)
+  G.a['?'] = 0 -- not a group: the settlement's caller did not know it
+  g_prefetch(G, ARGV, 21, 9)
+  G.a['?'] = nil
 end
 local forgot = {}
 local ordered = lim[2] == '1'
