@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -109,14 +110,16 @@ func runGroups(ctx context.Context, e *env, kind string) (results, error) {
 		return nil, fmt.Errorf("groups: tide only (%s)", noGroupsNote)
 	}
 	got := make([][]float64, len(groupsModes))
+	costs := make([][]redisCost, len(groupsModes))
 	for round := range e.sz.grpRounds {
 		for j := range groupsModes {
 			m := (round + j) % len(groupsModes)
-			r, err := drainGroups(ctx, e, groupsModes[m])
+			r, c, err := drainGroups(ctx, e, groupsModes[m])
 			if err != nil {
 				return nil, err
 			}
 			got[m] = append(got[m], r)
+			costs[m] = append(costs[m], c)
 		}
 	}
 	res := results{}
@@ -136,20 +139,84 @@ func runGroups(ctx context.Context, e *env, kind string) (results, error) {
 	}
 	e.note("groups/%s: %s tasks (%s groups), concurrency %d, each drain on a flushed Redis, order rotating; %s; %s",
 		kind, kcount(e.sz.grpN), kcount(e.sz.grpGroups), e.sz.concurrency, strings.Join(parts, "; "), strings.Join(pairs, "; "))
+	var cs []string
+	for m, mode := range groupsModes {
+		var parts []string
+		for _, c := range costs[m] {
+			parts = append(parts, c.String())
+		}
+		cs = append(cs, fmt.Sprintf("%s: %s", mode.what, strings.Join(parts, "; ")))
+	}
+	e.note("groups/%s, Redis per task by round (INFO commandstats from Start to drained: script calls, µs of script time, commands run inside scripts, PUBLISH, i.e. server wake-ups sent): %s", kind, strings.Join(cs, " | "))
 	e.note("groups: %s", noGroupsNote)
 	return res, nil
 }
 
+// redisCost is what Redis spent per task on a drain, from INFO
+// commandstats (reset just before the server starts).
+type redisCost struct {
+	scripts, usec, inner, publish float64
+}
+
+func (c redisCost) String() string {
+	return fmt.Sprintf("%.3f calls %.1f µs %.2f cmds %.3f pub", c.scripts, c.usec, c.inner, c.publish)
+}
+
+// topLevel are commands the bench and the server send themselves, not
+// run inside scripts.
+var topLevel = map[string]bool{"evalsha": true, "eval": true, "info": true, "hlen": true, "scan": true,
+	"ping": true, "hello": true, "subscribe": true, "psubscribe": true, "unsubscribe": true, "client|setinfo": true,
+	"client|setname": true, "config|resetstat": true, "script|load": true, "select": true}
+
+// readCost reads INFO commandstats and returns the cost per task of n tasks.
+func readCost(ctx context.Context, e *env, n int) (redisCost, error) {
+	info, err := e.admin.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return redisCost{}, err
+	}
+	var c redisCost
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		name = strings.TrimPrefix(name, "cmdstat_")
+		var calls, usec float64
+		for _, kv := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			x, _ := strconv.ParseFloat(v, 64)
+			switch k {
+			case "calls":
+				calls = x
+			case "usec":
+				usec = x
+			}
+		}
+		switch {
+		case name == "evalsha" || name == "eval":
+			c.scripts += calls
+			c.usec += usec
+		case name == "publish":
+			c.publish += calls
+			c.inner += calls
+		case !topLevel[name]:
+			c.inner += calls
+		}
+	}
+	f := float64(n)
+	return redisCost{scripts: c.scripts / f, usec: c.usec / f, inner: c.inner / f, publish: c.publish / f}, nil
+}
+
 // drainGroups stores grpN tasks in groupsQueue of a flushed Redis as mode
 // says, starts a server and returns tasks/s from Start until every task is
-// acknowledged (gone from Redis).
-func drainGroups(ctx context.Context, e *env, mode groupsMode) (float64, error) {
+// acknowledged (gone from Redis), and what Redis spent per task meanwhile.
+func drainGroups(ctx context.Context, e *env, mode groupsMode) (float64, redisCost, error) {
 	if err := e.flush(ctx); err != nil {
-		return 0, err
+		return 0, redisCost{}, err
 	}
 	s, err := newSystem(sysTide, e.addr)
 	if err != nil {
-		return 0, err
+		return 0, redisCost{}, err
 	}
 	defer s.close()
 	ts := s.(*tideSystem)
@@ -165,44 +232,51 @@ func drainGroups(ctx context.Context, e *env, mode groupsMode) (float64, error) 
 	}
 	if lim != (tide.QueueLimits{}) {
 		if err := in.SetQueueLimits(ctx, groupsQueue, lim); err != nil {
-			return 0, fmt.Errorf("%s: SetQueueLimits: %w", what, err)
+			return 0, redisCost{}, fmt.Errorf("%s: SetQueueLimits: %w", what, err)
 		}
 	}
 	if mode.groups {
 		if err := enqueueGroups(ctx, ts, ps, e.sz.grpGroups); err != nil {
-			return 0, fmt.Errorf("%s: %w", what, err)
+			return 0, redisCost{}, fmt.Errorf("%s: %w", what, err)
 		}
 		// The tasks are grouped: Inspector.Groups sees as many groups as
 		// it may list, each with tasks waiting.
 		want := min(e.sz.grpGroups, 1000)
 		gs, err := in.Groups(ctx, groupsQueue, want)
 		if err != nil {
-			return 0, fmt.Errorf("%s: Inspector.Groups: %w", what, err)
+			return 0, redisCost{}, fmt.Errorf("%s: Inspector.Groups: %w", what, err)
 		}
 		if len(gs) != want || gs[len(gs)-1].Waiting == 0 {
-			return 0, fmt.Errorf("%s: Inspector.Groups listed %d groups, want %d with tasks waiting", what, len(gs), want)
+			return 0, redisCost{}, fmt.Errorf("%s: Inspector.Groups listed %d groups, want %d with tasks waiting", what, len(gs), want)
 		}
 	} else if _, err := enqueueBatches(ctx, s, e.sz.batch, groupsQueue, ps, time.Time{}); err != nil {
-		return 0, fmt.Errorf("%s: %w", what, err)
+		return 0, redisCost{}, fmt.Errorf("%s: %w", what, err)
 	}
 	if err := expectStored(ctx, e, s, n, what+": before start"); err != nil {
-		return 0, err
+		return 0, redisCost{}, err
+	}
+	if err := e.admin.ConfigResetStat(ctx).Err(); err != nil {
+		return 0, redisCost{}, err
 	}
 	rec := newRecorder(n)
 	start := time.Now()
 	srv, err := s.startServer(serverConfig{concurrency: e.sz.concurrency, queues: []string{groupsQueue}}, rec.handle)
 	if err != nil {
-		return 0, err
+		return 0, redisCost{}, err
 	}
 	defer srv.stop(time.Minute)
 	if err := rec.wait(ctx, 3*time.Minute); err != nil {
-		return 0, fmt.Errorf("%s: %w", what, err)
+		return 0, redisCost{}, fmt.Errorf("%s: %w", what, err)
 	}
 	drained, err := waitDrained(ctx, e, s, n, start, what)
 	if err != nil {
-		return 0, err
+		return 0, redisCost{}, err
 	}
-	return rate(n, drained), nil
+	cost, err := readCost(ctx, e, n)
+	if err != nil {
+		return 0, redisCost{}, err
+	}
+	return rate(n, drained), cost, nil
 }
 
 // enqueueGroups stores ps in groupsQueue, task i in group i mod groups, with
