@@ -15,6 +15,7 @@ import (
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/internal/faultproxy"
 	"github.com/tidequeue/tide/internal/testlog"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // TestCutOffWorkerStopsBeforeLeaseEnds checks that a queue's Concurrency
@@ -159,7 +160,7 @@ func TestCutOffWorkerStopsBeforeLeaseEnds(t *testing.T) {
 
 				f.cut(px)
 				cutAt := time.Now()
-				eventually(t, 30*time.Second, "task 2 to start", func() bool {
+				testwait.For(t, 30*time.Second, "task 2 to start", func() bool {
 					mu.Lock()
 					defer mu.Unlock()
 					return !nextStart.IsZero()

@@ -32,19 +32,6 @@ func (e *env) startServer(cfg tide.Config, fn func(context.Context, *tide.Task) 
 	e.t.Cleanup(srv.Shutdown)
 }
 
-// waitFor polls cond until it holds, failing the test after a generous
-// deadline (a loaded machine is slow; nothing here measures time).
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // unescaped lists markup that must never reach a page raw.
 var unescaped = []string{"<script>alert", "</script><script>", "<img src=x", "<svg onload", "\u202e"}
 
