@@ -79,3 +79,41 @@ func TestFor(t *testing.T) {
 		}
 	})
 }
+
+func TestUntil(t *testing.T) {
+	t.Parallel()
+
+	t.Run("returns once check passes", func(t *testing.T) {
+		t.Parallel()
+		r := &recorder{TB: t}
+		var calls atomic.Int32
+		Until(r, time.Minute, func() error {
+			if n := calls.Add(1); n < 3 {
+				return fmt.Errorf("only %d calls", n)
+			}
+			return nil
+		})
+		if got := calls.Load(); got != 3 {
+			t.Errorf("check called %d times, want 3 (not again after it passed)", got)
+		}
+		if len(r.fatal) != 0 {
+			t.Errorf("Until failed the test: %q", r.fatal)
+		}
+	})
+
+	t.Run("fails with the last error and the timeout", func(t *testing.T) {
+		t.Parallel()
+		r := &recorder{TB: t}
+		var calls atomic.Int32
+		Until(r, 30*time.Millisecond, func() error { return fmt.Errorf("still %d short", calls.Add(1)) })
+		if len(r.fatal) != 1 {
+			t.Fatalf("Fatalf called %d times, want 1: %q", len(r.fatal), r.fatal)
+		}
+		msg, last := r.fatal[0], fmt.Sprintf("still %d short", calls.Load())
+		for _, want := range []string{last, "30ms"} {
+			if !strings.Contains(msg, want) {
+				t.Errorf("failure %q does not mention %q", msg, want)
+			}
+		}
+	})
+}
