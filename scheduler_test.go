@@ -185,15 +185,12 @@ func TestSchedulerReplicasEnqueueEachTickOnce(t *testing.T) {
 		}
 		return ""
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		w := waiting()
-		if w == "" {
-			break
+	testwait.Until(t, 10*time.Second, func() error {
+		if w := waiting(); w != "" {
+			return errors.New(w)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after 10s waiting for the ticks to be processed: %s", w)
-		}
-	}
+		return nil
+	})
 
 	calls := rec.snapshot()
 	total := 0
