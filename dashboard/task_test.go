@@ -3,6 +3,7 @@ package dashboard
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // hostileServerID is a server ID full of markup and a bidi override, to
@@ -70,19 +72,15 @@ func TestTaskPageRunningAndAttempts(t *testing.T) {
 	path := "/task?" + url.Values{"q": {"jobs"}, "id": {ti.ID}}.Encode()
 	// The heartbeat that reports the start may lag.
 	var body string
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testwait.Until(t, 20*time.Second, func() error {
 		var resp *http.Response
 		resp, body = e.get(path)
 		wantStatus(t, resp, body, http.StatusOK)
-		if strings.Contains(body, `id="running-server"><code>srv`) {
-			break
+		if !strings.Contains(body, `id="running-server"><code>srv`) {
+			return fmt.Errorf("the running task's page does not show its server:\n%s", body)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the running task's page does not show its server:\n%s", body)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	checkNoRaw(t, path, body)
 	for _, want := range []string{
 		`id="running-started"`, `id="running-for"`, `id="running-lease"`,
