@@ -112,9 +112,7 @@ func TestReconnect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for px.Down() {
-		time.Sleep(10 * time.Millisecond)
-	}
+	testwait.For(t, outage+30*time.Second, "the cut to end", func() bool { return !px.Down() })
 	restoredAt := time.Now()
 	refusedDuring := px.Refused() - refused0
 

@@ -18,7 +18,7 @@ import (
 // a busy loop.
 const (
 	firstPoll = time.Millisecond
-	maxPoll   = 20 * time.Millisecond
+	maxPoll   = 10 * time.Millisecond
 )
 
 // For calls cond until it returns true and then returns. If cond still
@@ -27,7 +27,7 @@ const (
 //
 // cond is called at least once, even with a timeout of zero or less, and
 // never again after it returned true. Between calls For sleeps, starting at
-// a millisecond and doubling up to 20 milliseconds. cond may call t.Fatal
+// a millisecond and doubling up to 10 milliseconds. cond may call t.Fatal
 // itself.
 //
 // Like t.Fatalf, For must be called from the goroutine running the test.
