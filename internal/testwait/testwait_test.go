@@ -40,10 +40,7 @@ func TestFor(t *testing.T) {
 	t.Run("sees a state reached by another goroutine", func(t *testing.T) {
 		t.Parallel()
 		var done atomic.Bool
-		go func() {
-			time.Sleep(5 * time.Millisecond)
-			done.Store(true)
-		}()
+		go done.Store(true)
 		For(t, time.Minute, "the goroutine to finish", done.Load)
 	})
 
