@@ -263,10 +263,16 @@ func TestThrottleGroup(t *testing.T) {
 		doneA.Add(1)
 		return nil
 	}))
-	if _, err := e.c.Enqueue(ctx, tide.NewTask("call", nil), tide.Queue(q), tide.Group("a")); err != nil {
+	first, err := e.c.Enqueue(ctx, tide.NewTask("call", nil), tide.Queue(q), tide.Group("a"))
+	if err != nil {
 		t.Fatal(err)
 	}
-	testwait.For(t, 10*time.Second, "the throttle", func() bool { return once.Load() })
+	// The throttle holds from the first task's settlement, a moment after
+	// its handler returned: the other tasks come only then, so that none
+	// of group a may start in between.
+	testwait.For(t, 10*time.Second, "the throttle", func() bool {
+		return once.Load() && e.info(q, first.ID).State != tide.StateActive
+	})
 	var sawThrottle bool
 	for i := range 20 {
 		for _, g := range []string{"a", "b"} {
