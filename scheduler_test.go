@@ -18,6 +18,7 @@ import (
 
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/internal/testwait"
 	"github.com/tidequeue/tide/tidetype"
 )
 
@@ -184,15 +185,12 @@ func TestSchedulerReplicasEnqueueEachTickOnce(t *testing.T) {
 		}
 		return ""
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		w := waiting()
-		if w == "" {
-			break
+	testwait.Until(t, 10*time.Second, func() error {
+		if w := waiting(); w != "" {
+			return errors.New(w)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after 10s waiting for the ticks to be processed: %s", w)
-		}
-	}
+		return nil
+	})
 
 	calls := rec.snapshot()
 	total := 0
@@ -587,7 +585,7 @@ func TestSchedulerMisfireAtStart(t *testing.T) {
 	if err := s2.Start(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the restarted scheduler to find its ticks taken", func() bool { return l2.count(logConflict) == 2 })
+	testwait.For(t, 5*time.Second, "the restarted scheduler to find its ticks taken", func() bool { return l2.count(logConflict) == 2 })
 	s2.Shutdown()
 	if n := l2.count(logEnqueued); n != 0 {
 		t.Errorf("restart enqueued %d ticks again", n)
@@ -680,7 +678,7 @@ func TestSchedulerPublishesEntries(t *testing.T) {
 	}
 	in := tide.NewInspector(e.b)
 	var got []tide.SchedulerEntry
-	eventually(t, 5*time.Second, "the entry to be published", func() bool {
+	testwait.For(t, 5*time.Second, "the entry to be published", func() bool {
 		got, err = in.SchedulerEntries(context.Background())
 		return err == nil && len(got) == 1 && !got[0].Prev.IsZero()
 	})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -19,6 +20,7 @@ import (
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/gateway"
 	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 const token = "test-token-0123456789abcdef"
@@ -242,17 +244,13 @@ func TestActiveTaskCannotBeDeleted(t *testing.T) {
 	if r := e.do("POST", "/v1/queues/default/tasks/slow-1/cancel", ""); r.status != http.StatusAccepted {
 		t.Fatalf("cancel: %d %s", r.status, r.body)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testwait.Until(t, 10*time.Second, func() error {
 		ti, err := e.in.GetTaskInfo(context.Background(), "default", "slow-1")
 		if err == nil && ti.State == tide.StateArchived {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the cancelled task was not archived: %+v %v", ti, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return fmt.Errorf("the cancelled task was not archived: %+v %v", ti, err)
+	})
 	r = e.do("POST", "/v1/queues/default/tasks/slow-1/cancel", "")
 	if code, _, _ := r.errorBody(t); r.status != http.StatusConflict || code != "task_not_active" {
 		t.Errorf("cancel of an archived task: %d %s", r.status, r.body)
@@ -406,17 +404,13 @@ func TestGetTaskWaits(t *testing.T) {
 	}
 	loc := r.header.Get("Location")
 	id, _ := r.json(t)["id"].(string)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testwait.Until(t, 10*time.Second, func() error {
 		ti, err := e.in.GetTaskInfo(ctx, "default", id)
 		if err == nil && ti.Progress.Percent == 30 {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the task never reported progress: %+v %v", ti, err)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return fmt.Errorf("the task never reported progress: %+v %v", ti, err)
+	})
 	r = e.do("GET", loc+"?wait=100ms", "")
 	m := r.json(t)
 	if r.status != http.StatusOK || m["state"] != "active" || m["group"] != "acme" || m["progress"].(map[string]any)["percent"] != 30.0 {

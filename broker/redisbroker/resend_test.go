@@ -3,6 +3,7 @@ package redisbroker_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/internal/faultproxy"
 	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/internal/testwait"
 	"github.com/tidequeue/tide/tidetype"
 )
 
@@ -142,23 +144,20 @@ func TestResentEnqueueAfterTheTaskEnded(t *testing.T) {
 			// task to its end (no retention: the record goes) before the
 			// client's read timeout sends the call again.
 			var ran string
-			for deadline := time.Now().Add(10 * time.Second); ran == ""; {
-				if time.Now().After(deadline) {
-					t.Fatal("the task never appeared")
-				}
+			testwait.For(t, 10*time.Second, "the task to appear", func() bool {
 				ds, err := worker.Dequeue(ctx, []string{"q"}, 1, time.Minute)
 				if err != nil {
 					t.Fatal(err)
 				}
 				if len(ds) == 0 {
-					time.Sleep(time.Millisecond)
-					continue
+					return false
 				}
 				if errs, err := worker.Settle(ctx, []broker.Settlement{{Lease: ds[0].Lease(), Kind: broker.SettleDone}}); err != nil || errs[0] != nil {
 					t.Fatal(errs, err)
 				}
 				ran = ds[0].Task.ID
-			}
+				return true
+			})
 			r := <-done
 			if r.err != nil {
 				t.Fatalf("Enqueue after a re-send: %v", r.err)
@@ -396,13 +395,9 @@ func TestLongReplicaWaitStoresOnce(t *testing.T) {
 	replica := redistest.Start(t, "--replicaof", host, port)
 	direct := redistest.Client(t, primary.Addr)
 	rr := redistest.Client(t, replica.Addr)
-	deadline := time.Now().Add(20 * time.Second)
-	for !strings.Contains(rr.Info(context.Background(), "replication").Val(), "master_link_status:up") {
-		if time.Now().After(deadline) {
-			t.Fatal("the replica did not sync")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testwait.For(t, 20*time.Second, "the replica to sync", func() bool {
+		return strings.Contains(rr.Info(context.Background(), "replication").Val(), "master_link_status:up")
+	})
 	rdb := redis.NewClient(&redis.Options{Addr: primary.Addr, ReadTimeout: 200 * time.Millisecond})
 	t.Cleanup(func() { _ = rdb.Close() })
 	prefix := redistest.Prefix(t)
@@ -515,13 +510,12 @@ func TestReplyCachesExpire(t *testing.T) {
 	enqueue(2000)
 	noForever("after the cache was deleted")
 	// All of them go within the window and a slice.
-	deadline := time.Now().Add(10 * time.Second)
-	for len(caches()) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("reply caches still there 10s after the last call: %v", caches())
+	testwait.Until(t, 10*time.Second, func() error {
+		if c := caches(); len(c) > 0 {
+			return fmt.Errorf("reply caches still there after the last call: %v", c)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // Reply caches stay small: each holds the replies of at most a hundred

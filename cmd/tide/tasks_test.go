@@ -11,19 +11,8 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/internal/testwait"
 )
-
-// waitFor polls cond until it holds, failing the test after 15 seconds.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
 
 func TestAttemptsAndRunningTask(t *testing.T) {
 	e := setup(t)
@@ -65,7 +54,7 @@ func TestAttemptsAndRunningTask(t *testing.T) {
 	// Two failed attempts and one that succeeded, kept as completed.
 	e.enqueue("flaky", "{}", tide.Queue("q"), tide.TaskID("f"), tide.Retention(time.Hour))
 	var ti *tide.TaskInfo
-	waitFor(t, "the flaky task to complete", func() bool {
+	testwait.For(t, 15*time.Second, "the flaky task to complete", func() bool {
 		var err error
 		ti, err = e.in.GetTaskInfo(ctx, "q", "f")
 		return err == nil && ti.State == tide.StateCompleted
@@ -104,7 +93,7 @@ func TestAttemptsAndRunningTask(t *testing.T) {
 	e.enqueue("slow", "{}", tide.Queue("q"), tide.TaskID("s"))
 	<-started
 	defer close(release)
-	waitFor(t, "a heartbeat with the running task", func() bool {
+	testwait.For(t, 15*time.Second, "a heartbeat with the running task", func() bool {
 		ts, err := e.in.ListTasks(ctx, "q", tide.StateActive, 1, 10)
 		return err == nil && len(ts) == 1 && !ts[0].StartedAt.IsZero()
 	})
