@@ -425,8 +425,8 @@ type Clock interface {
 // task in Partition(ID, n). n < 2 gives 0. Like a Redis Cluster hash tag, a
 // key that holds a non-empty "{tag}" is mapped by the tag alone (the text
 // between its first '{' and the next '}'): the tasks of group G are kept in
-// Partition(G, n), and a grouped task's ID carries "{G}" so that it is found
-// there by ID on every partition count.
+// Partition(G, n), and on a queue of several partitions a grouped task's ID
+// carries "{G}" so that it is found there by ID (see CheckGroupID).
 func Partition(key string, n int) int {
 	if n < 2 {
 		return 0
