@@ -141,6 +141,9 @@ func (b *Broker) drainAll(ctx context.Context, l layout, old part, o int, moved 
 // the new span alone and gives it the whole limits. Another run that
 // finished first leaves it nothing but the limits to share.
 func (b *Broker) finishRepartition(ctx context.Context, queue string, l layout) error {
+	if err := b.loadMove(ctx); err != nil {
+		return fmt.Errorf("tide: redisbroker: repartition %s: %w", queue, err)
+	}
 	pipe := b.rdb.Pipeline()
 	for i := range l.cur.n {
 		p := b.partAt(queue, l, i)
@@ -357,6 +360,14 @@ func (b *Broker) moveKeys(p part) []string {
 	return append(p.keys("t", "pending", "scheduled", "retry", "archived", "completed", "result", "active", "u", "moving", "reserved", "meta", "stat", "seq", "owner", "paused", "h", "m"), append(p.groupKeys(), p.endKeys()...)...)
 }
 
+// loadMove loads move.lua into every node (every master of a cluster)
+// before a step sends it in a pipeline, where go-redis does not fall back
+// from EVALSHA to EVAL: the new span's partitions may live on nodes that
+// never ran it.
+func (b *Broker) loadMove(ctx context.Context) error {
+	return classify(b.s.move.Load(ctx, b.rdb).Err())
+}
+
 // moveCall runs one op of move.lua on partition p.
 func (b *Broker) moveCall(ctx context.Context, p part, op string, args ...any) *redis.Cmd {
 	return b.s.move.Run(ctx, b.rdb, b.moveKeys(p), append([]any{p.layout, op}, args...)...)
@@ -374,6 +385,9 @@ type moved struct {
 // crashed repartition left half-moved) and returns how many it moved and how
 // many records are left in o (active tasks, and what it did not get to).
 func (b *Broker) drain(ctx context.Context, l layout, o part) (int, int, error) {
+	if err := b.loadMove(ctx); err != nil {
+		return 0, 0, fmt.Errorf("tide: redisbroker: repartition %s: %w", o.queue, err)
+	}
 	fail := func(err error) (int, int, error) {
 		return 0, 0, fmt.Errorf("tide: redisbroker: repartition %s: %w", o.queue, classify(err))
 	}
@@ -636,6 +650,9 @@ func (b *Broker) retire(ctx context.Context, l layout, o part, idx int) (bool, e
 // grouped tasks start nowhere while a repartition runs, so nothing changes
 // them in o any more, and the new span's groups see them before they start.
 func (b *Broker) handOverGroups(ctx context.Context, l layout, o part) error {
+	if err := b.loadMove(ctx); err != nil {
+		return fmt.Errorf("tide: redisbroker: repartition %s: %w", o.queue, err)
+	}
 	cursor := "0"
 	for {
 		res, err := b.moveCall(ctx, o, "groups", cursor).Slice()
