@@ -194,7 +194,9 @@
 // (broker.CheckGroupID); a repartition of such a queue to more partitions
 // first sets field xf of the group state hash, from when on enqueue.lua
 // refuses grouped tasks with untagged IDs, then looks for one (HSCAN of
-// gid) and is refused while there is one. That partition keeps
+// gid) and is refused while there is one. Should one get in all the same
+// (the hold lifted meanwhile), the move stops at it with an error naming it
+// and leaves it in the old partition, where lookups by ID still find it. That partition keeps
 // its groups' ready tasks in enqueue order and a rotation of the groups that
 // may run; the dequeue script serves the rotation one task per group per
 // turn and checks the group limits (which are not split: a group is in one

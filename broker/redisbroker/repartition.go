@@ -42,6 +42,11 @@ var _ broker.Repartitioner = (*Broker)(nil)
 // resumes a repartition that stopped. progress, when not nil, is called after
 // each step with the tasks moved so far and those still in the old span.
 //
+// A queue of one partition that holds grouped tasks whose IDs lack their
+// group's tag (broker.CheckGroupID) is not repartitioned to more: the call
+// fails with an error wrapping broker.ErrLayout that names one, and
+// changes nothing.
+//
 // Grouped tasks keep their enqueue order, and their groups' rate windows
 // and throttles go with them; grouped tasks start nowhere until the
 // repartition is done (see the package documentation). Unique locks move
@@ -214,6 +219,9 @@ func (b *Broker) startRepartition(ctx context.Context, queue string, n int) (lay
 		if err := b.holdFreeIDs(ctx, queue, l); err != nil {
 			return layout{}, err
 		}
+		if afterHold != nil {
+			afterHold(queue)
+		}
 	}
 	next := span{n: n, epoch: l.cur.epoch + 1}
 	ml := layout{tag: next.tag() + "<" + l.cur.tag(), cur: next, old: &span{n: l.cur.n, epoch: l.cur.epoch}}
@@ -282,6 +290,10 @@ func (b *Broker) startRepartition(ctx context.Context, queue string, n int) (lay
 	}
 	return nl, b.refreshLimits(ctx, queue, nl)
 }
+
+// afterHold, when set (by tests), runs after holdFreeIDs found no grouped
+// task with a free ID and before the new layout is recorded.
+var afterHold func(queue string)
 
 // holdFreeIDs prepares the repartition of queue l, of one partition, to
 // more: a grouped task whose ID does not carry its group (which only a
@@ -442,6 +454,12 @@ func (b *Broker) reserveAndTake(ctx context.Context, l layout, o part, peek []an
 		uniq := ""
 		if t, err := codec.DecodeHeader(o.queue, id, []byte(rec)); err == nil {
 			uniq = t.UniqueKey
+			if l.cur.n > 1 && broker.FreeGroupID(id, t.Group) {
+				// Only a hold lifted while the repartition started lets
+				// one in (see holdFreeIDs): it stays where it is found.
+				return nil, fmt.Errorf("%w: repartition %s: grouped task %q of group %q has an ID without its group's tag and could not be found by it on %d partitions; delete it, then repartition again",
+					broker.ErrLayout, o.queue, id, t.Group, l.cur.n)
+			}
 		}
 		np := b.partOf(o.queue, l, id)
 		if uniq != "" && lock != "" && broker.Partition(uniq, l.cur.n) != broker.Partition(id, l.cur.n) {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/tidetype"
 )
 
@@ -305,4 +306,47 @@ func TestRepartitionHoldOfFreeGroupIDs(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustEnqueue(t, e.b, broker.EnqueueOptions{}, m)
+}
+
+// Should a grouped task with a free ID get into the partition after the
+// repartition looked (its hold lifted meanwhile, as a concurrent
+// repartition to one partition does), the move stops at it with an error
+// that names it and leaves it where it is found by its ID; once it is
+// deleted, running the repartition again finishes it. Not parallel: it
+// sets a package-wide hook.
+func TestRepartitionStopsAtALateFreeGroupID(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	const q = "freelate"
+	tagged := groupMsg(q, "tagged", "shop-7")
+	mustEnqueue(t, e.b, broker.EnqueueOptions{}, tagged)
+	late := groupMsg(q, "order-cancel:42", "")
+	late.Group = "shop-7"
+	redisbroker.SetAfterHold(func(queue string) {
+		if queue != q {
+			return
+		}
+		if err := e.rdb.HDel(ctx, e.prefix+":{"+q+":0}:gs", "xf").Err(); err != nil {
+			t.Error(err)
+		}
+		mustEnqueue(t, e.b, broker.EnqueueOptions{}, late)
+	})
+	t.Cleanup(func() { redisbroker.SetAfterHold(nil) })
+	err := e.b.Repartition(ctx, q, 4, nil)
+	if !errors.Is(err, broker.ErrLayout) || !strings.Contains(err.Error(), `"order-cancel:42"`) {
+		t.Fatalf("Repartition meeting a late free grouped ID: %v, want ErrLayout naming it", err)
+	}
+	redisbroker.SetAfterHold(nil)
+	if got, err := e.b.GetTask(ctx, q, late.ID); err != nil || got.Group != "shop-7" {
+		t.Fatalf("GetTask(%s) while the repartition stopped: %+v, %v", late.ID, got, err)
+	}
+	if err := e.b.Delete(ctx, q, late.ID); err != nil {
+		t.Fatalf("Delete(%s): %v", late.ID, err)
+	}
+	if err := e.b.Repartition(ctx, q, 4, nil); err != nil {
+		t.Fatalf("Repartition run again: %v", err)
+	}
+	if got, err := e.b.GetTask(ctx, q, tagged.ID); err != nil || got.Group != "shop-7" {
+		t.Fatalf("GetTask(%s) after the repartition: %+v, %v", tagged.ID, got, err)
+	}
 }
