@@ -191,3 +191,34 @@ func TestGroupFreeIDRefusedOnPartitions(t *testing.T) {
 		t.Fatalf("tagged ID: %v", err)
 	}
 }
+
+// A periodic task in a group runs on a queue of one partition with its
+// tick's ID ("cron:<entry>:<tick>", no group tag) and its group.
+func TestSchedulerGroupedEntry(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	type run struct{ id, group string }
+	runs := make(chan run, 10)
+	e.server(tide.Config{}, tide.HandlerFunc(func(ctx context.Context, _ *tide.Task) error {
+		id, _ := tide.GetTaskID(ctx)
+		g, _ := tide.GetGroup(ctx)
+		runs <- run{id, g}
+		return nil
+	}))
+	s := tide.NewScheduler(e.broker(), &tide.SchedulerOpts{Logger: testLogger(t)})
+	if _, err := s.RegisterEntry(tide.CronEntry{Spec: "@every 1s", Task: tide.NewTask("report", nil), ID: "tenant-report", Options: []tide.Option{tide.Group("tenant-1")}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown()
+	select {
+	case r := <-runs:
+		if !strings.HasPrefix(r.id, "cron:tenant-report:") || strings.Contains(r.id, "{") || r.group != "tenant-1" {
+			t.Fatalf("tick ran as %q in group %q", r.id, r.group)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no tick ran")
+	}
+}
