@@ -170,7 +170,7 @@ func TestInspectorCancelProcessingAndServers(t *testing.T) {
 	if !strings.Contains(ti.LastErr, "cancelled") {
 		t.Fatalf("archived with %q", ti.LastErr)
 	}
-	if err := in.CancelProcessing(ctx, "default", info.ID); err == nil || !strings.Contains(err.Error(), "not active") {
+	if err := in.CancelProcessing(ctx, "default", info.ID); !errors.Is(err, tide.ErrTaskState) || !strings.Contains(err.Error(), "not active") {
 		t.Fatalf("cancel archived: %v", err)
 	}
 	qi, err := in.QueueInfo(ctx, "default")
@@ -216,6 +216,15 @@ func TestInspectorOperatorViews(t *testing.T) {
 	})
 	if a := active[0]; a.StartedAt.IsZero() || a.LeaseExpiresAt.Before(time.Now()) {
 		t.Fatalf("running task: started %v, lease until %v", a.StartedAt, a.LeaseExpiresAt)
+	}
+	// GetTaskInfo tells the same of one task, without a listing.
+	one, err := in.GetTaskInfo(ctx, "default", active[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if one.Server != "worker-9" || !one.StartedAt.Equal(active[0].StartedAt) || one.LeaseExpiresAt.Before(time.Now()) {
+		t.Fatalf("GetTaskInfo of the running task: server %q, started %v, lease until %v; want worker-9, %v, a future expiry",
+			one.Server, one.StartedAt, one.LeaseExpiresAt, active[0].StartedAt)
 	}
 	close(release)
 

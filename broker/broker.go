@@ -80,6 +80,12 @@ var (
 	// partition layout recorded in the store differs from the broker's
 	// configuration; the message names both.
 	ErrLayout = errors.New("tide: partition layout mismatch")
+	// ErrTaskState is wrapped by the error of an operator's action that the
+	// task's state does not allow: RunTask of a pending or active task,
+	// ArchiveTask of an active, archived or completed one, CancelProcessing
+	// of a task that is not active, and an action on a task whose stored
+	// record cannot be read (delete it instead). The message names the state.
+	ErrTaskState = errors.New("tide: the task's state does not allow this")
 )
 
 // Delivery is a task handed to a worker under a lease.

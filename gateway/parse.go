@@ -12,10 +12,10 @@ import (
 	"sort"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/internal/outbound"
 	"github.com/tidequeue/tide/webhook"
 )
 
@@ -576,13 +576,4 @@ func editDistance(a, b string) int {
 }
 
 // clip bounds a client-supplied string quoted in a message.
-func clip(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	cut := n
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…"
-}
+func clip(s string, n int) string { return outbound.ClipTo(s, n) }

@@ -115,7 +115,7 @@ func (b *Broker) Enqueue(ctx context.Context, tasks []*tidetype.TaskInfo, opts b
 		// callers' tasks share it.
 		got, err = b.enqueueNow(ctx, send, opts)
 	} else {
-		got, err = b.batch.enqueue(ctx, send)
+		got, err = b.coalesce.enqueue(ctx, send)
 	}
 	if err != nil {
 		return nil, err

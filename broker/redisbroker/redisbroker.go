@@ -29,11 +29,17 @@
 //	<prefix>:{<queue>:<p>}:lim        hash: the partition's slots and settings of the queue's limits (see slots.lua, share.lua)
 //	<prefix>:{<queue>:<p>}:starts     zset: token -> start time (ms) of the tasks started in the last broker.MaxRatePer
 //	                                  (the newest broker.MaxQueueRate of them), with a rate or without
-//	<prefix>:{<queue>:<p>}:gq, gr, gw, gs, gid, gl
-//	                                  grouped tasks: ready tasks by group, the rotation, held-back groups,
-//	                                  group state, task -> group, rate windows (see groups.lua)
+//	<prefix>:{<queue>:<p>}:gq         zset: "<group>\0<seq><id>" of every ready grouped task, in group and enqueue order
+//	<prefix>:{<queue>:<p>}:gr         zset: the rotation: groups that may start a task, by when they joined
+//	<prefix>:{<queue>:<p>}:gw         zset: group -> until when it is held back (throttled, over its rate) (ms)
+//	<prefix>:{<queue>:<p>}:gs         hash: join number, cursor, sequence; per group its active tasks,
+//	                                  ordered holder and throttle (groups.lua's header has the fields)
+//	<prefix>:{<queue>:<p>}:gid        hash: task ID -> "<group>\0<seq>" of every grouped task
+//	<prefix>:{<queue>:<p>}:gl         hash: group -> its start times within the GroupRate window
 //	<prefix>:{<queue>:<p>}:pg         hash: task ID -> progress "<percent>:<ms>:<note>"
-//	<prefix>:{<queue>:<p>}:wt, oc, ocx  tasks someone waits for, how they ended, when that is forgotten
+//	<prefix>:{<queue>:<p>}:wt         hash: task ID -> expiry (ms) of the registration of those someone waits for (Wait)
+//	<prefix>:{<queue>:<p>}:oc         hash: task ID -> how it ended, kept for Wait
+//	<prefix>:{<queue>:<p>}:ocx        zset: task ID -> when its outcome is forgotten
 //	<prefix>:{<queue>:<p>}:events     stream: task lifecycle events, entries 0-1, 0-2, ... (see Events below)
 //	<prefix>:queues                   set of known queue names
 //	<prefix>:partitions               hash: queue -> partition count
@@ -433,13 +439,13 @@ type Broker struct {
 	clock          clock
 	newID          func() string // broker.NewID; tests replace it
 
-	batch   batcher
-	closed  atomic.Bool
-	waits   waitHub // Wait's subscriptions
-	subsMu  sync.Mutex
-	subs    map[int]func() // open subscriptions, ended by Close
-	subSeq  int
-	layouts sync.Map // queue name -> layout
+	coalesce coalescer
+	closed   atomic.Bool
+	waits    waitHub // Wait's subscriptions
+	subsMu   sync.Mutex
+	subs     map[int]func() // open subscriptions, ended by Close
+	subSeq   int
+	layouts  sync.Map // queue name -> layout
 	// cacheExpiry maps a partition's key prefix to the last of its reply
 	// caches whose expiry a call of this process set (enqueuePlainCall).
 	cacheExpiry sync.Map
@@ -476,7 +482,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Broker {
 		eventsMax: DefaultEventsMaxLen, eventsAge: DefaultEventsMaxAge,
 	}
 	b.clock.local = time.Now
-	b.batch.send = b.enqueueNow
+	b.coalesce.send = b.enqueueNow
 	b.reb.ctx, b.reb.stop = context.WithCancel(context.Background())
 	var tag [4]byte
 	_, _ = rand.Read(tag[:])
