@@ -352,8 +352,11 @@ type Core interface {
 	// Enqueue stores new tasks. Each has Queue, Type, State (StatePending
 	// or StateScheduled) and NextProcessAt set. A task with an empty ID gets
 	// one from the broker (written to its ID field), chosen so that it does
-	// not meet an existing task; a task with an ID keeps it. Per-task
-	// errors are ErrTaskIDConflict, ErrDuplicateTask and ErrNotReplicated.
+	// not meet an existing task (a grouped task's carries its group as
+	// hash tag); a task with an ID keeps it. An ID names one task of the
+	// queue whatever its group. Per-task errors are ErrTaskIDConflict,
+	// ErrDuplicateTask, ErrNotReplicated, and ErrInvalidTask for a grouped
+	// task whose ID the queue's partitions cannot place (CheckGroupID).
 	Enqueue(ctx context.Context, tasks []*tidetype.TaskInfo, opts EnqueueOptions) ([]error, error)
 
 	// Dequeue leases up to n pending tasks from the queues, trying them in
