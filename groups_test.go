@@ -477,8 +477,6 @@ func TestGroupInputValidation(t *testing.T) {
 		{"long", []tide.Option{tide.Group(strings.Repeat("g", 129))}, "group key is 129 bytes"},
 		{"brace", []tide.Option{tide.Group("a{b")}, "invalid character '{'"},
 		{"control", []tide.Option{tide.Group("a\x01")}, "invalid character"},
-		{"untagged ID", []tide.Option{tide.Group("acme"), tide.TaskID("order-1")}, `"order-1{acme}"`},
-		{"other tag", []tide.Option{tide.Group("acme"), tide.TaskID("order-1{zeta}")}, "must hold the group as its tag"},
 		{"replace unique", []tide.Option{tide.TaskID("x"), tide.Replace(), tide.Unique(time.Minute)}, "Replace cannot be combined with Unique"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

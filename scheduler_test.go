@@ -296,9 +296,21 @@ func TestSchedulerRegisterValidation(t *testing.T) {
 		t.Error("invalid misfire policy accepted")
 	}
 
-	// Unique works on a single-partition queue.
+	// Unique works on a single-partition queue, and so does Group; on a
+	// queue of several partitions both are refused.
 	if _, err := s.Register("@every 5s", tide.NewTask("job:unique", nil), tide.Unique(time.Minute)); err != nil {
 		t.Errorf("Unique entry: %v", err)
+	}
+	if _, err := s.Register("@every 5s", tide.NewTask("job:grouped", nil), tide.Group("tenant-1")); err != nil {
+		t.Errorf("grouped entry: %v", err)
+	}
+	if err := tide.NewInspector(e.b).Repartition(context.Background(), "parted", 3, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []tide.Option{tide.Unique(time.Minute), tide.Group("tenant-1")} {
+		if _, err := s.Register("@every 5s", tide.NewTask("job:parted", nil), tide.Queue("parted"), o); !errors.Is(err, tide.ErrInvalidTask) || !strings.Contains(err.Error(), "3 partitions") {
+			t.Errorf("Unique or Group on 3 partitions: %v, want ErrInvalidTask", err)
+		}
 	}
 
 	// The same entry twice is refused, as is a name taken.

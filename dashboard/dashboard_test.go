@@ -626,3 +626,26 @@ func TestNewNilInspector(t *testing.T) {
 		t.Fatal("New(nil) did not fail")
 	}
 }
+
+// A grouped task with the ID its caller chose (no group tag) is shown,
+// archived, run and deleted by that ID.
+func TestGroupedTaskFreeIDActions(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, testToken)
+	session := e.login()
+	csrf := e.csrf(session)
+	const id = "order-cancel:42"
+	e.enqueue("order:cancel", []byte("{}"), tide.Group("shop-7"), tide.TaskID(id), tide.ProcessIn(time.Hour))
+	resp, body := e.get("/task?"+url.Values{"q": {"default"}, "id": {id}}.Encode(), session)
+	wantStatus(t, resp, body, http.StatusOK)
+	if !strings.Contains(body, id) || !strings.Contains(body, "shop-7") {
+		t.Errorf("task page lacks the ID or the group")
+	}
+	for _, op := range []string{"archive", "run", "delete"} {
+		resp, body := e.post("/task/"+op, url.Values{"q": {"default"}, "id": {id}}, session, csrf)
+		wantStatus(t, resp, body, http.StatusSeeOther)
+	}
+	if _, err := e.in.GetTaskInfo(e.ctx(), "default", id); !errors.Is(err, tide.ErrTaskNotFound) {
+		t.Errorf("after delete: %v", err)
+	}
+}

@@ -432,3 +432,36 @@ func TestGetTaskWaits(t *testing.T) {
 		}
 	}
 }
+
+// A grouped task keeps the task_id it was given, without the group's tag,
+// on a queue of one partition: it is read, refused again in another group
+// (409) and deleted by that ID. A queue of several partitions refuses such
+// an ID (400) and takes the tagged form.
+func TestGroupedTaskWithFreeID(t *testing.T) {
+	e := setup(t, gateway.Config{})
+	r := e.do("POST", "/v1/tasks", `{"type":"order:cancel","queue":"orders","group":"shop-7","task_id":"order-cancel:42","delay":"15m"}`)
+	if r.status != http.StatusCreated || r.header.Get("Location") != "/v1/queues/orders/tasks/order-cancel:42" {
+		t.Fatalf("POST: %d %s %v", r.status, r.body, r.header)
+	}
+	r = e.do("GET", "/v1/queues/orders/tasks/order-cancel:42", "")
+	if m := r.json(t); r.status != http.StatusOK || m["id"] != "order-cancel:42" || m["group"] != "shop-7" {
+		t.Fatalf("GET: %d %s", r.status, r.body)
+	}
+	r = e.do("POST", "/v1/tasks", `{"type":"order:cancel","queue":"orders","group":"shop-8","task_id":"order-cancel:42"}`)
+	if r.status != http.StatusConflict {
+		t.Fatalf("POST of the ID in another group: %d %s, want 409", r.status, r.body)
+	}
+	if r = e.do("DELETE", "/v1/queues/orders/tasks/order-cancel:42", ""); r.status != http.StatusNoContent {
+		t.Fatalf("DELETE: %d %s", r.status, r.body)
+	}
+	if err := e.in.Repartition(context.Background(), "parted", 4, nil); err != nil {
+		t.Fatal(err)
+	}
+	r = e.do("POST", "/v1/tasks", `{"type":"a","queue":"parted","group":"acme","task_id":"o-1"}`)
+	if code, _, msg := r.errorBody(t); r.status != http.StatusBadRequest || code != "invalid_request" || !strings.Contains(msg, `"o-1{acme}"`) {
+		t.Fatalf("POST of a free grouped ID on 4 partitions: %d %s", r.status, r.body)
+	}
+	if r = e.do("POST", "/v1/tasks", `{"type":"a","queue":"parted","group":"acme","task_id":"o-1{acme}"}`); r.status != http.StatusCreated {
+		t.Fatalf("POST of a tagged ID on 4 partitions: %d %s", r.status, r.body)
+	}
+}

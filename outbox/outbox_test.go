@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/internal/redistest"
 	"github.com/tidequeue/tide/internal/testwait"
@@ -938,6 +939,29 @@ func TestReservedWordTables(t *testing.T) {
 		}
 		if _, err := h.Attempts(ctx, "q", "sent"); err != nil {
 			t.Fatalf("history Attempts: %v", err)
+		}
+	})
+}
+
+// A grouped task keeps the ID its caller chose (no group tag) through the
+// relay, and one without an ID gets one tagged with its group, which every
+// queue takes.
+func TestGroupedTaskIDs(t *testing.T) {
+	both(t, func(t *testing.T, d Dialect) {
+		e := newEnv(t, d)
+		ctx := context.Background()
+		chosen := e.enqueue(tide.NewTask("order:cancel", nil), tide.Queue("orders"), tide.Group("shop-7"), tide.TaskID("order-cancel:42"))
+		drawn := e.enqueue(tide.NewTask("order:cancel", nil), tide.Queue("orders"), tide.Group("shop-7"))
+		if chosen.ID != "order-cancel:42" || broker.HashTag(drawn.ID) != "shop-7" {
+			t.Fatalf("IDs %q and %q", chosen.ID, drawn.ID)
+		}
+		e.relay(e.ob)
+		e.waitEmpty()
+		for _, id := range []string{chosen.ID, drawn.ID} {
+			got, err := e.insp.GetTaskInfo(ctx, "orders", id)
+			if err != nil || got.Group != "shop-7" {
+				t.Fatalf("GetTaskInfo(%s) = %+v, %v", id, got, err)
+			}
 		}
 	})
 }

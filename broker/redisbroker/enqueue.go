@@ -48,12 +48,9 @@ func validTask(t *tidetype.TaskInfo) error {
 		return fmt.Errorf("%w: cannot enqueue a task in state %s", broker.ErrInvalidTask, t.State)
 	}
 	if t.Group != "" {
-		if err := broker.CheckGroup(t.Group); err != nil {
-			return err
-		}
-		if t.ID != "" {
-			return broker.CheckGroupID(t.ID, t.Group)
-		}
+		// The ID is checked against the queue's layout (CheckGroupID) per
+		// task, in Enqueue.
+		return broker.CheckGroup(t.Group)
 	}
 	return nil
 }
@@ -86,6 +83,11 @@ func (b *Broker) Enqueue(ctx context.Context, tasks []*tidetype.TaskInfo, opts b
 		}
 		it := item{t: t, lay: l, own: t.ID == "", replace: opts.Replace && t.ID != "", watch: opts.Watch}
 		switch {
+		case broker.FreeGroupID(t.ID, t.Group) && l.old != nil:
+			errs[i] = fmt.Errorf("%w: queue %q is being repartitioned to %d partitions; task ID %q of group %q must hold the group as its tag, e.g. %q",
+				broker.ErrInvalidTask, t.Queue, l.cur.n, t.ID, t.Group, t.ID+"{"+t.Group+"}")
+		case broker.FreeGroupID(t.ID, t.Group):
+			errs[i] = broker.CheckGroupID(t.ID, t.Group, l.cur.n)
 		case t.UniqueKey != "" && !it.own && broker.Partition(t.ID, l.cur.n) != broker.Partition(t.UniqueKey, l.cur.n):
 			// The task and its lock must share a partition (one script
 			// sees both); the caller chose an ID elsewhere.
@@ -221,6 +223,9 @@ func (b *Broker) enqueueNow(ctx context.Context, items []item, opts broker.Enque
 					// stored then is the answer.
 					errs[i] = nil
 					items[i].t.ID, firsts = firsts[0], firsts[1:]
+				case '5':
+					errs[i] = fmt.Errorf("%w: queue %q is being repartitioned; task ID %q of group %q must hold the group as its tag, e.g. %q (or repartition the queue to 1 to cancel a repartition that stopped before it began)",
+						broker.ErrInvalidTask, items[i].t.Queue, items[i].t.ID, items[i].t.Group, items[i].t.ID+"{"+items[i].t.Group+"}")
 				case '3':
 					if round < maxRedraws {
 						items[i].t.ID = b.drawID(items[i].t, items[i].lay)
@@ -403,6 +408,9 @@ func (b *Broker) enqueueCall(p part, items []item, idx []int) *call {
 		}
 		if items[i].watch {
 			kind += "w"
+		}
+		if broker.FreeGroupID(t.ID, t.Group) {
+			kind += "f"
 		}
 		args = append(args, t.ID, codec.Encode(t, 0), kind, t.NextProcessAt.UnixMilli(), t.UniqueKey, t.UniqueTTL.Milliseconds(), t.IdempotencyKey, t.Group)
 	}

@@ -192,9 +192,17 @@
 //
 // # Groups
 //
-// A grouped task's ID carries its group as a hash tag ("<random>{<group>}";
-// an ID the caller chose must carry it too), so all tasks of a group live in
-// partition broker.Partition(group, P) whatever P is. That partition keeps
+// All tasks of a group live in partition broker.Partition(group, P). An ID
+// the broker draws for a grouped task carries the group as its hash tag
+// ("<random>{<group>}"), and so must one the caller chose on a queue of
+// several partitions, so that the task is found by its ID there whatever
+// P is. A queue of one partition has nowhere else to look and takes any ID
+// (broker.CheckGroupID); a repartition of such a queue to more partitions
+// first sets field xf of the group state hash, from when on enqueue.lua
+// refuses grouped tasks with untagged IDs, then looks for one (HSCAN of
+// gid) and is refused while there is one. Should one get in all the same
+// (the hold lifted meanwhile), the move stops at it with an error naming it
+// and leaves it in the old partition, where lookups by ID still find it. That partition keeps
 // its groups' ready tasks in enqueue order and a rotation of the groups that
 // may run; the dequeue script serves the rotation one task per group per
 // turn and checks the group limits (which are not split: a group is in one

@@ -225,3 +225,27 @@ func TestTasksShowProgress(t *testing.T) {
 	r = e.tide("tasks", "show", "q", "p{acme}", "--json")
 	r.want(t, exitOK, `"group": "acme"`, `"percent": 40`, `"note": "resized 4 of 10\u001b[2J"`)
 }
+
+// A grouped task with the ID its caller chose (no group tag) is shown,
+// archived, run, listed and deleted by that ID, one at a time and in bulk.
+func TestGroupedTaskFreeIDActions(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	e.enqueue("order:cancel", "{}", tide.Queue("shops"), tide.Group("shop-7"), tide.TaskID("order-cancel:42"), tide.ProcessIn(time.Hour))
+	e.enqueue("order:cancel", "{}", tide.Queue("shops"), tide.Group("shop-8"), tide.TaskID("order-cancel:43"), tide.ProcessIn(time.Hour))
+	e.tide("tasks", "show", "shops", "order-cancel:42").want(t, exitOK, "order-cancel:42", "shop-7")
+	e.tide("tasks", "archive", "shops", "order-cancel:42").want(t, exitOK, "Task order-cancel:42 in queue shops archived.")
+	e.tide("tasks", "ls", "shops", "--state", "archived").want(t, exitOK, "order-cancel:42")
+	e.tide("tasks", "run", "shops", "order-cancel:42").want(t, exitOK, "Task order-cancel:42 in queue shops made pending.")
+	if ti, err := e.in.GetTaskInfo(ctx, "shops", "order-cancel:42"); err != nil || ti.State != tide.StatePending || ti.Group != "shop-7" {
+		t.Fatalf("after run: %+v, %v", ti, err)
+	}
+	e.tide("tasks", "archive", "shops", "--all", "--state", "scheduled").want(t, exitOK, "Archived 1 task (scheduled) in queue shops.")
+	e.tide("tasks", "delete", "shops", "order-cancel:42").want(t, exitOK, "Task order-cancel:42 in queue shops deleted.")
+	e.tide("tasks", "delete", "shops", "--all", "--state", "archived").want(t, exitOK, "Deleted 1 task (archived) in queue shops.")
+	for _, id := range []string{"order-cancel:42", "order-cancel:43"} {
+		if _, err := e.in.GetTaskInfo(ctx, "shops", id); !errors.Is(err, tide.ErrTaskNotFound) {
+			t.Fatalf("%s after delete: %v", id, err)
+		}
+	}
+}
