@@ -11,6 +11,7 @@ import (
 
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker/redisbroker"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // A grouped task keeps the ID its caller chose ("order-cancel:42" in group
@@ -125,7 +126,7 @@ func TestGroupFreeIDsEveryEntryPoint(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Wait did not return")
 	}
-	eventually(t, 10*time.Second, "both tasks to run", func() bool {
+	testwait.For(t, 10*time.Second, "both tasks to run", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(ran) == 2

@@ -103,7 +103,7 @@ func TestGroupRate(t *testing.T) {
 	t.Parallel()
 	e := setup(t, redisbroker.WithPartitions(2))
 	ctx := context.Background()
-	const q, limit, per, n = "grate", 5, 300 * time.Millisecond, 20
+	const q, limit, per, n = "grate", 5, time.Second, 15
 	err := tide.NewInspector(e.b).SetQueueLimits(ctx, q, tide.QueueLimits{GroupRate: tide.Rate{Limit: limit, Per: per}})
 	if err != nil {
 		t.Fatal(err)
