@@ -62,7 +62,7 @@ const (
 	// ioredisVersion is the Redis client BullMQ runs on (an optional peer
 	// of BullMQ 6, which must be installed beside it).
 	ioredisVersion = "5.11.1"
-	bullQueue     = "bench" // runner.js's queue name
+	bullQueue      = "bench" // runner.js's queue name
 
 	// clockTicks is the unit of utime and stime in /proc/<pid>/stat
 	// (sysconf(_SC_CLK_TCK), 100 on Linux).
