@@ -109,6 +109,31 @@ func TestResentEnqueueStoresOnce(t *testing.T) {
 	}
 }
 
+// A re-sent Enqueue whose first run met another task answers like the
+// first run, a conflict: the reply cache entry a request claims first (with
+// the reply it expects, stored) is written over with the conflict.
+func TestResentEnqueueConflictAnswersConflict(t *testing.T) {
+	t.Parallel()
+	f := newFaulty(t)
+	ctx := context.Background()
+	opts := []tide.Option{tide.TaskID("order-cancel:44"), tide.Queue("q")}
+	if _, err := f.c.Enqueue(ctx, tide.NewTask("t", []byte("p")), opts...); err != nil {
+		t.Fatal(err)
+	}
+	seen := f.proxy.Seen("EVALSHA")
+	f.proxy.DelayReplies(faultproxy.Commands("EVALSHA"), 500*time.Millisecond, 1)
+	_, err := f.c.Enqueue(ctx, tide.NewTask("t", []byte("p")), opts...)
+	if f.proxy.Seen("EVALSHA") < seen+2 {
+		t.Fatal("the enqueue was not sent again: the fault did not happen")
+	}
+	if !errors.Is(err, tide.ErrTaskIDConflict) {
+		t.Fatalf("a re-sent Enqueue of a taken ID: %v, want ErrTaskIDConflict", err)
+	}
+	if n := f.stored(t); n != 1 {
+		t.Fatalf("%d tasks stored", n)
+	}
+}
+
 // A re-sent Enqueue that arrives after its task already ran and was deleted
 // (a server was quicker than the client's read timeout) must not store the
 // task again: the reply cache, not the task's record, remembers the request.
