@@ -617,6 +617,7 @@ func costChild(args []string) int {
 	n := fs.Int("n", 0, "tasks")
 	g := fs.Int("g", 1, "enq: goroutines; worker: concurrency")
 	prof := fs.String("cpuprofile", "", "write a CPU profile of this process")
+	benchOpts := fs.Bool("bench-rdb", false, "tide: the go-redis options of the other workloads (PoolSize 200, MinIdleConns 8) instead of the defaults")
 	_ = fs.Parse(args)
 	go func() { // never outlive a lost parent for long
 		time.Sleep(15 * time.Minute)
@@ -631,7 +632,7 @@ func costChild(args []string) int {
 	var err error
 	switch *role {
 	case "enq":
-		err = costEnq(*sys, *addr, *n, *g)
+		err = costEnq(*sys, *addr, *n, *g, *benchOpts)
 	case "worker":
 		err = costWorker(*sys, *addr, *n, *g)
 	default:
@@ -649,13 +650,16 @@ func waitStdin() { _, _ = io.Copy(io.Discard, os.Stdin) }
 
 // costEnq enqueues n tasks with single calls from g goroutines, set up as a
 // new user of each system writes it.
-func costEnq(sys, addr string, n, g int) error {
+func costEnq(sys, addr string, n, g int, benchOpts bool) error {
 	ctx := context.Background()
 	var enqueue func(ctx context.Context, p []byte) error
 	var closeAll func()
 	switch sys {
 	case sysTide:
 		rdb := redis.NewClient(&redis.Options{Addr: addr})
+		if benchOpts {
+			rdb = newRDB(addr)
+		}
 		c := tide.NewClient(redisbroker.New(rdb))
 		enqueue = func(ctx context.Context, p []byte) error {
 			_, err := c.Enqueue(ctx, tide.NewTask(taskType, p))
