@@ -549,7 +549,7 @@ func TestReplyCachesExpire(t *testing.T) {
 	}
 }
 
-// Reply caches stay small: each holds the replies of at most a hundred
+// Reply caches stay small: each holds the replies of at most fifty
 // requests of one process, short enough that Redis keeps it as a compact
 // list (a third of the memory of a larger hash), also for dequeues and
 // settlements of many tasks and enqueues of many.
@@ -598,8 +598,8 @@ func TestReplyCachesStayCompact(t *testing.T) {
 			t.Fatal(err)
 		}
 		entries += int(n)
-		if n > 100 {
-			t.Errorf("reply cache %s holds %d replies, want at most 100", k, n)
+		if n > 50 {
+			t.Errorf("reply cache %s holds %d replies, want at most 50", k, n)
 		}
 		if enc, err := rdb.ObjectEncoding(ctx, k).Result(); err != nil || enc != "listpack" {
 			t.Errorf("reply cache %s (%d replies) is encoded as %q, want listpack (%v)", k, n, enc, err)
