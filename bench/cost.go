@@ -367,7 +367,7 @@ func (cr *costRunner) run(ctx context.Context, row costRow, sys string, round in
 			return costRun{}, err
 		}
 		if got != n {
-			return costRun{}, fmt.Errorf("Redis holds %d tasks, want %d", got, n)
+			return costRun{}, fmt.Errorf("the queue holds %d tasks in Redis, want %d", got, n)
 		}
 	}
 	if err := cl.stop(); err != nil {
