@@ -22,7 +22,7 @@
 //	<prefix>:{<queue>:<p>}:meta       the queue's layout (partition count)
 //	<prefix>:{<queue>:<p>}:rq:<n>:<process>.<k>
 //	                                  reply cache of slice n (an eighth of the replay window), the
-//	                                  k-th hundred requests of one process (see below)
+//	                                  k-th fifty requests of one process (see below)
 //	<prefix>:{<queue>:<p>}:ik:<n>     idempotency keys used in window n → task ID
 //	<prefix>:{<queue>:<p>}:paused     flag
 //	<prefix>:{<queue>:<p>}:owner      the server maintaining the partition
@@ -75,7 +75,7 @@
 // change therefore carries a random request ID; the script stores its reply
 // in a reply cache of the partition (a hash that expires after the replay
 // window) and a second run of the same request answers from it without
-// changing anything. A reply cache holds the replies of at most a hundred
+// changing anything. A reply cache holds the replies of at most fifty
 // requests of one process, kept short (a run of "stored" codes as their
 // count, a dequeue as its lease expiry and range of fencing tokens), so
 // that Redis stores it as a compact list: about 20 bytes a request instead

@@ -111,6 +111,31 @@ func TestResentEnqueueStoresOnce(t *testing.T) {
 	}
 }
 
+// A re-sent Enqueue whose first run met another task answers like the
+// first run, a conflict: the reply cache entry a request claims first (with
+// the reply it expects, stored) is written over with the conflict.
+func TestResentEnqueueConflictAnswersConflict(t *testing.T) {
+	t.Parallel()
+	f := newFaulty(t)
+	ctx := context.Background()
+	opts := []tide.Option{tide.TaskID("order-cancel:44"), tide.Queue("q")}
+	if _, err := f.c.Enqueue(ctx, tide.NewTask("t", []byte("p")), opts...); err != nil {
+		t.Fatal(err)
+	}
+	seen := f.proxy.Seen("EVALSHA")
+	f.proxy.DelayReplies(faultproxy.Commands("EVALSHA"), 500*time.Millisecond, 1)
+	_, err := f.c.Enqueue(ctx, tide.NewTask("t", []byte("p")), opts...)
+	if f.proxy.Seen("EVALSHA") < seen+2 {
+		t.Fatal("the enqueue was not sent again: the fault did not happen")
+	}
+	if !errors.Is(err, tide.ErrTaskIDConflict) {
+		t.Fatalf("a re-sent Enqueue of a taken ID: %v, want ErrTaskIDConflict", err)
+	}
+	if n := f.stored(t); n != 1 {
+		t.Fatalf("%d tasks stored", n)
+	}
+}
+
 // A re-sent Enqueue that arrives after its task already ran and was deleted
 // (a server was quicker than the client's read timeout) must not store the
 // task again: the reply cache, not the task's record, remembers the request.
@@ -518,7 +543,7 @@ func TestReplyCachesExpire(t *testing.T) {
 	})
 }
 
-// Reply caches stay small: each holds the replies of at most a hundred
+// Reply caches stay small: each holds the replies of at most fifty
 // requests of one process, short enough that Redis keeps it as a compact
 // list (a third of the memory of a larger hash), also for dequeues and
 // settlements of many tasks and enqueues of many.
@@ -567,8 +592,8 @@ func TestReplyCachesStayCompact(t *testing.T) {
 			t.Fatal(err)
 		}
 		entries += int(n)
-		if n > 100 {
-			t.Errorf("reply cache %s holds %d replies, want at most 100", k, n)
+		if n > 50 {
+			t.Errorf("reply cache %s holds %d replies, want at most 50", k, n)
 		}
 		if enc, err := rdb.ObjectEncoding(ctx, k).Result(); err != nil || enc != "listpack" {
 			t.Errorf("reply cache %s (%d replies) is encoded as %q, want listpack (%v)", k, n, enc, err)
