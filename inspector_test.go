@@ -10,6 +10,7 @@ import (
 
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker/redisbroker"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 func TestInspectorQueuesAndListing(t *testing.T) {
@@ -143,7 +144,7 @@ func TestInspectorCancelProcessingAndServers(t *testing.T) {
 	}
 	<-started
 	var ss []tide.ServerInfo
-	eventually(t, 15*time.Second, "the server to report its active task", func() bool {
+	testwait.For(t, 15*time.Second, "the server to report its active task", func() bool {
 		ss, err = in.Servers(ctx)
 		return err == nil && len(ss) == 1 && len(ss[0].Active) == 1
 	})
@@ -209,7 +210,7 @@ func TestInspectorOperatorViews(t *testing.T) {
 	}
 	<-running
 	var active []*tide.TaskInfo
-	eventually(t, 15*time.Second, "the running task with its server", func() bool {
+	testwait.For(t, 15*time.Second, "the running task with its server", func() bool {
 		var err error
 		active, err = in.ListTasks(ctx, "default", tide.StateActive, 1, 10)
 		return err == nil && len(active) == 1 && active[0].Server == "worker-9"
@@ -265,7 +266,7 @@ func TestInspectorOperatorViews(t *testing.T) {
 	}
 	t.Cleanup(s.Shutdown)
 	var runs []tide.CronRun
-	eventually(t, 20*time.Second, "three ticks run", func() bool {
+	testwait.For(t, 20*time.Second, "three ticks run", func() bool {
 		es, err := in.SchedulerEntries(ctx)
 		if err != nil || len(es) != 1 {
 			return false

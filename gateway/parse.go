@@ -175,11 +175,6 @@ func parseEnqueue(body []byte, now time.Time) (*enqueueSpec, *apiError) {
 		if err := broker.CheckGroup(g); err != nil {
 			return nil, badField("group", "%s", strings.TrimPrefix(err.Error(), broker.ErrInvalidTask.Error()+": "))
 		}
-		if id, has, _ := p.str("task_id"); has {
-			if err := broker.CheckGroupID(id, g); err != nil {
-				return nil, badField("task_id", "%s", strings.TrimPrefix(err.Error(), broker.ErrInvalidTask.Error()+": "))
-			}
-		}
 		s.opts = append(s.opts, tide.Group(g))
 	}
 	if raw, ok := p.raw("replace"); ok {

@@ -57,11 +57,14 @@
 //     SettleRequeue puts a grouped task back among its group's ready tasks
 //     by its enqueue sequence, which is the head unless an earlier-enqueued
 //     task became due meanwhile.
-//   - Enqueue validates Group (broker.CheckGroup) and, for a grouped task
-//     with an ID, its tag (broker.CheckGroupID), answering per task. A
+//   - Enqueue validates Group (broker.CheckGroup), answering per task; a
+//     queue has one partition, so a grouped task takes any ID (an ID in use
+//     by a task of another group, or by an ungrouped one, is an ID
+//     conflict, or with Replace moves that task to the new group). A
 //     waiting ungrouped task replaced (EnqueueOptions.Replace) goes to the
-//     back of the pending list; a grouped one keeps its enqueue sequence, a
-//     waiting one keeps its attempt history. Replace with a UniqueKey that
+//     back of the pending list; a grouped one replaced in its group keeps
+//     its enqueue sequence, a waiting one its attempt history; one that
+//     changes group (or gains or loses one) is a new task, at the back. Replace with a UniqueKey that
 //     another task holds is ErrDuplicateTask and changes nothing.
 //   - Admin.Groups reports as ThrottledUntil the later of a throttle and,
 //     for a group with tasks waiting, the end of its GroupRate hold.

@@ -2,11 +2,13 @@ package redisbroker
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // fakeWire stands in for Redis under a coalescer: each send records how many
@@ -67,18 +69,15 @@ func (w *fakeWire) noSend(t *testing.T, why string) {
 // queued waits until n callers are queued.
 func queued(t *testing.T, bt *coalescer, n int) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); ; {
+	testwait.Until(t, 5*time.Second, func() error {
 		bt.mu.Lock()
 		got := len(bt.queue)
 		bt.mu.Unlock()
-		if got == n {
-			return
+		if got != n {
+			return fmt.Errorf("%d callers queued, want %d", got, n)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d callers queued, want %d", got, n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // arrive starts one caller of one task; the returned channel gets its error.

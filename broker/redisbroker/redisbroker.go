@@ -22,7 +22,7 @@
 //	<prefix>:{<queue>:<p>}:meta       the queue's layout (partition count)
 //	<prefix>:{<queue>:<p>}:rq:<n>:<process>.<k>
 //	                                  reply cache of slice n (an eighth of the replay window), the
-//	                                  k-th hundred requests of one process (see below)
+//	                                  k-th fifty requests of one process (see below)
 //	<prefix>:{<queue>:<p>}:ik:<n>     idempotency keys used in window n → task ID
 //	<prefix>:{<queue>:<p>}:paused     flag
 //	<prefix>:{<queue>:<p>}:owner      the server maintaining the partition
@@ -75,7 +75,7 @@
 // change therefore carries a random request ID; the script stores its reply
 // in a reply cache of the partition (a hash that expires after the replay
 // window) and a second run of the same request answers from it without
-// changing anything. A reply cache holds the replies of at most a hundred
+// changing anything. A reply cache holds the replies of at most fifty
 // requests of one process, kept short (a run of "stored" codes as their
 // count, a dequeue as its lease expiry and range of fencing tokens), so
 // that Redis stores it as a compact list: about 20 bytes a request instead
@@ -192,9 +192,17 @@
 //
 // # Groups
 //
-// A grouped task's ID carries its group as a hash tag ("<random>{<group>}";
-// an ID the caller chose must carry it too), so all tasks of a group live in
-// partition broker.Partition(group, P) whatever P is. That partition keeps
+// All tasks of a group live in partition broker.Partition(group, P). An ID
+// the broker draws for a grouped task carries the group as its hash tag
+// ("<random>{<group>}"), and so must one the caller chose on a queue of
+// several partitions, so that the task is found by its ID there whatever
+// P is. A queue of one partition has nowhere else to look and takes any ID
+// (broker.CheckGroupID); a repartition of such a queue to more partitions
+// first sets field xf of the group state hash, from when on enqueue.lua
+// refuses grouped tasks with untagged IDs, then looks for one (HSCAN of
+// gid) and is refused while there is one. Should one get in all the same
+// (the hold lifted meanwhile), the move stops at it with an error naming it
+// and leaves it in the old partition, where lookups by ID still find it. That partition keeps
 // its groups' ready tasks in enqueue order and a rotation of the groups that
 // may run; the dequeue script serves the rotation one task per group per
 // turn and checks the group limits (which are not split: a group is in one

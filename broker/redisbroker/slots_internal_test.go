@@ -14,6 +14,7 @@ import (
 
 	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/internal/testwait"
 	"github.com/tidequeue/tide/tidetype"
 )
 
@@ -304,14 +305,14 @@ func TestSlotsGiveOnlyFree(t *testing.T) {
 		t.Fatal(err)
 	}
 	var held int
-	for i := 0; held < limit && i < 100; i++ {
+	testwait.For(t, 10*time.Second, "the limit's worth of tasks to be leased", func() bool {
 		ds, err := b.Dequeue(ctx, []string{q}, 10, time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
 		held += len(ds)
-		time.Sleep(5 * time.Millisecond)
-	}
+		return held >= limit
+	})
 	if held != limit {
 		t.Fatalf("%d tasks of one partition run under Concurrency %d", held, limit)
 	}
