@@ -17,7 +17,8 @@ import (
 type fleet struct {
 	t                 *testing.T
 	dir, addr, prefix string
-	env               []string // NAME=value given to every process
+	env               []string            // NAME=value given to every process
+	envOf             map[string][]string // and to every incarnation of one worker (setEnv)
 
 	mu    sync.Mutex
 	all   []*proc          // every incarnation started
@@ -53,7 +54,7 @@ type kill struct {
 }
 
 func newFleet(t *testing.T, dir, addr, prefix string) *fleet {
-	f := &fleet{t: t, dir: dir, addr: addr, prefix: prefix, live: map[string]*proc{}}
+	f := &fleet{t: t, dir: dir, addr: addr, prefix: prefix, live: map[string]*proc{}, envOf: map[string][]string{}}
 	t.Cleanup(func() {
 		f.mu.Lock()
 		ps := append([]*proc(nil), f.all...)
@@ -69,6 +70,15 @@ func newFleet(t *testing.T, dir, addr, prefix string) *fleet {
 	return f
 }
 
+// setEnv gives every incarnation of worker name started from now on the
+// environment variables env (NAME=value), after the fleet's: a worker that
+// reaches Redis through its own proxy, for example (envAddr).
+func (f *fleet) setEnv(name string, env ...string) {
+	f.mu.Lock()
+	f.envOf[name] = env
+	f.mu.Unlock()
+}
+
 // start starts the next incarnation of worker name, with extra environment
 // variables (NAME=value) if any.
 func (f *fleet) start(name string, env ...string) {
@@ -78,6 +88,7 @@ func (f *fleet) start(name string, env ...string) {
 	if old := f.live[name]; old != nil {
 		inc = old.inc + 1
 	}
+	own := f.envOf[name]
 	f.mu.Unlock()
 	errf, err := os.Create(stderrFile(f.dir, name, inc))
 	if err != nil {
@@ -89,6 +100,7 @@ func (f *fleet) start(name string, env ...string) {
 		workerEnv+"="+name, envAddr+"="+f.addr, envPrefix+"="+f.prefix,
 		envDir+"="+f.dir, envIncarnat+"="+strconv.Itoa(inc))
 	cmd.Env = append(cmd.Env, f.env...)
+	cmd.Env = append(cmd.Env, own...) // the last of a name counts
 	cmd.Env = append(cmd.Env, env...)
 	cmd.Stdout, cmd.Stderr = errf, errf
 	if err := cmd.Start(); err != nil {

@@ -69,10 +69,10 @@ func TestFlowModel(t *testing.T) {
 	ordb := redis.NewClient(&redis.Options{Addr: rs.Addr})
 	t.Cleanup(func() { _ = ordb.Close() })
 	obs := tide.NewInspector(redisbroker.New(ordb, redisbroker.WithPrefix(prefix)))
-	rec := newRedisRecorder(ordb, prefix)
+	rec := newRedisRecorder(ordb, prefix, "fm")
 
 	f := newFleet(t, dir, px.Addr(), prefix)
-	f.env = []string{envModel + "=1", envDirect + "=" + rs.Addr}
+	f.env = []string{envModel + "=fm", envDirect + "=" + rs.Addr}
 	names := []string{"w1", "w2", "w3"}
 	for _, n := range names {
 		f.start(n)

@@ -1,0 +1,3 @@
+package chaos
+
+func runLimitWorker() int { return exitSetup }
