@@ -1,15 +1,32 @@
 package chaos
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 )
+
+// runDir returns the directory of a run's files: a temporary one, or a new
+// one in $TIDE_CHAOS_KEEP that is kept for a post-mortem.
+func runDir(t *testing.T, pattern string) string {
+	keep := os.Getenv("TIDE_CHAOS_KEEP")
+	if keep == "" {
+		return t.TempDir()
+	}
+	dir, err := os.MkdirTemp(keep, pattern)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("run files kept in %s", dir)
+	return dir
+}
 
 // fleet runs worker processes (the test binary re-executed, see runWorker)
 // and remembers every incarnation, when it was SIGKILLed and how the others
@@ -230,6 +247,24 @@ func (f *fleet) terminate(limit time.Duration) []error {
 		}
 		if err := f.exitError(p); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	return errs
+}
+
+// shutdown ends a model run's fleet: terminate, then one error per process
+// that exited without being signalled and per stderr file that shows a data
+// race or a panic.
+func (f *fleet) shutdown(limit time.Duration) []error {
+	errs := f.terminate(limit)
+	for _, u := range f.unexpected() {
+		errs = append(errs, fmt.Errorf("worker exited unexpectedly: %s", u))
+	}
+	stderrs, _ := filepath.Glob(filepath.Join(f.dir, "stderr-*.txt"))
+	for _, p := range stderrs {
+		b, _ := os.ReadFile(p)
+		if bytes.Contains(b, []byte("DATA RACE")) || bytes.Contains(b, []byte("panic:")) {
+			errs = append(errs, fmt.Errorf("%s:\n%s", filepath.Base(p), tail(b, 8000)))
 		}
 	}
 	return errs

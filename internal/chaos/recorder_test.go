@@ -3,9 +3,11 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -148,4 +150,19 @@ func (r *memRecorder) lines(context.Context) ([]modelLine, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]modelLine(nil), r.log...), nil
+}
+
+// keepLines writes a model's log into a new file in dir, for a post-mortem:
+// one line each, "<seq> <time> <text>".
+func keepLines(t *testing.T, dir, pattern string, lines []modelLine) {
+	f, err := os.CreateTemp(dir, pattern)
+	if err != nil {
+		t.Logf("model log not kept: %v", err)
+		return
+	}
+	defer f.Close()
+	for _, l := range lines {
+		fmt.Fprintf(f, "%d %s %s\n", l.seq, l.at.Format("15:04:05.000000"), l.text)
+	}
+	t.Logf("model log kept in %s", f.Name())
 }
