@@ -149,6 +149,7 @@ func runLimitModel(t *testing.T, env *limitEnv) {
 	quiet := m.waitQuiet(lmDrainLimit * time.Duration(scale))
 	if !quiet {
 		t.Errorf("the queues did not drain within %v", lmDrainLimit*time.Duration(scale))
+		m.logStuck()
 	}
 	quietAt := time.Now()
 	for _, err := range env.stop() {
@@ -489,4 +490,24 @@ func (m *limitRun) waitQuiet(limit time.Duration) bool {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return false
+}
+
+// logStuck logs what the queues hold, for a run that did not drain.
+func (m *limitRun) logStuck() {
+	for _, q := range limitQueues {
+		c, cancel := context.WithTimeout(m.ctx, 10*time.Second)
+		qi, err := m.env.insp.QueueInfo(c, q)
+		if err != nil {
+			m.t.Logf("%s: %v", q, err)
+			cancel()
+			continue
+		}
+		lim, _ := m.env.insp.QueueLimits(c, q)
+		gs, _ := m.env.insp.Groups(c, q, 100)
+		cancel()
+		m.t.Logf("%s (limits %s): pending %d, active %d, scheduled %d, retry %d", q, encodeLimits(lim), qi.Pending, qi.Active, qi.Scheduled, qi.Retry)
+		for _, g := range gs {
+			m.t.Logf("  group %q: waiting %d, running %d, throttled until %v", g.Group, g.Waiting, g.Running, g.ThrottledUntil)
+		}
+	}
 }
