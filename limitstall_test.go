@@ -1,0 +1,59 @@
+package tide_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/broker/redisbroker"
+)
+
+// TestGroupRateHoldWithoutSlots: a queue of two partitions with
+// Concurrency 1 and a GroupRate (with Ordered or GroupConcurrency) must
+// drain. Found by the limit model (internal/chaos, TestLimitModel): groups
+// of the partition that holds no concurrency slot, held back by their
+// GroupRate, never start again once their window has passed. The
+// partition's dequeue is refused for want of slots before it puts the
+// groups whose hold ended back in the rotation, and slots.lua's estimate
+// of the partition's waiting tasks counts only the groups in the rotation
+// (not those in the held set whose time has come), so no slot moves to it.
+// Skipped until that is fixed: set TIDE_KNOWN_FAILURES=1 to run it.
+func TestGroupRateHoldWithoutSlots(t *testing.T) {
+	if os.Getenv("TIDE_KNOWN_FAILURES") == "" {
+		t.Skip("known failure (a GroupRate hold in a partition without slots never ends): TIDE_KNOWN_FAILURES=1 runs it")
+	}
+	for i, lim := range []tide.QueueLimits{
+		{Concurrency: 1, GroupRate: tide.Rate{Limit: 3, Per: 2 * time.Second}, Ordered: true},
+		{Concurrency: 1, GroupRate: tide.Rate{Limit: 3, Per: 2 * time.Second}, GroupConcurrency: 1},
+	} {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, redisbroker.WithPartitions(2))
+			ctx := context.Background()
+			in := tide.NewInspector(e.b)
+			if err := in.SetQueueLimits(ctx, "st", lim); err != nil {
+				t.Fatal(err)
+			}
+			h := tide.HandlerFunc(func(context.Context, *tide.Task) error {
+				time.Sleep(50 * time.Millisecond)
+				return nil
+			})
+			for range 2 {
+				e.server(tide.Config{Concurrency: 6, Queues: map[string]int{"st": 1}}, h)
+			}
+			for i := range 32 {
+				if _, err := e.c.Enqueue(ctx, tide.NewTask("x", nil), tide.Queue("st"), tide.Group(fmt.Sprint("g", i%4))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// 8 tasks per group at 3 per 2 s: about 5 s; 40 s is generous.
+			eventually(t, 40*time.Second, "the queue to drain", func() bool {
+				qi, err := in.QueueInfo(ctx, "st")
+				return err == nil && qi.Pending+qi.Active+qi.Retry+qi.Scheduled == 0
+			})
+		})
+	}
+}
