@@ -109,8 +109,8 @@ func parseLimitLog(lines []modelLine) (*lmLog, error) {
 		up: map[string]time.Time{}, gone: map[string]time.Time{}, killed: map[string]bool{},
 		cutOf: map[string][]lmWindow{}, exclQ: map[string][]lmWindow{}}
 	byToken := map[string]*lmRun{}
-	pending := map[string]*lmVer{}  // id|ver -> version being enqueued
-	openOps := map[string]*lmOp{}   // kind|queue|target -> action running
+	pending := map[string]*lmVer{} // id|ver -> version being enqueued
+	openOps := map[string]*lmOp{}  // kind|queue|target -> action running
 	cutFrom := map[string]time.Time{}
 	restartFrom := map[string]time.Time{}
 	for _, ln := range lines {

@@ -85,6 +85,9 @@ func TestLimitModel(t *testing.T) {
 				logMark(fmt.Sprintf("K %s.%d", name, inc))
 				return "SIGKILL"
 			case "cut":
+				// When w3 runs a long task (or after 4 s): its handler must
+				// stop before its lease can have ended.
+				waitLong(t, rec, "w3", 4*time.Second)
 				logMark("C start w3")
 				how := "cut off (requests held)"
 				if u%2 == 0 {
@@ -164,4 +167,38 @@ func TestLimitModelMem(t *testing.T) {
 			return nil
 		},
 	})
+}
+
+// waitLong waits until server name (any incarnation) runs a task of the
+// limit model whose plan lasts lmLong or more, at most d.
+func waitLong(t *testing.T, rec recorder, name string, d time.Duration) {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		lines, err := rec.lines(context.Background())
+		if err != nil {
+			t.Errorf("model log: %v", err)
+			return
+		}
+		long := map[string]bool{}   // id|version of the long tasks
+		open := map[string]string{} // token -> id|version, of name's runs
+		for _, l := range lines {
+			f := strings.Fields(l.text)
+			switch {
+			case f[0] == "N" && len(f) == 8:
+				if p, err := parseLmPlan(f[5]); err == nil && p.kind == "ok" && p.ms >= lmLong {
+					long[f[3]+"|"+f[4]] = true
+				}
+			case f[0] == "S" && len(f) == 6 && strings.HasPrefix(f[5], name+"."):
+				open[f[5]] = f[3] + "|" + f[4]
+			case f[0] == "E" && len(f) == 5:
+				delete(open, f[3])
+			}
+		}
+		for _, k := range open {
+			if long[k] {
+				return
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

@@ -36,13 +36,16 @@ var (
 
 // One unit of scale of the limit model.
 const (
-	lmActive     = 10 * time.Second // tasks are enqueued and the operator acts
+	lmActive     = 8 * time.Second // tasks are enqueued and the operator acts
 	lmBurstEvery = 650 * time.Millisecond
 	lmOpEvery    = 200 * time.Millisecond
 	lmRecent     = 30 // the operator's targets: the last tasks enqueued
 	lmGroups     = 4  // groups per queue
 	lmMaxRetry   = 10 // planned failures (<= 2) and recoveries stay below
 	lmDrainLimit = 60 * time.Second
+	// lmLong is the shortest long task: one that runs past the 0.9 lease
+	// after which a server cut off from Redis stops its handlers.
+	lmLong = 2000
 )
 
 // Where in a unit of scale the faults and the repartition come.
@@ -261,10 +264,10 @@ func decodeLimits(s string) (tide.QueueLimits, error) {
 func randTaskPlan(r *rand.Rand, queue string, grouped bool) (lmPlan, time.Duration) {
 	var p lmPlan
 	switch x := r.IntN(100); {
-	case x < 58:
+	case x < 61:
 		p = lmPlan{kind: "ok", ms: 20 + r.IntN(230)}
 	case x < 66:
-		p = lmPlan{kind: "ok", ms: 2000 + r.IntN(1500)} // outlives a cut-off's lease
+		p = lmPlan{kind: "ok", ms: lmLong + r.IntN(1000)} // outlives a cut-off's lease
 	case x < 76:
 		p = lmPlan{kind: "fail", n: 1 + r.IntN(2), ms: 20 + r.IntN(80)}
 	case x < 81:
