@@ -370,13 +370,13 @@ type lmFigures struct {
 	runs, killed, leaseLost, deferred, throttled, removed, dups int
 	replaces                                                    map[string]int
 	peakQ                                                       map[string]string
-	idleChecked, idleViolations                                 int
+	idleChecked, idleViolations, groupsAtLimit                  int
 	longestFreeWait                                             time.Duration
 }
 
 func (f *lmFigures) summary() string {
-	return fmt.Sprintf("%d runs (%d cut short by a SIGKILL, %d stopped by the lease watchdog), %d RetryAfter, %d ThrottleGroup; %d tasks removed; %d duplicate successes (each explained by a SIGKILL or the cut); Replace: %s; peaks (running at once/limit when reached): %s; %d waits checked for idle slots, longest stretch with a slot free while a task waited %v",
-		f.runs, f.killed, f.leaseLost, f.deferred, f.throttled, f.removed, f.dups, joinCounts(f.replaces), joinStrings(f.peakQ), f.idleChecked, f.longestFreeWait.Round(time.Millisecond))
+	return fmt.Sprintf("%d runs (%d cut short by a SIGKILL, %d stopped by the lease watchdog), %d RetryAfter, %d ThrottleGroup; %d tasks removed; %d duplicate successes (each explained by a SIGKILL or the cut); Replace: %s; peaks (running at once/limit when reached): %s, %d groups reached their GroupConcurrency; %d waits checked for idle slots, longest stretch with a slot free while a task waited %v",
+		f.runs, f.killed, f.leaseLost, f.deferred, f.throttled, f.removed, f.dups, joinCounts(f.replaces), joinStrings(f.peakQ), f.groupsAtLimit, f.idleChecked, f.longestFreeWait.Round(time.Millisecond))
 }
 
 func joinStrings(m map[string]string) string {
@@ -535,12 +535,14 @@ func (l *lmLog) checkLimits(v *violations, fig *lmFigures) {
 				v.add(strings.Replace(kind, "Concurrency", "Rate", 1), "%s: %s (v%d) started at %s, over every rate that may have been in force (%v)", key, x.id, x.ver, x.from.Format("15:04:05.000000"), lims)
 			}
 		}
+		lim := "none"
+		if peakLimit < 1<<30 {
+			lim = strconv.Itoa(peakLimit)
+		}
 		if !group {
-			lim := "none"
-			if peakLimit < 1<<30 {
-				lim = strconv.Itoa(peakLimit)
-			}
 			fig.peakQ[key] = fmt.Sprintf("%d/%s", peak, lim)
+		} else if lim != "none" && peak >= peakLimit {
+			fig.groupsAtLimit++
 		}
 	}
 	for q, runs := range byQ {

@@ -294,14 +294,22 @@ func (m *limitRun) log(line string) {
 }
 
 // produce enqueues bursts of tasks over d: each burst 5 to 25 tasks of one
-// queue, spread over its groups (and some without a group).
+// queue, spread over its groups (and some without a group), half of them
+// mostly of one group.
 func (m *limitRun) produce(r *rand.Rand, d time.Duration) {
 	deadline := time.Now().Add(d)
 	for time.Now().Before(deadline) {
 		q := limitQueues[r.IntN(len(limitQueues))]
+		hot := -1 // half the bursts are mostly one tenant's
+		if r.IntN(2) == 0 {
+			hot = r.IntN(lmGroups)
+		}
 		for range 5 + r.IntN(21) {
 			group := ""
-			if r.IntN(100) >= map[string]int{"lm-a": 30, "lm-b": 10, "lm-o": 10}[q] {
+			switch {
+			case hot >= 0 && r.IntN(100) < 70:
+				group = fmt.Sprintf("%s%d", q[3:], hot)
+			case r.IntN(100) >= map[string]int{"lm-a": 30, "lm-b": 10, "lm-o": 10}[q]:
 				group = fmt.Sprintf("%s%d", q[3:], r.IntN(lmGroups))
 			}
 			m.mu.Lock()
