@@ -137,6 +137,9 @@ func runLimitModel(t *testing.T, env *limitEnv) {
 					}
 					continue
 				}
+				if ev.kind == "cut" {
+					m.longBurst(r)
+				}
 				if what := env.fault(ev.kind, u, r); what != "" {
 					faults[what]++
 				}
@@ -323,6 +326,22 @@ func (m *limitRun) produce(r *rand.Rand, d time.Duration) {
 			m.enqueue(&lmTask{queue: q, group: group, id: id}, p, delay, false)
 		}
 		time.Sleep(time.Duration(r.Int64N(int64(2 * lmBurstEvery))))
+	}
+}
+
+// longBurst enqueues a long task for each queue and group, so that the
+// server about to be cut off is likely to run one: its handler must stop
+// before its lease can have ended, while the others take its slots.
+func (m *limitRun) longBurst(r *rand.Rand) {
+	for _, q := range limitQueues {
+		for g := range lmGroups {
+			m.mu.Lock()
+			m.n++
+			id := fmt.Sprintf("%s-%d{%s%d}", q, m.n, q[3:], g)
+			m.mu.Unlock()
+			p := lmPlan{kind: "ok", ms: lmLong + r.IntN(1000)}
+			m.enqueue(&lmTask{queue: q, group: fmt.Sprintf("%s%d", q[3:], g), id: id}, p, 0, false)
+		}
 	}
 }
 
