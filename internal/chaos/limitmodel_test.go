@@ -339,7 +339,9 @@ func (m *limitRun) longBurst(r *rand.Rand) {
 			m.n++
 			id := fmt.Sprintf("%s-%d{%s%d}", q, m.n, q[3:], g)
 			m.mu.Unlock()
-			p := lmPlan{kind: "ok", ms: lmLong + r.IntN(1000)}
+			// Longer than the cut: a handler that went on past its lease
+			// would still run when another server takes its slot.
+			p := lmPlan{kind: "ok", ms: int(lmCutFor.Milliseconds()) + r.IntN(1500)}
 			m.enqueue(&lmTask{queue: q, group: fmt.Sprintf("%s%d", q[3:], g), id: id}, p, 0, false)
 		}
 	}
