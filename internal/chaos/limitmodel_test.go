@@ -187,8 +187,8 @@ func randLimits(r *rand.Rand, ordered bool) tide.QueueLimits {
 	if r.IntN(5) != 0 {
 		l.Concurrency = 1 + r.IntN(6)
 	}
-	if r.IntN(3) == 0 {
-		l.Rate = tide.Rate{Limit: 4 + r.IntN(12), Per: time.Duration(1+r.IntN(2)) * time.Second}
+	if r.IntN(2) == 0 {
+		l.Rate = tide.Rate{Limit: 4 + r.IntN(9), Per: time.Duration(1+r.IntN(2)) * time.Second}
 	}
 	if !ordered && r.IntN(3) != 0 {
 		l.GroupConcurrency = 1 + r.IntN(3)
