@@ -910,7 +910,7 @@ func (l *lmLog) checkIdle(v *violations, fig *lmFigures) {
 		// two by its middle.
 		i := sort.Search(len(points), func(i int) bool { return points[i].After(from) })
 		seg, freeFrom := from, time.Time{}
-		longest := time.Duration(0)
+		longest, longFrom := time.Duration(0), time.Time{}
 		for ; seg.Before(to); i++ {
 			nxt := to
 			if i < len(points) && points[i].Before(to) {
@@ -922,7 +922,9 @@ func (l *lmLog) checkIdle(v *violations, fig *lmFigures) {
 					if freeFrom.IsZero() {
 						freeFrom = seg
 					}
-					longest = max(longest, nxt.Sub(freeFrom))
+					if d := nxt.Sub(freeFrom); d > longest {
+						longest, longFrom = d, freeFrom
+					}
 				} else {
 					freeFrom = time.Time{}
 				}
@@ -935,8 +937,9 @@ func (l *lmLog) checkIdle(v *violations, fig *lmFigures) {
 		fig.longestFreeWait = max(fig.longestFreeWait, longest)
 		if longest >= lmIdleBound {
 			fig.idleViolations++
-			v.add("idle", "%s (%s, group %q) waited %v from %s to its start on %s; a slot was free for %v of it",
-				x.id, x.queue, x.group, first.from.Sub(x.e).Round(time.Millisecond), x.e.Format("15:04:05.000000"), first.server, longest.Round(time.Millisecond))
+			v.add("idle", "%s (%s, group %q) waited %v from %s to its start on %s; a slot was free for %v of it, from %s",
+				x.id, x.queue, x.group, first.from.Sub(x.e).Round(time.Millisecond), x.e.Format("15:04:05.000000"), first.server,
+				longest.Round(time.Millisecond), longFrom.Format("15:04:05.000000"))
 		}
 	}
 }
