@@ -41,7 +41,8 @@ type lmRun struct {
 	from, to         time.Time
 	how              string // ok, fail, skip, ra:MS, thr:MS, ctx:<cause>; killed: no end, its process was SIGKILLed
 	// lost is set when the run's settlement may never have been written:
-	// its process was SIGKILLed, or cut off from Redis around its end.
+	// its process was SIGKILLed, cut off from Redis around its end, or
+	// shut down just after it.
 	lost bool
 }
 
@@ -256,6 +257,12 @@ func parseLimitLog(lines []modelLine) (*lmLog, error) {
 		if l.killed[inc] {
 			r.lost = true
 		}
+		if gone, ok := l.gone[inc]; ok && r.to.After(gone.Add(-lmIdleBound)) {
+			// Ended just before its server's graceful shutdown began: a
+			// Shutdown that timed out may have requeued it before its
+			// settlement was written.
+			r.lost = true
+		}
 		name := inc[:strings.LastIndexByte(inc, '.')]
 		for _, w := range l.cutOf[name] {
 			if r.to.After(w.from.Add(-limitLease)) && r.from.Before(w.to.Add(limitLease)) {
@@ -375,7 +382,7 @@ type lmFigures struct {
 }
 
 func (f *lmFigures) summary() string {
-	return fmt.Sprintf("%d runs (%d cut short by a SIGKILL, %d stopped by the lease watchdog), %d RetryAfter, %d ThrottleGroup; %d tasks removed; %d duplicate successes (each explained by a SIGKILL or the cut); Replace: %s; peaks (running at once/limit when reached): %s, %d groups reached their GroupConcurrency; %d waits checked for idle slots, longest stretch with a slot free while a task waited %v",
+	return fmt.Sprintf("%d runs (%d cut short by a SIGKILL, %d stopped by the lease watchdog), %d RetryAfter, %d ThrottleGroup; %d tasks removed; %d duplicate successes (each after a run whose settlement a SIGKILL, the cut or a restart may have lost); Replace: %s; peaks (running at once/limit when reached): %s, %d groups reached their GroupConcurrency; %d waits checked for idle slots, longest stretch with a slot free while a task waited %v",
 		f.runs, f.killed, f.leaseLost, f.deferred, f.throttled, f.removed, f.dups, joinCounts(f.replaces), joinStrings(f.peakQ), f.groupsAtLimit, f.idleChecked, f.longestFreeWait.Round(time.Millisecond))
 }
 
