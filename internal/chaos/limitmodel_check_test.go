@@ -21,6 +21,11 @@ const (
 	// force from some moment between the start and the end of its
 	// SetQueueLimits call.
 	lmLag = 300 * time.Millisecond
+	// lmRateLag is lmLag for the rate checks, which compare the start
+	// records of different servers with each other: longer, as one busy
+	// process (three race-instrumented ones share two cores) may record a
+	// start late.
+	lmRateLag = 500 * time.Millisecond
 	// lmIdleBound is the longest a runnable task may wait while a slot is
 	// free (see checkIdle).
 	lmIdleBound = time.Second
@@ -423,8 +428,8 @@ func (v *violations) add(kind, format string, args ...any) {
 //     had started and not ended were no more than the largest Concurrency
 //     (GroupConcurrency) that may have been in force in the lmLag before
 //     (a lowered limit lets running tasks finish: it bounds starts); no
-//     Limit+1 starts of a queue (a group) came within Per-lmLag of each
-//     other under every Rate (GroupRate) that may have been in force.
+//     Limit+1 starts of a queue (a group) came within Per-lmRateLag of
+//     each other under every Rate (GroupRate) that may have been in force.
 //   - Ordered: no two runs of a group of the Ordered queue overlap, and the
 //     group's runs come in the order of their tasks' places.
 //   - every task: its last version ran to its plan's end (ok, or archived
@@ -521,7 +526,7 @@ func (l *lmLog) checkLimits(v *violations, fig *lmFigures) {
 					continue
 				}
 				n := 0
-				for i := j; i >= 0 && x.from.Sub(runs[i].from) < rate.Per-lmLag && !runs[i].from.Before(since); i-- {
+				for i := j; i >= 0 && x.from.Sub(runs[i].from) < rate.Per-lmRateLag && !runs[i].from.Before(since); i-- {
 					n++
 				}
 				if n <= rate.Limit {
@@ -711,9 +716,9 @@ func (l *lmLog) checkTasks(v *violations, fig *lmFigures) {
 //     repartition of its queue is near (the windows of lmLog.excluded and
 //     exclQ: lease recoveries and restarts make slots invisible to the log);
 //   - its queue runs fewer tasks than its Concurrency and started fewer
-//     than Rate.Limit in the Rate.Per+lmLag before t;
+//     than Rate.Limit in the Rate.Per+lmRateLag before t;
 //   - for a grouped task, its group runs fewer than GroupConcurrency,
-//     started fewer than GroupRate.Limit in GroupRate.Per+lmLag, and no
+//     started fewer than GroupRate.Limit in GroupRate.Per+lmRateLag, and no
 //     ThrottleGroup run of the group ended in the throttle's d+lmLag
 //     before t; in the Ordered queue the group runs nothing and every task
 //     placed before it has finished (its final run ended, or it was
@@ -740,7 +745,10 @@ func (l *lmLog) checkIdle(v *violations, fig *lmFigures) {
 			x.from = append(x.from, r.from)
 			x.to = append(x.to, r.to)
 		}
-		points = append(points, r.from, r.to, r.from.Add(time.Second+lmLag), r.from.Add(2*time.Second+lmLag))
+		points = append(points, r.from, r.to)
+		for per := time.Second; per <= 3*time.Second; per += time.Second {
+			points = append(points, r.from.Add(per+lmRateLag)) // a rate window's end
+		}
 		if kind, ms, ok := strings.Cut(r.how, ":"); ok && kind == "thr" {
 			n, _ := strconv.Atoi(ms)
 			w := lmWindow{r.to, r.to.Add(time.Duration(n)*time.Millisecond + lmLag), "throttled"}
@@ -884,7 +892,7 @@ func (l *lmLog) checkIdle(v *violations, fig *lmFigures) {
 			if lim.Concurrency > 0 && open(qk, t) >= lim.Concurrency {
 				return false
 			}
-			if r := lim.Rate; r.Limit > 0 && started(qk, t.Add(-r.Per-lmLag), t) >= r.Limit {
+			if r := lim.Rate; r.Limit > 0 && started(qk, t.Add(-r.Per-lmRateLag), t) >= r.Limit {
 				return false
 			}
 			if x.group != "" {
@@ -892,7 +900,7 @@ func (l *lmLog) checkIdle(v *violations, fig *lmFigures) {
 				if lim.GroupConcurrency > 0 && open(gk, t) >= lim.GroupConcurrency {
 					return false
 				}
-				if r := lim.GroupRate; r.Limit > 0 && started(gk, t.Add(-r.Per-lmLag), t) >= r.Limit {
+				if r := lim.GroupRate; r.Limit > 0 && started(gk, t.Add(-r.Per-lmRateLag), t) >= r.Limit {
 					return false
 				}
 				for _, w := range throttles[gk] {

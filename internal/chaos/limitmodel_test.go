@@ -91,8 +91,9 @@ type limitRun struct {
 	mu    sync.Mutex
 	tasks []*lmTask // in enqueue order
 	byID  map[string]*lmTask
-	n     int            // tasks made
-	ops   map[string]int // actions by "kind result"
+	n      int                 // tasks made
+	ops    map[string]int      // actions by "kind result"
+	limits map[string][]string // the limits set, by queue
 }
 
 // runLimitModel runs the limit model on env and checks it.
@@ -104,7 +105,7 @@ func runLimitModel(t *testing.T, env *limitEnv) {
 				env.name, seed, scale, t.Name(), seed, scale)
 		}
 	})
-	m := &limitRun{t: t, env: env, ctx: context.Background(), byID: map[string]*lmTask{}, ops: map[string]int{}}
+	m := &limitRun{t: t, env: env, ctx: context.Background(), byID: map[string]*lmTask{}, ops: map[string]int{}, limits: map[string][]string{}}
 	begin := time.Now()
 	lr := rand.New(rand.NewPCG(seed, 11))
 	for _, q := range limitQueues {
@@ -176,6 +177,9 @@ func runLimitModel(t *testing.T, env *limitEnv) {
 	t.Logf("limit model on %s: seed %d, scale %d", env.name, seed, scale)
 	t.Logf("tasks: %d made; %s", m.n, fig.summary())
 	t.Logf("operator: %s", joinCounts(m.ops))
+	for _, q := range limitQueues {
+		t.Logf("limits of %s: %s", q, strings.Join(m.limits[q], " → "))
+	}
 	t.Logf("faults: %s", joinCounts(faults))
 	t.Logf("seconds: active %.1f, until quiet %.1f, checks %.1f, total %.1f",
 		activeEnd.Sub(begin).Seconds(), quietAt.Sub(activeEnd).Seconds(), end.Sub(quietAt).Seconds(), end.Sub(begin).Seconds())
@@ -188,13 +192,15 @@ func randLimits(r *rand.Rand, ordered bool) tide.QueueLimits {
 		l.Concurrency = 1 + r.IntN(6)
 	}
 	if r.IntN(2) == 0 {
-		l.Rate = tide.Rate{Limit: 4 + r.IntN(9), Per: time.Duration(1+r.IntN(2)) * time.Second}
+		// Periods of 2 or 3 s: the checker's windows are lmRateLag
+		// shorter.
+		l.Rate = tide.Rate{Limit: 6 + r.IntN(10), Per: time.Duration(2+r.IntN(2)) * time.Second}
 	}
 	if !ordered && r.IntN(3) != 0 {
 		l.GroupConcurrency = 1 + r.IntN(3)
 	}
-	if r.IntN(3) == 0 {
-		l.GroupRate = tide.Rate{Limit: 2 + r.IntN(5), Per: time.Duration(1+r.IntN(2)) * time.Second}
+	if r.IntN(2) == 0 {
+		l.GroupRate = tide.Rate{Limit: 3 + r.IntN(5), Per: time.Duration(2+r.IntN(2)) * time.Second}
 	}
 	return l
 }
@@ -424,7 +430,7 @@ func (m *limitRun) operate(stop <-chan struct{}, r, lr *rand.Rand) {
 			return
 		case <-tick.C:
 		}
-		switch x := r.IntN(10); {
+		switch x := r.IntN(12); {
 		case x < 4:
 			if k := m.recent(r); k != nil {
 				p, delay := randTaskPlan(r, k.queue, k.group != "")
@@ -434,7 +440,7 @@ func (m *limitRun) operate(stop <-chan struct{}, r, lr *rand.Rand) {
 			m.remove("cancel", r)
 		case x < 8:
 			m.remove("delete", r)
-		case x < 9:
+		case x < 10:
 			q := limitQueues[r.IntN(len(limitQueues))]
 			m.setLimits(q, randLimits(lr, q == limitOrdered))
 		}
@@ -486,6 +492,9 @@ func (m *limitRun) remove(kind string, r *rand.Rand) {
 }
 
 func (m *limitRun) setLimits(q string, l tide.QueueLimits) {
+	m.mu.Lock()
+	m.limits[q] = append(m.limits[q], encodeLimits(l))
+	m.mu.Unlock()
 	if err := m.action("limits", q, "-", encodeLimits(l), func(c context.Context) error {
 		return m.env.insp.SetQueueLimits(c, q, l)
 	}); err != nil {
