@@ -284,7 +284,7 @@ func randTaskPlan(r *rand.Rand, queue string, grouped bool) (lmPlan, time.Durati
 	case x < 91 || !grouped:
 		p = lmPlan{kind: "ra", ms: 300 + r.IntN(500)}
 	default:
-		p = lmPlan{kind: "thr", ms: 1000 + r.IntN(1000)}
+		p = lmPlan{kind: "thr", ms: 2000 + r.IntN(1000)}
 	}
 	var delay time.Duration
 	if queue != limitOrdered && r.IntN(100) < 15 {
@@ -302,7 +302,7 @@ func (m *limitRun) log(line string) {
 	}
 }
 
-// produce enqueues bursts of tasks over d: each burst 5 to 25 tasks of one
+// produce enqueues bursts of tasks over d: each burst 5 to 20 tasks of one
 // queue, spread over its groups (and some without a group), half of them
 // mostly of one group.
 func (m *limitRun) produce(r *rand.Rand, d time.Duration) {
@@ -313,7 +313,7 @@ func (m *limitRun) produce(r *rand.Rand, d time.Duration) {
 		if r.IntN(2) == 0 {
 			hot = r.IntN(lmGroups)
 		}
-		for range 5 + r.IntN(21) {
+		for range 5 + r.IntN(16) {
 			group := ""
 			switch {
 			case hot >= 0 && r.IntN(100) < 70:
