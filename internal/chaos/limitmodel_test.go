@@ -87,10 +87,10 @@ type limitRun struct {
 	env *limitEnv
 	ctx context.Context
 
-	enqMu sync.Mutex // enqueues one at a time: their log order is their order
-	mu    sync.Mutex
-	tasks []*lmTask // in enqueue order
-	byID  map[string]*lmTask
+	enqMu  sync.Mutex // enqueues one at a time: their log order is their order
+	mu     sync.Mutex
+	tasks  []*lmTask // in enqueue order
+	byID   map[string]*lmTask
 	n      int                 // tasks made
 	ops    map[string]int      // actions by "kind result"
 	limits map[string][]string // the limits set, by queue
