@@ -3,7 +3,6 @@ package tide_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -12,19 +11,16 @@ import (
 )
 
 // TestGroupRateHoldWithoutSlots: a queue of two partitions with
-// Concurrency 1 and a GroupRate (with Ordered or GroupConcurrency) must
-// drain. Found by the limit model (internal/chaos, TestLimitModel): groups
-// of the partition that holds no concurrency slot, held back by their
-// GroupRate, never start again once their window has passed. The
-// partition's dequeue is refused for want of slots before it puts the
-// groups whose hold ended back in the rotation, and slots.lua's estimate
-// of the partition's waiting tasks counts only the groups in the rotation
-// (not those in the held set whose time has come), so no slot moves to it.
-// Skipped until that is fixed: set TIDE_KNOWN_FAILURES=1 to run it.
+// Concurrency 1 and a GroupRate (with Ordered or GroupConcurrency) drains.
+// Found by the limit model (internal/chaos, TestLimitModel): groups of the
+// partition that held no concurrency slot, held back by their GroupRate,
+// never started again once their window had passed, because the
+// partition's dequeue was refused for want of slots before it put the
+// groups whose hold ended back in the rotation, and the rebalance it asked
+// for (slots.lua) counts only the rotation's groups as waiting. The refused
+// dequeue now puts them back first.
 func TestGroupRateHoldWithoutSlots(t *testing.T) {
-	if os.Getenv("TIDE_KNOWN_FAILURES") == "" {
-		t.Skip("known failure (a GroupRate hold in a partition without slots never ends): TIDE_KNOWN_FAILURES=1 runs it")
-	}
+	t.Parallel()
 	for i, lim := range []tide.QueueLimits{
 		{Concurrency: 1, GroupRate: tide.Rate{Limit: 3, Per: 2 * time.Second}, Ordered: true},
 		{Concurrency: 1, GroupRate: tide.Rate{Limit: 3, Per: 2 * time.Second}, GroupConcurrency: 1},
