@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -201,4 +202,20 @@ func waitLong(t *testing.T, rec recorder, name string, d time.Duration) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// TestLimitModelReplay checks a limit model log kept by a failed run
+// (TIDE_CHAOS_KEEP) again: TIDE_LIMITMODEL_REPLAY names the file. Skipped
+// without it.
+func TestLimitModelReplay(t *testing.T) {
+	path := os.Getenv("TIDE_LIMITMODEL_REPLAY")
+	if path == "" {
+		t.Skip("TIDE_LIMITMODEL_REPLAY names a kept limit model log to check again")
+	}
+	lines, err := readKeptLines(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fig := checkLimitModel(t, lines)
+	t.Logf("%s", fig.summary())
 }

@@ -166,3 +166,31 @@ func keepLines(t *testing.T, dir, pattern string, lines []modelLine) {
 	}
 	t.Logf("model log kept in %s", f.Name())
 }
+
+// readKeptLines reads a log written by keepLines. Its times have the day of
+// the file's modification time (keepLines writes the time of day only).
+func readKeptLines(path string) ([]modelLine, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	day := st.ModTime().UTC().Truncate(24 * time.Hour)
+	var out []modelLine
+	for _, l := range strings.Split(strings.TrimRight(string(b), "\n"), "\n") {
+		f := strings.SplitN(l, " ", 3)
+		if len(f) != 3 {
+			return nil, fmt.Errorf("bad kept line %q", l)
+		}
+		seq, err1 := strconv.ParseInt(f[0], 10, 64)
+		at, err2 := time.Parse("15:04:05.000000", f[1])
+		if err1 != nil || err2 != nil {
+			return nil, fmt.Errorf("bad kept line %q", l)
+		}
+		out = append(out, modelLine{seq: seq, at: day.Add(at.Sub(at.Truncate(24 * time.Hour))), text: f[2]})
+	}
+	return out, nil
+}
