@@ -8,6 +8,7 @@ import (
 
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker/redisbroker"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // TestGroupRateHoldWithoutSlots: a queue of two partitions with
@@ -46,7 +47,7 @@ func TestGroupRateHoldWithoutSlots(t *testing.T) {
 				}
 			}
 			// 8 tasks per group at 3 per 2 s: about 5 s; 40 s is generous.
-			eventually(t, 40*time.Second, "the queue to drain", func() bool {
+			testwait.For(t, 40*time.Second, "the queue to drain", func() bool {
 				qi, err := in.QueueInfo(ctx, "st")
 				return err == nil && qi.Pending+qi.Active+qi.Retry+qi.Scheduled == 0
 			})

@@ -18,6 +18,7 @@ import (
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/internal/faultproxy"
 	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // TestLimitModel runs the limit model (see runLimitModel) on Redis with
@@ -67,7 +68,7 @@ func TestLimitModel(t *testing.T) {
 			for _, n := range names {
 				f.start(n)
 			}
-			waitFor(t, 60*time.Second, "the servers to start", func() bool {
+			testwait.For(t, 60*time.Second, "the servers to start", func() bool {
 				lines, err := rec.lines(context.Background())
 				up := 0
 				for _, l := range lines {
