@@ -14,4 +14,13 @@
 // operator did explains. The seed and length are flags:
 //
 //	go test -race -run FlowModel ./internal/chaos -args -flowmodel.seed=7 -flowmodel.scale=10
+//
+// TestLimitModel and TestLimitModelMem are a model-based test of flow
+// control (limitmodel_*_test.go): random limits changed at runtime over
+// grouped, ordered, deferred and throttled work, replaced, cancelled and
+// deleted tasks, a repartition, a SIGKILL and a server cut off past its
+// lease; the handlers log their starts and ends on Redis's clock and the
+// checker replays the log against the limits in force:
+//
+//	go test -race -run LimitModel ./internal/chaos -args -limitmodel.seed=7 -limitmodel.scale=10
 package chaos

@@ -1,9 +1,11 @@
 package chaos
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"syscall"
@@ -11,13 +13,29 @@ import (
 	"time"
 )
 
+// runDir returns the directory of a run's files: a temporary one, or a new
+// one in $TIDE_CHAOS_KEEP that is kept for a post-mortem.
+func runDir(t *testing.T, pattern string) string {
+	keep := os.Getenv("TIDE_CHAOS_KEEP")
+	if keep == "" {
+		return t.TempDir()
+	}
+	dir, err := os.MkdirTemp(keep, pattern)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("run files kept in %s", dir)
+	return dir
+}
+
 // fleet runs worker processes (the test binary re-executed, see runWorker)
 // and remembers every incarnation, when it was SIGKILLed and how the others
 // exited.
 type fleet struct {
 	t                 *testing.T
 	dir, addr, prefix string
-	env               []string // NAME=value given to every process
+	env               []string            // NAME=value given to every process
+	envOf             map[string][]string // and to every incarnation of one worker (setEnv)
 
 	mu    sync.Mutex
 	all   []*proc          // every incarnation started
@@ -53,7 +71,7 @@ type kill struct {
 }
 
 func newFleet(t *testing.T, dir, addr, prefix string) *fleet {
-	f := &fleet{t: t, dir: dir, addr: addr, prefix: prefix, live: map[string]*proc{}}
+	f := &fleet{t: t, dir: dir, addr: addr, prefix: prefix, live: map[string]*proc{}, envOf: map[string][]string{}}
 	t.Cleanup(func() {
 		f.mu.Lock()
 		ps := append([]*proc(nil), f.all...)
@@ -69,6 +87,15 @@ func newFleet(t *testing.T, dir, addr, prefix string) *fleet {
 	return f
 }
 
+// setEnv gives every incarnation of worker name started from now on the
+// environment variables env (NAME=value), after the fleet's: a worker that
+// reaches Redis through its own proxy, for example (envAddr).
+func (f *fleet) setEnv(name string, env ...string) {
+	f.mu.Lock()
+	f.envOf[name] = env
+	f.mu.Unlock()
+}
+
 // start starts the next incarnation of worker name, with extra environment
 // variables (NAME=value) if any.
 func (f *fleet) start(name string, env ...string) {
@@ -78,6 +105,7 @@ func (f *fleet) start(name string, env ...string) {
 	if old := f.live[name]; old != nil {
 		inc = old.inc + 1
 	}
+	own := f.envOf[name]
 	f.mu.Unlock()
 	errf, err := os.Create(stderrFile(f.dir, name, inc))
 	if err != nil {
@@ -89,6 +117,7 @@ func (f *fleet) start(name string, env ...string) {
 		workerEnv+"="+name, envAddr+"="+f.addr, envPrefix+"="+f.prefix,
 		envDir+"="+f.dir, envIncarnat+"="+strconv.Itoa(inc))
 	cmd.Env = append(cmd.Env, f.env...)
+	cmd.Env = append(cmd.Env, own...) // the last of a name counts
 	cmd.Env = append(cmd.Env, env...)
 	cmd.Stdout, cmd.Stderr = errf, errf
 	if err := cmd.Start(); err != nil {
@@ -218,6 +247,24 @@ func (f *fleet) terminate(limit time.Duration) []error {
 		}
 		if err := f.exitError(p); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	return errs
+}
+
+// shutdown ends a model run's fleet: terminate, then one error per process
+// that exited without being signalled and per stderr file that shows a data
+// race or a panic.
+func (f *fleet) shutdown(limit time.Duration) []error {
+	errs := f.terminate(limit)
+	for _, u := range f.unexpected() {
+		errs = append(errs, fmt.Errorf("worker exited unexpectedly: %s", u))
+	}
+	stderrs, _ := filepath.Glob(filepath.Join(f.dir, "stderr-*.txt"))
+	for _, p := range stderrs {
+		b, _ := os.ReadFile(p)
+		if bytes.Contains(b, []byte("DATA RACE")) || bytes.Contains(b, []byte("panic:")) {
+			errs = append(errs, fmt.Errorf("%s:\n%s", filepath.Base(p), tail(b, 8000)))
 		}
 	}
 	return errs

@@ -77,7 +77,7 @@ func parseModelLog(lines []modelLine) (*modelLog, error) {
 			return nil, bad()
 		}
 		switch f[0] {
-		case "N":
+		case "N", "U": // a flow enqueued; a server process started
 		case "S":
 			if len(f) != 4 {
 				return nil, bad()

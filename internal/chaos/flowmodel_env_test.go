@@ -1,12 +1,9 @@
 package chaos
 
 import (
-	"bytes"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -47,15 +44,7 @@ const modelResendFaults = 10
 // dropped, for the servers, the producer and the operator alike. The log
 // of the model and the final reads go to Redis directly.
 func TestFlowModel(t *testing.T) {
-	dir := t.TempDir()
-	if keep := os.Getenv("TIDE_CHAOS_KEEP"); keep != "" {
-		// Keep the processes' logs for a post-mortem.
-		var err error
-		if dir, err = os.MkdirTemp(keep, "flowmodel-"); err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("run files kept in %s", dir)
-	}
+	dir := runDir(t, "flowmodel-")
 	rs := redistest.StartIn(t, dir)
 	px, err := faultproxy.New(rs.Addr)
 	if err != nil {
@@ -69,10 +58,10 @@ func TestFlowModel(t *testing.T) {
 	ordb := redis.NewClient(&redis.Options{Addr: rs.Addr})
 	t.Cleanup(func() { _ = ordb.Close() })
 	obs := tide.NewInspector(redisbroker.New(ordb, redisbroker.WithPrefix(prefix)))
-	rec := newRedisRecorder(ordb, prefix)
+	rec := newRedisRecorder(ordb, prefix, "fm")
 
 	f := newFleet(t, dir, px.Addr(), prefix)
-	f.env = []string{envModel + "=1", envDirect + "=" + rs.Addr}
+	f.env = []string{envModel + "=fm", envDirect + "=" + rs.Addr}
 	names := []string{"w1", "w2", "w3"}
 	for _, n := range names {
 		f.start(n)
@@ -144,18 +133,7 @@ func TestFlowModel(t *testing.T) {
 			}
 		},
 		stop: func() []error {
-			errs := append(restartErrs, f.terminate(workerShutdown+30*time.Second)...)
-			for _, u := range f.unexpected() {
-				errs = append(errs, fmt.Errorf("worker exited unexpectedly: %s", u))
-			}
-			stderrs, _ := filepath.Glob(filepath.Join(dir, "stderr-*.txt"))
-			for _, p := range stderrs {
-				b, _ := os.ReadFile(p)
-				if bytes.Contains(b, []byte("DATA RACE")) || bytes.Contains(b, []byte("panic:")) {
-					errs = append(errs, fmt.Errorf("%s:\n%s", filepath.Base(p), tail(b, 8000)))
-				}
-			}
-			return errs
+			return append(restartErrs, f.shutdown(workerShutdown+30*time.Second)...)
 		},
 	}
 	runFlowModel(t, env)

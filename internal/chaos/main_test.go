@@ -9,10 +9,13 @@ import (
 
 func TestMain(m *testing.M) {
 	if os.Getenv(workerEnv) != "" {
-		// Re-executed by TestChaos (see worker_test.go) or TestFlowModel
-		// (flowmodel_worker_test.go) as a server process.
-		if os.Getenv(envModel) != "" {
+		// Re-executed by TestChaos (see worker_test.go), TestFlowModel or
+		// TestLimitModel (modelproc_test.go) as a server process.
+		switch os.Getenv(envModel) {
+		case "fm":
 			os.Exit(runModelWorker())
+		case "lm":
+			os.Exit(runLimitWorker())
 		}
 		os.Exit(runWorker())
 	}

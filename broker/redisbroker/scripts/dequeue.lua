@@ -43,7 +43,9 @@
 -- (groups.lua), so a call walks past a blocked group at most once each time
 -- it blocks, never once per task made ready in it. A group held until a time
 -- (throttled, over its rate) returns at that time, the earliest announced
--- with a "p<partition>:<ms>" event. A call that still met more groups
+-- with a "p<partition>:<ms>" event; a call refused for want of slots or rate
+-- tokens puts such groups back too, so that the rebalance it asks for
+-- counts their tasks as waiting (slots.lua counts the rotation's groups). A call that still met more groups
 -- unable to start a task than it could look at (their limits changed)
 -- publishes "p<partition>" for the next call to go on. While a repartition
 -- runs, no grouped task starts (field gh of the limits hash; see move.lua).
@@ -88,12 +90,24 @@ local function want(fair)
   if fair ~= '1' and (redis.call('LLEN', KEYS[2]) > 0 or redis.call('EXISTS', KEYS[14]) == 1) then return {'!'} end
   return {}
 end
+-- release_held puts back in the rotation the groups whose hold (a throttle,
+-- a GroupRate window) has ended: a group comes back when let go.
+local function release_held(G, now)
+  for _, g in ipairs(redis.call('ZRANGEBYSCORE', G.w, '-inf', now)) do
+    redis.call('ZREM', G.w, g)
+    redis.call('HDEL', G.s, 't:' .. g) -- a throttle that ended
+    if g_next(G, g, 1)[1] then g_enter(G, g, nil) end
+  end
+end
 if lim[1] then
   local cap, act = tonumber(lim[1]), redis.call('ZCARD', KEYS[3])
   if lim[9] and tonumber(lim[9]) < cap then cap = tonumber(lim[9]) end
   local room = cap - act
   if room <= 0 then
     if act < tonumber(lim[1]) then return {'!'} end -- free slots over its cap: to give away
+    -- Groups whose hold ended are waiting tasks too: back in the rotation,
+    -- they count in the rebalance that the reply asks for (slots.lua).
+    if redis.call('EXISTS', KEYS[14]) == 1 then release_held(g_keys(14), redis_now()) end
     return want(lim[10])
   end
   if room < n then n = room end
@@ -114,6 +128,7 @@ if lim[2] then
       redis.call('HSET', KEYS[12], 'w', at)
       redis.call('PUBLISH', ARGV[6], 'p' .. ARGV[7] .. ':' .. at)
     end
+    if redis.call('EXISTS', KEYS[14]) == 1 then release_held(g_keys(14), now) end
     return want(lim[11])
   end
   if room < n then n = room end
@@ -140,11 +155,7 @@ else
   -- limit (see groups.lua). Due scheduled and retry tasks are made ready by
   -- the partition's maintainer (which a due time wakes), so that each call
   -- here costs a few commands only.
-  for _, g in ipairs(redis.call('ZRANGEBYSCORE', G.w, '-inf', now)) do
-    redis.call('ZREM', G.w, g)
-    redis.call('HDEL', G.s, 't:' .. g) -- a throttle that ended
-    if g_next(G, g, 1)[1] then g_enter(G, g, nil) end -- a blocked one comes back when let go
-  end
+  release_held(G, now)
   local gc, grl, gper, ord, hold = tonumber(lim[4]), tonumber(lim[5]), tonumber(lim[6]), lim[7] == '1', lim[8] == '1'
   local c = redis.call('HGET', G.s, 'c')
   local ungrouped = redis.call('LLEN', KEYS[2])
