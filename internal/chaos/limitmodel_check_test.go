@@ -273,6 +273,14 @@ func parseLimitLog(lines []modelLine) (*lmLog, error) {
 			if r.to.After(w.from.Add(-limitLease)) && r.from.Before(w.to.Add(limitLease)) {
 				r.lost = true
 			}
+			// A run that was under way when its server was cut off for
+			// longer than a lease logs its end only when the cut is over
+			// (the log is on Redis), but its handler was stopped by the
+			// lease watchdog before its lease could end: at the latest a
+			// lease after the last renewal, which was sent before the cut.
+			if w.to.Sub(w.from) > limitLease && r.from.Before(w.from) && r.to.After(w.from.Add(limitLease)) {
+				r.to = w.from.Add(limitLease)
+			}
 		}
 	}
 	for _, v := range l.vers {
@@ -541,7 +549,13 @@ func (l *lmLog) checkLimits(v *violations, fig *lmFigures) {
 				kind = "GroupConcurrency"
 			}
 			if open > allowed {
-				v.add(kind, "%s: %d running when %s (v%d) started on %s at %s, limit %d", key, open, x.id, x.ver, x.server, x.from.Format("15:04:05.000000"), allowed)
+				var others []string
+				for _, y := range runs[:j] {
+					if y.to.After(x.from) {
+						others = append(others, fmt.Sprintf("%s (v%d) on %s %s-%s %s", y.id, y.ver, y.server, y.from.Format("15:04:05.000"), y.to.Format("15:04:05.000"), y.how))
+					}
+				}
+				v.add(kind, "%s: %d running when %s (v%d) started on %s at %s, limit %d (limits %v; running: %s)", key, open, x.id, x.ver, x.server, x.from.Format("15:04:05.000000"), allowed, lims, strings.Join(others, "; "))
 			}
 			if !rateOK {
 				v.add(strings.Replace(kind, "Concurrency", "Rate", 1), "%s: %s (v%d) started at %s, over every rate that may have been in force (%v)", key, x.id, x.ver, x.from.Format("15:04:05.000000"), lims)
