@@ -32,8 +32,8 @@ func stateKey(st tidetype.TaskState) (string, bool) {
 		return "active", true
 	case tidetype.StateScheduled:
 		return "scheduled", true
-	case tidetype.StateRetry:
-		return "retry", true
+	case tidetype.StateRetry, tidetype.StateWaiting:
+		return "retry", true // waiting tasks lie with the retry tasks
 	case tidetype.StateArchived:
 		return "archived", true
 	case tidetype.StateCompleted:
