@@ -98,7 +98,7 @@ for i = 13, #ARGV, 9 do
     out[#out + 1] = '1'
   else
     if rec_canceled(rec) and (op == 'r' or op == 'q' or op == 'w' or op == 't' or op == 'p') then
-      op, b = 'a', b ~= '' and b or string.format('%d', redis_now())
+      op, b = 'a', (b ~= '' and op ~= 'p') and b or string.format('%d', redis_now())
       c = 'tide: task cancelled' .. (c ~= '' and ('; last error: ' .. c) or '')
     end
     left[#left + 1] = id
