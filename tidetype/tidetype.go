@@ -147,7 +147,6 @@ type TaskInfo struct {
 	WaitingFor string
 }
 
-
 // MaxAttempts is how many attempts a task's history keeps.
 const MaxAttempts = 10
 
