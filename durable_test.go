@@ -342,3 +342,61 @@ func TestDurableBounds(t *testing.T) {
 		}
 	})
 }
+
+// A worker that lost its lease while a step's fn ran stores nothing: its
+// store is refused (ErrLeaseLost) and the next attempt runs fn and stores
+// its own result.
+func TestDurableStepFencedAfterLeaseLoss(t *testing.T) {
+	t.Parallel()
+	durableEnv(t, func(t *testing.T, b broker.Broker, c *tide.Client, serve func(tide.Config, tide.Handler)) {
+		ctx := context.Background()
+		g := newGate(b)
+		inFn := make(chan struct{})
+		release := make(chan struct{})
+		aErr := make(chan error, 1)
+		var again atomic.Bool
+		a := tide.NewServer(g, tide.Config{LeaseDuration: time.Second, Logger: testLogger(t)})
+		if err := a.Start(tide.HandlerFunc(func(ctx context.Context, _ *tide.Task) error {
+			if again.Swap(true) {
+				<-ctx.Done() // A ran it once: hold any later delivery until shutdown
+				return ctx.Err()
+			}
+			_, err := tide.Step(ctx, "charge", func(context.Context) (string, error) {
+				close(inFn)
+				<-release
+				return "A", nil
+			})
+			aErr <- err
+			return err
+		})); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(a.Shutdown)
+		if _, err := c.Enqueue(ctx, tide.NewTask("pay", nil), tide.TaskID("f1"), tide.Retention(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+		<-inFn
+		g.hold() // A is paused: its renewals wait
+		eventually(t, 10*time.Second, "the paused worker's lease to be recovered", func() bool {
+			r, err := b.Maintain(ctx, broker.MaintainRequest{Queue: "default", Owner: "recoverer", OwnerTTL: time.Second})
+			return err == nil && r.Recovered == 1
+		})
+		close(release) // A's fn returns; its store goes out with the old token
+		if err := <-aErr; !errors.Is(err, tide.ErrLeaseLost) {
+			t.Fatalf("Step after the lease was lost: %v, want ErrLeaseLost", err)
+		}
+		stopped := make(chan struct{})
+		go func() { a.Shutdown(); close(stopped) }()
+		g.release()
+		<-stopped
+		var runs atomic.Int32
+		serve(tide.Config{}, tide.HandlerFunc(func(ctx context.Context, _ *tide.Task) error {
+			_, err := tide.Step(ctx, "charge", func(context.Context) (string, error) { runs.Add(1); return "B", nil })
+			return err
+		}))
+		ti := awaitTaskState(t, b, "default", "f1", tide.StateCompleted)
+		if runs.Load() != 1 || len(ti.Steps) != 1 {
+			t.Fatalf("the next attempt ran fn %d times, steps %+v; want its own run stored", runs.Load(), ti.Steps)
+		}
+	})
+}
