@@ -30,6 +30,10 @@ func TestResentSignalDeliveredOnce(t *testing.T) {
 	if errs, err := f.b.Settle(ctx, []broker.Settlement{park}); err != nil || errs[0] != nil {
 		t.Fatal(errs, err)
 	}
+	// Load signal.lua, so that the fault below hits the signal itself.
+	if err := f.c.Signal(ctx, "q", "nobody", "x", nil); err == nil {
+		t.Fatal("a signal to no task was accepted")
+	}
 	seen := f.proxy.Seen("EVALSHA")
 	f.proxy.DelayReplies(faultproxy.Commands("EVALSHA"), 500*time.Millisecond, 1)
 	if err := f.c.Signal(ctx, "q", info.ID, "paid", map[string]int{"amount": 7}); err != nil {
