@@ -355,7 +355,7 @@ func TestDurableStepFencedAfterLeaseLoss(t *testing.T) {
 		release := make(chan struct{})
 		aErr := make(chan error, 1)
 		var again atomic.Bool
-		a := tide.NewServer(g, tide.Config{LeaseDuration: time.Second, Logger: testLogger(t)})
+		a := tide.NewServer(g, tide.Config{LeaseDuration: time.Second, ShutdownTimeout: 100 * time.Millisecond, Logger: testLogger(t)})
 		if err := a.Start(tide.HandlerFunc(func(ctx context.Context, _ *tide.Task) error {
 			if again.Swap(true) {
 				<-ctx.Done() // A ran it once: hold any later delivery until shutdown
