@@ -372,6 +372,7 @@ func TestDurableStepFencedAfterLeaseLoss(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(a.Shutdown)
+		t.Cleanup(g.release) // first: a failed check must not leave A's calls held
 		if _, err := c.Enqueue(ctx, tide.NewTask("pay", nil), tide.TaskID("f1"), tide.Retention(time.Hour)); err != nil {
 			t.Fatal(err)
 		}
