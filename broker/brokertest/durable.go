@@ -237,7 +237,7 @@ func testSignalWakes(t *testing.T, b broker.Broker) {
 	info := get(t, b, "q", "w")
 	sig := false
 	for _, s := range info.Steps {
-		if s.Name == "signal:paid" && s.ResultSize == len(`{"amount":42}`) {
+		if s.Name == "signal:paid" && s.ResultSize >= len(`{"amount":42}`) { // a wrapper may store more
 			sig = true
 		}
 	}
@@ -283,7 +283,7 @@ func testSignalTimeout(t *testing.T, b broker.Broker) {
 	deadline := msTrunc(b.Now().Add(150 * time.Millisecond))
 	saveStep(t, b, d, broker.StepRecord{Kind: broker.StepWait, Name: "paid", Finished: deadline})
 	settleOK(t, b, parkOf(d, "signal:paid", deadline))
-	for b.Now().Before(deadline.Add(10 * time.Millisecond)) {
+	for b.Now().Before(deadline.Add(100 * time.Millisecond)) { // clocks agree to a few ms
 		time.Sleep(10 * time.Millisecond)
 	}
 	if err := b.Signal(ctx, "q", "t1", "paid", []byte("late")); !errors.Is(err, broker.ErrSignalTimeout) {
