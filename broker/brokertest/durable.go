@@ -177,14 +177,20 @@ func testParkSleep(t *testing.T, b broker.Broker) {
 		t.Fatalf("Steps = %+v", info.Steps)
 	}
 	// Never early: nothing is handed out before it is due.
-	for b.Now().Before(due.Add(-50 * time.Millisecond)) {
+	var d2 *broker.Delivery
+	for d2 == nil && b.Now().Before(due.Add(-50*time.Millisecond)) {
 		maintain(t, b, "q")
-		if ds := dequeue(t, b, []string{"q"}, 1, time.Minute); len(ds) > 0 && b.Now().Before(due) {
-			t.Fatalf("parked task handed out at %v, before it was due at %v", b.Now(), due)
+		if ds := dequeue(t, b, []string{"q"}, 1, time.Minute); len(ds) > 0 {
+			if b.Now().Before(due) {
+				t.Fatalf("parked task handed out at %v, before it was due at %v", b.Now(), due)
+			}
+			d2 = ds[0] // a slow machine got past the due time in the loop
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	d2 := redeliver(t, b, "q", time.Minute)
+	if d2 == nil {
+		d2 = redeliver(t, b, "q", time.Minute)
+	}
 	if b.Now().Before(due) {
 		t.Fatalf("woken at %v, before %v", b.Now(), due)
 	}
