@@ -401,3 +401,39 @@ func TestDurableStepFencedAfterLeaseLoss(t *testing.T) {
 		}
 	})
 }
+
+// A workflow step may be a durable handler: it parks, and the steps after
+// it start only when it has finished.
+func TestDurableWorkflowStep(t *testing.T) {
+	t.Parallel()
+	durableEnv(t, func(t *testing.T, b broker.Broker, c *tide.Client, serve func(tide.Config, tide.Handler)) {
+		var mu sync.Mutex
+		var ends []string
+		serve(tide.Config{Concurrency: 4}, tide.HandlerFunc(func(ctx context.Context, task *tide.Task) error {
+			step, _ := tide.GetStepName(ctx)
+			if step == "wait" {
+				if err := tide.Sleep(ctx, "nap", 200*time.Millisecond); err != nil {
+					return err
+				}
+			}
+			mu.Lock()
+			ends = append(ends, step)
+			mu.Unlock()
+			return nil
+		}))
+		wf := tide.NewWorkflow("durable-1").
+			Add("wait", tide.NewTask("step", nil)).
+			Add("after", tide.NewTask("step", nil), tide.After("wait"))
+		ctx := t.Context()
+		if _, err := c.EnqueueWorkflow(ctx, wf); err != nil {
+			t.Fatal(err)
+		}
+		awaitTaskState(t, b, "default", "durable-1/wait", tide.StateWaiting)
+		got := waitFlow(t, tide.NewInspector(b), "durable-1")
+		mu.Lock()
+		defer mu.Unlock()
+		if got.State != tide.FlowSucceeded || strings.Join(ends, ",") != "wait,after" {
+			t.Fatalf("workflow %v, steps ended %v; want succeeded, wait then after", got.State, ends)
+		}
+	})
+}
