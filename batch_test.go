@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // A 10,000-task batch processed by two servers: the callback runs exactly
@@ -62,12 +63,12 @@ func TestBatchCallbackRunsOnce(t *testing.T) {
 	}
 	in := tide.NewInspector(e.b)
 	var got *tide.BatchInfo
-	eventually(t, 3*time.Minute, "the batch to end", func() bool {
+	testwait.For(t, 3*time.Minute, "the batch to end", func() bool {
 		got, err = in.GetBatch(ctx, info.ID)
 		return err == nil && !got.FinishedAt.IsZero()
 	})
 	// Every follow-up has run: nothing left in the queue.
-	eventually(t, 30*time.Second, "the queue to drain", func() bool {
+	testwait.For(t, 30*time.Second, "the queue to drain", func() bool {
 		qi, err := in.QueueInfo(ctx, "import")
 		return err == nil && qi.Pending+qi.Active+qi.Retry == 0
 	})

@@ -26,7 +26,7 @@ func (f BatchHandlerFunc) ProcessBatch(ctx context.Context, tasks []*Task) []err
 }
 
 // BatchOption configures HandleBatch.
-type BatchOption func(*batcher)
+type BatchOption func(*gatherer)
 
 // Defaults of HandleBatch.
 const (
@@ -42,7 +42,7 @@ func BatchSize(n int) BatchOption {
 	if n < 1 {
 		panic(fmt.Sprintf("tide: BatchSize(%d): must be at least 1", n))
 	}
-	return func(b *batcher) { b.size = n }
+	return func(b *gatherer) { b.size = n }
 }
 
 // BatchWait sets how long a batch waits for more tasks after its first one
@@ -51,7 +51,7 @@ func BatchWait(d time.Duration) BatchOption {
 	if d <= 0 {
 		panic(fmt.Sprintf("tide: BatchWait(%v): must be positive", d))
 	}
-	return func(b *batcher) { b.wait = d }
+	return func(b *gatherer) { b.wait = d }
 }
 
 // HandleBatch registers h for pattern (matched as Handle matches it): the
@@ -73,18 +73,18 @@ func (m *ServeMux) HandleBatch(pattern string, h BatchHandler, opts ...BatchOpti
 	if f, ok := h.(BatchHandlerFunc); ok && f == nil {
 		panic("tide: ServeMux.HandleBatch: nil handler for " + pattern)
 	}
-	b := &batcher{h: h, size: DefaultBatchSize, wait: DefaultBatchWait}
+	b := &gatherer{h: h, size: DefaultBatchSize, wait: DefaultBatchWait}
 	for _, o := range opts {
 		o(b)
 	}
 	m.Handle(pattern, b)
 }
 
-// batcher is the Handler HandleBatch registers: the first task of a batch
+// gatherer is the Handler HandleBatch registers: the first task of a batch
 // (its leader) waits until the batch is full, BatchWait has passed or its
 // own context ends, then runs the batch handler in its own goroutine; the
 // others wait for the result. No goroutine is started.
-type batcher struct {
+type gatherer struct {
 	h    BatchHandler
 	size int
 	wait time.Duration
@@ -101,7 +101,7 @@ type batch struct {
 }
 
 // ProcessTask implements Handler: it adds t to the batch being filled.
-func (b *batcher) ProcessTask(ctx context.Context, t *Task) error {
+func (b *gatherer) ProcessTask(ctx context.Context, t *Task) error {
 	own := *t
 	own.ctx = ctx
 	b.mu.Lock()
@@ -141,7 +141,7 @@ func (b *batcher) ProcessTask(ctx context.Context, t *Task) error {
 }
 
 // run calls the batch handler and returns one error per task.
-func (b *batcher) run(tasks []*Task) (errs []error) {
+func (b *gatherer) run(tasks []*Task) (errs []error) {
 	ctx, cancel := batchContext(tasks)
 	defer cancel()
 	defer func() {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // A batch handler gets the tasks of its type in batches of at most
@@ -139,7 +140,7 @@ func TestHandleBatchShutdown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the task to be active", func() bool { return e.info("default", info.ID).State == tide.StateActive })
+	testwait.For(t, 10*time.Second, "the task to be active", func() bool { return e.info("default", info.ID).State == tide.StateActive })
 	done := make(chan struct{})
 	go func() { s.Shutdown(); close(done) }()
 	select {

@@ -12,6 +12,7 @@ import (
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/internal/testlog"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // deaf is a broker whose subscriptions never deliver cancellations, as when a
@@ -113,7 +114,7 @@ func TestCancelledTaskOfADeadWorkerIsArchived(t *testing.T) {
 	if err := e.c.Cancel(ctx, "default", info.ID); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the lease to be recovered", func() bool {
+	testwait.For(t, 10*time.Second, "the lease to be recovered", func() bool {
 		r, err := e.b.Maintain(ctx, broker.MaintainRequest{Queue: "default", Owner: "m", OwnerTTL: time.Second, RecoverBackoff: time.Millisecond})
 		return err == nil && r.Recovered == 1
 	})

@@ -292,11 +292,8 @@ func prepare(t *Task, opts []Option, clock time.Time) (*TaskInfo, broker.Enqueue
 			// The lock lives with the group's tasks: unique within the group.
 			info.UniqueKey += "{" + o.group + "}"
 		}
-		if o.id != "" {
-			if err := broker.CheckGroupID(o.id, o.group); err != nil {
-				return nil, none, err
-			}
-		}
+		// An ID without the group's tag is the broker's to judge: it goes on
+		// a queue of one partition only (broker.CheckGroupID).
 	}
 	if o.notify != "" {
 		if info.Headers == nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker/redisbroker"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // crashWorkerEnv makes the test binary act as a worker process (see
@@ -56,7 +57,7 @@ func TestCrashedWorkerTaskIsRecovered(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	eventually(t, 20*time.Second, "the worker process to start the task", func() bool {
+	testwait.For(t, 20*time.Second, "the worker process to start the task", func() bool {
 		id, _ := e.rdb.Get(ctx, e.prefix+":test:started").Result()
 		return id == info.ID
 	})

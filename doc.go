@@ -96,9 +96,12 @@
 //	client.Enqueue(ctx, task, tide.Queue("emails"), tide.Group("tenant-42"))
 //	in.SetQueueLimits(ctx, "emails", tide.QueueLimits{GroupConcurrency: 2})
 //
-// A group's tasks live together (the group is their ID's hash tag, see
-// broker.Partition), so group limits are never split and are checked in the
-// step that leases, on Redis Cluster too. A handler returns
+// A group's tasks live together (in one partition of the queue), so group
+// limits are never split and are checked in the step that leases, on Redis
+// Cluster too. On a queue of one partition, the default, a grouped task
+// takes any ID (TaskID("order-cancel:42") with Group("shop-7")); on a queue
+// of several the ID carries the group as its hash tag ("…{shop-7}", see
+// Group). A handler returns
 // ThrottleGroup(d) to hold its task's whole group back for d. Replace with
 // TaskID debounces: a waiting task with the ID takes the new payload and
 // due time. Inspector.Groups lists the largest backlogs.

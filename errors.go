@@ -70,6 +70,11 @@ var (
 	// follow-up (FlowType): tide's own bookkeeping of a step's end, which
 	// finishes by itself (bulk deletes and archives pass over it).
 	ErrInternalTask = broker.ErrInternalTask
+	// ErrTaskState is wrapped by the error of Inspector.RunTask,
+	// Inspector.ArchiveTask and Inspector.CancelProcessing for a task whose
+	// state does not allow the action (running a pending task, archiving an
+	// active one, ...); the message names the state.
+	ErrTaskState = broker.ErrTaskState
 )
 
 // ErrServerClosed is returned by Server.Start and Server.Run after Shutdown.

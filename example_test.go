@@ -146,3 +146,29 @@ func ExampleRetrySchedule() {
 }
 
 func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// A grouped task keeps the ID you choose (on a queue of one partition, the
+// default): the order-cancel pattern, fair per shop, cancelled by the
+// order's ID.
+func ExampleGroup() {
+	b := membroker.New()
+	c := tide.NewClient(b)
+	ctx := context.Background()
+
+	info, err := c.Enqueue(ctx, tide.NewTask("order:cancel", []byte(`{"order_id":42}`)),
+		tide.TaskID("order-cancel:42"), tide.Group("shop-7"), tide.ProcessIn(15*time.Minute))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(info.ID, info.Group)
+	// The ID names one task of the queue, whatever the group.
+	_, err = c.Enqueue(ctx, tide.NewTask("order:cancel", nil), tide.TaskID("order-cancel:42"), tide.Group("shop-8"))
+	fmt.Println(errors.Is(err, tide.ErrTaskIDConflict))
+	// The order was paid.
+	fmt.Println(c.Cancel(ctx, "default", "order-cancel:42"))
+	// Output:
+	// order-cancel:42 shop-7
+	// true
+	// <nil>
+}

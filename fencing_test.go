@@ -10,6 +10,7 @@ import (
 
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // gate is a broker whose calls can be held, as a paused process holds them
@@ -131,7 +132,7 @@ func TestRecreatedTaskIDRefusesTheOldWorker(t *testing.T) {
 	close(aRelease) // ... its handler finished; the "done" is held
 
 	// A's lease expires and the task is recovered (here by a third party).
-	eventually(t, 10*time.Second, "the paused worker's lease to be recovered", func() bool {
+	testwait.For(t, 10*time.Second, "the paused worker's lease to be recovered", func() bool {
 		r, err := e.b.Maintain(ctx, broker.MaintainRequest{Queue: "default", Owner: "recoverer", OwnerTTL: time.Second, RecoverBackoff: time.Hour})
 		return err == nil && r.Recovered == 1
 	})
@@ -157,7 +158,7 @@ func TestRecreatedTaskIDRefusesTheOldWorker(t *testing.T) {
 
 	// A wakes up while B runs the new task: its stale "done" is refused.
 	g.release()
-	eventually(t, 10*time.Second, "the paused worker's settlement to be answered", func() bool {
+	testwait.For(t, 10*time.Second, "the paused worker's settlement to be answered", func() bool {
 		return len(g.heldSettlements()) > 0
 	})
 	if errs := g.heldSettlements(); len(errs) != 1 || !errors.Is(errs[0], tide.ErrLeaseLost) {

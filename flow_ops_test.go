@@ -12,6 +12,7 @@ import (
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/broker/redisbroker"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // ranLog records which tasks' handlers started, by task ID.
@@ -107,7 +108,7 @@ func TestOperatorActionsEndFlows(t *testing.T) {
 			}
 			e.server(tide.Config{Queues: map[string]int{q: 1}}, ran.handler(nil))
 			var got *tide.BatchInfo
-			eventually(t, 30*time.Second, "the batch to call back", func() bool {
+			testwait.For(t, 30*time.Second, "the batch to call back", func() bool {
 				got, err = in.GetBatch(ctx, b.ID)
 				return err == nil && got.State != tide.FlowRunning && ran.count(b.CallbackID) == 1
 			})
@@ -185,12 +186,12 @@ func TestBatchSurvivesShutdownRequeue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the member to start", func() bool { return ran.count(b.ID+"/0") == 1 })
+	testwait.For(t, 10*time.Second, "the member to start", func() bool { return ran.count(b.ID+"/0") == 1 })
 	first.Shutdown() // interrupts the blocked member: requeued
 	close(block)
 	e.server(tide.Config{Concurrency: 2, Queues: map[string]int{"deploy": 1}}, ran.handler(nil))
 	var got *tide.BatchInfo
-	eventually(t, 30*time.Second, "the batch to end", func() bool {
+	testwait.For(t, 30*time.Second, "the batch to end", func() bool {
 		got, err = in.GetBatch(ctx, b.ID)
 		return err == nil && got.State != tide.FlowRunning && ran.count(b.CallbackID) == 1
 	})
@@ -336,7 +337,7 @@ func TestFlowCreationStoppedHalfway(t *testing.T) {
 	var ran ranLog
 	e.server(tide.Config{}, ran.handler(nil))
 	var got *tide.BatchInfo
-	eventually(t, 30*time.Second, "the batch to be repaired and end", func() bool {
+	testwait.For(t, 30*time.Second, "the batch to be repaired and end", func() bool {
 		got, err = in.GetBatch(ctx, b.ID)
 		return err == nil && got.State != tide.FlowRunning && ran.count(b.CallbackID) == 1
 	})
@@ -353,7 +354,7 @@ func TestFlowCreationStoppedHalfway(t *testing.T) {
 func waitEnded(t *testing.T, in *tide.Inspector, id string) *tide.WorkflowInfo {
 	t.Helper()
 	var wf *tide.WorkflowInfo
-	eventually(t, 30*time.Second, "workflow "+id+" to end", func() bool {
+	testwait.For(t, 30*time.Second, "workflow "+id+" to end", func() bool {
 		var err error
 		wf, err = in.GetWorkflow(context.Background(), id)
 		return err == nil && wf.State != tide.FlowRunning && !wf.FinishedAt.IsZero()

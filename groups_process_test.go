@@ -16,6 +16,7 @@ import (
 
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker/redisbroker"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // groupWorkerEnv makes the test binary act as a server process (see
@@ -158,7 +159,7 @@ func TestGroupLimitsAcrossProcesses(t *testing.T) {
 	}
 	log := e.prefix + ":test:iv"
 	victim := strconv.Itoa(procs[0].Process.Pid)
-	eventually(t, 20*time.Second, "the first process to run a task", func() bool {
+	testwait.For(t, 20*time.Second, "the first process to run a task", func() bool {
 		lines, _ := e.rdb.LRange(ctx, log, 0, -1).Result()
 		open := 0
 		for _, l := range lines {
@@ -182,7 +183,7 @@ func TestGroupLimitsAcrossProcesses(t *testing.T) {
 	}
 	killedAt := now.UnixMicro()
 	in := tide.NewInspector(e.b)
-	eventually(t, 60*time.Second, "every task to finish", func() bool {
+	testwait.For(t, 60*time.Second, "every task to finish", func() bool {
 		qi, err := in.QueueInfo(ctx, q)
 		return err == nil && qi.Size == 0
 	})

@@ -97,12 +97,19 @@ func (in *Inspector) History(ctx context.Context, queue string, n int) ([]DailyS
 }
 
 // GetTaskInfo returns the task with the given queue and ID, or
-// ErrTaskNotFound.
+// ErrTaskNotFound. For an active task it also tells when its lease expires
+// and, from the live servers' heartbeats (at most 5 s old), on which server
+// it runs and since when; those two stay empty when the heartbeats cannot be
+// read.
 func (in *Inspector) GetTaskInfo(ctx context.Context, queue, id string) (*TaskInfo, error) {
 	if err := checkQueueAndID(queue, id); err != nil {
 		return nil, err
 	}
-	return in.b.GetTask(ctx, queue, id)
+	t, err := in.b.GetTask(ctx, queue, id)
+	if err == nil && t.State == StateActive {
+		in.joinRunning(ctx, []*TaskInfo{t})
+	}
+	return t, err
 }
 
 // MaxPageSize is the largest page ListTasks returns.

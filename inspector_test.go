@@ -10,6 +10,7 @@ import (
 
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker/redisbroker"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 func TestInspectorQueuesAndListing(t *testing.T) {
@@ -143,7 +144,7 @@ func TestInspectorCancelProcessingAndServers(t *testing.T) {
 	}
 	<-started
 	var ss []tide.ServerInfo
-	eventually(t, 15*time.Second, "the server to report its active task", func() bool {
+	testwait.For(t, 15*time.Second, "the server to report its active task", func() bool {
 		ss, err = in.Servers(ctx)
 		return err == nil && len(ss) == 1 && len(ss[0].Active) == 1
 	})
@@ -170,7 +171,7 @@ func TestInspectorCancelProcessingAndServers(t *testing.T) {
 	if !strings.Contains(ti.LastErr, "cancelled") {
 		t.Fatalf("archived with %q", ti.LastErr)
 	}
-	if err := in.CancelProcessing(ctx, "default", info.ID); err == nil || !strings.Contains(err.Error(), "not active") {
+	if err := in.CancelProcessing(ctx, "default", info.ID); !errors.Is(err, tide.ErrTaskState) || !strings.Contains(err.Error(), "not active") {
 		t.Fatalf("cancel archived: %v", err)
 	}
 	qi, err := in.QueueInfo(ctx, "default")
@@ -209,13 +210,22 @@ func TestInspectorOperatorViews(t *testing.T) {
 	}
 	<-running
 	var active []*tide.TaskInfo
-	eventually(t, 15*time.Second, "the running task with its server", func() bool {
+	testwait.For(t, 15*time.Second, "the running task with its server", func() bool {
 		var err error
 		active, err = in.ListTasks(ctx, "default", tide.StateActive, 1, 10)
 		return err == nil && len(active) == 1 && active[0].Server == "worker-9"
 	})
 	if a := active[0]; a.StartedAt.IsZero() || a.LeaseExpiresAt.Before(time.Now()) {
 		t.Fatalf("running task: started %v, lease until %v", a.StartedAt, a.LeaseExpiresAt)
+	}
+	// GetTaskInfo tells the same of one task, without a listing.
+	one, err := in.GetTaskInfo(ctx, "default", active[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if one.Server != "worker-9" || !one.StartedAt.Equal(active[0].StartedAt) || one.LeaseExpiresAt.Before(time.Now()) {
+		t.Fatalf("GetTaskInfo of the running task: server %q, started %v, lease until %v; want worker-9, %v, a future expiry",
+			one.Server, one.StartedAt, one.LeaseExpiresAt, active[0].StartedAt)
 	}
 	close(release)
 
@@ -256,7 +266,7 @@ func TestInspectorOperatorViews(t *testing.T) {
 	}
 	t.Cleanup(s.Shutdown)
 	var runs []tide.CronRun
-	eventually(t, 20*time.Second, "three ticks run", func() bool {
+	testwait.For(t, 20*time.Second, "three ticks run", func() bool {
 		es, err := in.SchedulerEntries(ctx)
 		if err != nil || len(es) != 1 {
 			return false

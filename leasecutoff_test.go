@@ -15,6 +15,7 @@ import (
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/internal/faultproxy"
 	"github.com/tidequeue/tide/internal/testlog"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // TestCutOffWorkerStopsBeforeLeaseEnds checks that a queue's Concurrency
@@ -43,17 +44,15 @@ func TestCutOffWorkerStopsBeforeLeaseEnds(t *testing.T) {
 		// after a third of the lease instead of the 3 s read timeout.
 		ctxTimeouts bool
 		cut         func(px *faultproxy.Proxy)
-		restore     func(px *faultproxy.Proxy)
+		restore     func(t *testing.T, px *faultproxy.Proxy)
 	}{
-		{"Hang", false, (*faultproxy.Proxy).Pause, (*faultproxy.Proxy).Resume},
-		{"HangWithContextTimeouts", true, (*faultproxy.Proxy).Pause, (*faultproxy.Proxy).Resume},
+		{"Hang", false, (*faultproxy.Proxy).Pause, func(_ *testing.T, px *faultproxy.Proxy) { px.Resume() }},
+		{"HangWithContextTimeouts", true, (*faultproxy.Proxy).Pause, func(_ *testing.T, px *faultproxy.Proxy) { px.Resume() }},
 		// Refused for longer than A's handler can run on without renewals
 		// (a lease and a third, before the fix); then A reconnects, so
 		// that its Shutdown does not wait on unreachable Redis.
-		{"Refuse", false, func(px *faultproxy.Proxy) { px.Cut(3 * lease) }, func(px *faultproxy.Proxy) {
-			for px.Down() {
-				time.Sleep(10 * time.Millisecond)
-			}
+		{"Refuse", false, func(px *faultproxy.Proxy) { px.Cut(3 * lease) }, func(t *testing.T, px *faultproxy.Proxy) {
+			testwait.For(t, 30*time.Second, "the cut to end", func() bool { return !px.Down() })
 		}},
 	}
 	for _, l := range limits {
@@ -159,7 +158,7 @@ func TestCutOffWorkerStopsBeforeLeaseEnds(t *testing.T) {
 
 				f.cut(px)
 				cutAt := time.Now()
-				eventually(t, 30*time.Second, "task 2 to start", func() bool {
+				testwait.For(t, 30*time.Second, "task 2 to start", func() bool {
 					mu.Lock()
 					defer mu.Unlock()
 					return !nextStart.IsZero()
@@ -183,7 +182,7 @@ func TestCutOffWorkerStopsBeforeLeaseEnds(t *testing.T) {
 					end.Sub(cutAt).Round(time.Millisecond), start.Sub(cutAt).Round(time.Millisecond))
 
 				// A's settlement of task 1 is discarded; B runs it again.
-				f.restore(px)
+				f.restore(t, px)
 				stopAt := time.Now()
 				a.Shutdown()
 				t.Logf("A shut down in %v", time.Since(stopAt).Round(time.Millisecond))

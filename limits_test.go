@@ -15,6 +15,7 @@ import (
 	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/broker/membroker"
 	"github.com/tidequeue/tide/broker/redisbroker"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // gauge counts handlers running at once and remembers the most.
@@ -64,7 +65,7 @@ func TestQueueLimitsConcurrencyAcrossServers(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			eventually(t, 30*time.Second, "every task to complete", func() bool { return done.Load() == tasks })
+			testwait.For(t, 30*time.Second, "every task to complete", func() bool { return done.Load() == tasks })
 			if p := g.peak.Load(); p > limit {
 				t.Fatalf("%d handlers ran at once under Concurrency %d", p, limit)
 			}
@@ -105,7 +106,7 @@ func TestQueueLimitsDeadServerGivesSlotsBack(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 10*time.Second, "the stuck server to take every slot", func() bool { return hung.Load() == limit })
+	testwait.For(t, 10*time.Second, "the stuck server to take every slot", func() bool { return hung.Load() == limit })
 	var g gauge
 	var done atomic.Int64
 	e.server(cfg, tide.HandlerFunc(func(ctx context.Context, _ *tide.Task) error {
@@ -123,7 +124,7 @@ func TestQueueLimitsDeadServerGivesSlotsBack(t *testing.T) {
 	}
 	dead.Shutdown() // gives up after ShutdownTimeout and a second; leases stop being renewed
 	in := tide.NewInspector(e.b)
-	eventually(t, 30*time.Second, "every task to be done by the live server", func() bool {
+	testwait.For(t, 30*time.Second, "every task to be done by the live server", func() bool {
 		qi, err := in.QueueInfo(ctx, q)
 		return err == nil && qi.Size == 0
 	})
@@ -165,7 +166,7 @@ func TestQueueLimitsRuntimeChange(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 10*time.Second, "2 tasks to run", func() bool { return g.cur.Load() == 2 })
+	testwait.For(t, 10*time.Second, "2 tasks to run", func() bool { return g.cur.Load() == 2 })
 	time.Sleep(200 * time.Millisecond)
 	if p := g.peak.Load(); p != 2 {
 		t.Fatalf("%d tasks ran at once under Concurrency 2", p)
@@ -173,7 +174,7 @@ func TestQueueLimitsRuntimeChange(t *testing.T) {
 	if err := in.SetQueueLimits(ctx, q, tide.QueueLimits{Concurrency: 7}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "7 tasks to run after raising the limit", func() bool { return g.cur.Load() == 7 })
+	testwait.For(t, 10*time.Second, "7 tasks to run after raising the limit", func() bool { return g.cur.Load() == 7 })
 	time.Sleep(200 * time.Millisecond)
 	if p := g.peak.Load(); p != 7 {
 		t.Fatalf("%d tasks ran at once under Concurrency 7", p)
@@ -181,9 +182,9 @@ func TestQueueLimitsRuntimeChange(t *testing.T) {
 	if err := in.SetQueueLimits(ctx, q, tide.QueueLimits{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "every task to run without a limit", func() bool { return g.cur.Load() == 20 })
+	testwait.For(t, 10*time.Second, "every task to run without a limit", func() bool { return g.cur.Load() == 20 })
 	close(gate)
-	eventually(t, 10*time.Second, "the queue to empty", func() bool {
+	testwait.For(t, 10*time.Second, "the queue to empty", func() bool {
 		qi, err := in.QueueInfo(ctx, q)
 		return err == nil && qi.Size == 0
 	})
@@ -239,7 +240,7 @@ func TestQueueLimitsRepartition(t *testing.T) {
 			}
 		}
 	})
-	eventually(t, 60*time.Second, "every task to complete", func() bool { return done.Load() == tasks })
+	testwait.For(t, 60*time.Second, "every task to complete", func() bool { return done.Load() == tasks })
 	wg.Wait()
 	if p := g.peak.Load(); p > limit {
 		t.Fatalf("%d handlers ran at once under Concurrency %d", p, limit)
@@ -254,7 +255,7 @@ func TestQueueLimitsRepartition(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 10*time.Second, "the limit to be reached on the new layout", func() bool { return held.cur.Load() == limit })
+	testwait.For(t, 10*time.Second, "the limit to be reached on the new layout", func() bool { return held.cur.Load() == limit })
 	time.Sleep(200 * time.Millisecond)
 	if p := held.peak.Load(); p != limit {
 		t.Fatalf("%d tasks held at once under Concurrency %d", p, limit)
@@ -341,7 +342,7 @@ func TestQueueLimitsRate(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			eventually(t, 30*time.Second, "every task to run", func() bool { return st.len() == tasks })
+			testwait.For(t, 30*time.Second, "every task to run", func() bool { return st.len() == tasks })
 			checkRate(t, &st, limit, per)
 		})
 	}
@@ -372,11 +373,11 @@ func TestQueueLimitsRateRepartition(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 10*time.Second, "the first second's starts", func() bool { return st.len() >= limit })
+	testwait.For(t, 10*time.Second, "the first second's starts", func() bool { return st.len() >= limit })
 	if err := e.b.Repartition(ctx, q, 4, nil); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "every task to run", func() bool { return st.len() == tasks })
+	testwait.For(t, 30*time.Second, "every task to run", func() bool { return st.len() == tasks })
 	checkRate(t, &st, limit, per)
 	if got, err := tide.NewInspector(e.b).QueueLimits(ctx, q); err != nil || got != cfg.QueueLimits[q] {
 		t.Fatalf("QueueLimits after repartitioning = %+v, %v; want %+v", got, err, cfg.QueueLimits[q])
@@ -461,9 +462,9 @@ func TestQueueLimitsFollowBacklog(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			eventually(t, 10*time.Second, fmt.Sprintf("%d handlers to run at once", limit), func() bool { return g.cur.Load() == int64(limit) })
+			testwait.For(t, 10*time.Second, fmt.Sprintf("%d handlers to run at once", limit), func() bool { return g.cur.Load() == int64(limit) })
 			free()
-			eventually(t, 10*time.Second, "every task to run", func() bool { return done.Load() == int64(len(ids)) })
+			testwait.For(t, 10*time.Second, "every task to run", func() bool { return done.Load() == int64(len(ids)) })
 			if p := g.peak.Load(); p > int64(limit) {
 				t.Fatalf("%d handlers ran at once under Concurrency %d", p, limit)
 			}

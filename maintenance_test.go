@@ -12,6 +12,7 @@ import (
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // Completed tasks are trimmed as fast as they complete: 20,000 tasks kept
@@ -34,12 +35,12 @@ func TestRetentionTrimmingKeepsPace(t *testing.T) {
 	e.server(tide.Config{Concurrency: 50}, tide.HandlerFunc(func(context.Context, *tide.Task) error { return nil }))
 	in := tide.NewInspector(e.b)
 	var qi *tide.QueueInfo
-	eventually(t, 60*time.Second, "every task to be processed", func() bool {
+	testwait.For(t, 60*time.Second, "every task to be processed", func() bool {
 		var err error
 		qi, err = in.QueueInfo(ctx, "default")
 		return err == nil && qi.Pending+qi.Active+qi.Scheduled+qi.Retry == 0
 	})
-	eventually(t, 5*time.Second, "the completed tasks to be trimmed", func() bool {
+	testwait.For(t, 5*time.Second, "the completed tasks to be trimmed", func() bool {
 		var err error
 		qi, err = in.QueueInfo(ctx, "default")
 		return err == nil && qi.Completed <= 100
@@ -86,7 +87,7 @@ func TestServerStartRefusesAnotherPartitionCount(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(s2.Shutdown)
-	eventually(t, 10*time.Second, "every task to run on the adopting server", func() bool {
+	testwait.For(t, 10*time.Second, "every task to run on the adopting server", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(ran) == 8

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/internal/testwait"
 	"github.com/tidequeue/tide/webhook"
 )
 
@@ -92,7 +93,7 @@ func TestNotifyRefusesPrivateAddresses(t *testing.T) {
 	byName := strings.Replace(srv.URL, "http://127.0.0.1", "http://user:pa55@localhost", 1) + "/hook?token=SECRET"
 	enqueueNotified(t, e, byIP)
 	enqueueNotified(t, e, byName)
-	eventually(t, 20*time.Second, "both notifications archived, or one delivered", func() bool {
+	testwait.For(t, 20*time.Second, "both notifications archived, or one delivered", func() bool {
 		return len(hits()) > 0 || len(e.notifications(tide.StateArchived)) == 2
 	})
 	if h := hits(); len(h) > 0 {
@@ -134,7 +135,7 @@ func TestNotifyRedirects(t *testing.T) {
 		}
 		return m
 	}
-	eventually(t, 20*time.Second, "the 302 retried and the 307 landed", func() bool {
+	testwait.For(t, 20*time.Second, "the 302 retried and the 307 landed", func() bool {
 		p := paths()
 		return len(p["/moved"]) > 0 || len(e.notifications(tide.StateRetry)) == 1 && len(p["/landed"]) == 1
 	})
@@ -169,7 +170,7 @@ func TestNotifyAllowedHosts(t *testing.T) {
 	srv, hits := notifyRecorder(t, nil)
 	e.server(tide.Config{NotifyAllowPrivate: true, NotifyAllowedHosts: []string{"hooks.example.test"}, RetryDelayFunc: notifyFailuresWait}, succeed)
 	enqueueNotified(t, e, srv.URL+"/hook")
-	eventually(t, 20*time.Second, "the notification archived, or delivered", func() bool {
+	testwait.For(t, 20*time.Second, "the notification archived, or delivered", func() bool {
 		return len(hits()) > 0 || len(e.notifications(tide.StateArchived)) == 1
 	})
 	if h := hits(); len(h) > 0 {
@@ -204,7 +205,7 @@ func TestNotifyErrorIsRedacted(t *testing.T) {
 	for u := range want {
 		enqueueNotified(t, e, u)
 	}
-	eventually(t, 20*time.Second, "both notifications to fail", func() bool {
+	testwait.For(t, 20*time.Second, "both notifications to fail", func() bool {
 		return len(e.notifications(tide.StateRetry)) == 2
 	})
 	got := map[string]string{}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/internal/testwait"
 	"github.com/tidequeue/tide/webhook"
 )
 
@@ -75,7 +76,7 @@ func TestNotifyURL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 20*time.Second, "both notifications", func() bool { return len(got()) == 2 })
+	testwait.For(t, 20*time.Second, "both notifications", func() bool { return len(got()) == 2 })
 	byID := map[string]received{}
 	for _, r := range got() {
 		if r.sig != nil {

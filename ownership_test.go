@@ -9,6 +9,7 @@ import (
 
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker/redisbroker"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // TestPartitionOwnershipMovesWhenTheOwnerStops: each partition is maintained
@@ -26,7 +27,7 @@ func TestPartitionOwnershipMovesWhenTheOwnerStops(t *testing.T) {
 	owner := func(p int) string {
 		return e.rdb.Get(ctx, fmt.Sprintf("%s:{default:%d}:owner", e.prefix, p)).Val()
 	}
-	eventually(t, 10*time.Second, "A to own both partitions", func() bool { return owner(0) == "A" && owner(1) == "A" })
+	testwait.For(t, 10*time.Second, "A to own both partitions", func() bool { return owner(0) == "A" && owner(1) == "A" })
 	e.server(tide.Config{ServerID: "B", LeaseDuration: time.Second}, handler(&ranOnB))
 	time.Sleep(200 * time.Millisecond)
 	if owner(0) != "A" || owner(1) != "A" {
@@ -40,8 +41,8 @@ func TestPartitionOwnershipMovesWhenTheOwnerStops(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 15*time.Second, "B to take over both partitions", func() bool { return owner(0) == "B" && owner(1) == "B" })
-	eventually(t, 15*time.Second, "B to run every scheduled task", func() bool { return ranOnB.Load() == n })
+	testwait.For(t, 15*time.Second, "B to take over both partitions", func() bool { return owner(0) == "B" && owner(1) == "B" })
+	testwait.For(t, 15*time.Second, "B to run every scheduled task", func() bool { return ranOnB.Load() == n })
 	if ranOnA.Load() != 0 {
 		t.Fatalf("stopped server ran %d tasks", ranOnA.Load())
 	}
@@ -67,7 +68,7 @@ func TestShutdownReleasesPartitionClaims(t *testing.T) {
 		}
 		return out
 	}
-	eventually(t, 10*time.Second, "the server to claim every partition", func() bool { return len(owners()) == 3 })
+	testwait.For(t, 10*time.Second, "the server to claim every partition", func() bool { return len(owners()) == 3 })
 	s.Shutdown()
 	if o := owners(); len(o) != 0 {
 		t.Fatalf("claims left after a clean shutdown: %v (they would block other servers for up to 10s)", o)

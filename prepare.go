@@ -115,11 +115,6 @@ func (c *Client) checkPrepared(info *TaskInfo) (*TaskInfo, error) {
 		if err := broker.CheckGroup(info.Group); err != nil {
 			return nil, err
 		}
-		if info.ID != "" {
-			if err := broker.CheckGroupID(info.ID, info.Group); err != nil {
-				return nil, err
-			}
-		}
 		if info.UniqueKey != "" && broker.HashTag(info.UniqueKey) != info.Group {
 			return nil, fmt.Errorf("%w: unique key %q of a task of group %q must end in {%s}: prepare the task with Prepare", ErrInvalidTask, info.UniqueKey, info.Group, info.Group)
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // A task that replaces a finished task of an ordered group (Replace with
@@ -60,7 +61,7 @@ func TestReplaceFinishedRunsInOrder(t *testing.T) {
 		t.Fatalf("Replace of the completed task: %v", err)
 	}
 	close(release)
-	eventually(t, 10*time.Second, "every task to run", func() bool {
+	testwait.For(t, 10*time.Second, "every task to run", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(order) == 4
@@ -110,12 +111,12 @@ func TestRateCountsStartsBeforeChange(t *testing.T) {
 				}
 			}
 			enqueue(tc.first)
-			eventually(t, 10*time.Second, "the tasks before the change to run", func() bool { return st.len() == tc.first })
+			testwait.For(t, 10*time.Second, "the tasks before the change to run", func() bool { return st.len() == tc.first })
 			if err := in.SetQueueLimits(ctx, q, tide.QueueLimits{Rate: tc.after}); err != nil {
 				t.Fatal(err)
 			}
 			enqueue(10)
-			eventually(t, 30*time.Second, "every task to run", func() bool { return st.len() == tc.first+10 })
+			testwait.For(t, 30*time.Second, "every task to run", func() bool { return st.len() == tc.first+10 })
 			// The starts before the change obey their own limit only;
 			// every window that ends at a later start holds at most the
 			// new limit (less the handlers' start-up jitter, see
@@ -164,14 +165,14 @@ func TestDeleteQueueKeepsServersLimits(t *testing.T) {
 		}
 	}
 	enqueue(1)
-	eventually(t, 10*time.Second, "the first task to run", func() bool { return done.Load() == 1 })
+	testwait.For(t, 10*time.Second, "the first task to run", func() bool { return done.Load() == 1 })
 	in := tide.NewInspector(e.b)
-	eventually(t, 10*time.Second, "the queue to be deleted once empty", func() bool { return in.DeleteQueue(ctx, q) == nil })
+	testwait.For(t, 10*time.Second, "the queue to be deleted once empty", func() bool { return in.DeleteQueue(ctx, q) == nil })
 	if got, err := in.QueueLimits(ctx, q); err != nil || got.Concurrency != limit {
 		t.Fatalf("QueueLimits after DeleteQueue = %+v, %v; want Concurrency %d", got, err, limit)
 	}
 	enqueue(12)
-	eventually(t, 30*time.Second, "every task to run", func() bool { return done.Load() == 13 })
+	testwait.For(t, 30*time.Second, "every task to run", func() bool { return done.Load() == 13 })
 	if p := g.peak.Load(); p > limit {
 		t.Fatalf("%d handlers ran at once on the queue that came back, under Concurrency %d", p, limit)
 	}
@@ -223,7 +224,7 @@ func TestThrottleGroupOnRedisClock(t *testing.T) {
 	if _, err := e.c.Enqueue(ctx, tide.NewTask("call", []byte("second")), tide.Queue(q), tide.Group("tenant")); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 20*time.Second, "the group's second task to run", func() bool {
+	testwait.For(t, 20*time.Second, "the group's second task to run", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return !secondAt.IsZero()

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // A live queue changes its partition count twice (1 -> 4 -> 3) while
@@ -87,7 +88,7 @@ func TestRepartitionUnderLoad(t *testing.T) {
 		})
 	}
 	waitProduced := func(n int64) {
-		eventually(t, 30*time.Second, fmt.Sprint(n, " tasks to be produced"), func() bool { return count.Load() >= n })
+		testwait.For(t, 30*time.Second, fmt.Sprint(n, " tasks to be produced"), func() bool { return count.Load() >= n })
 	}
 	in := tide.NewInspector(e.b)
 
@@ -127,7 +128,7 @@ func TestRepartitionUnderLoad(t *testing.T) {
 	}
 	var want []string
 	produced.Range(func(k, _ any) bool { want = append(want, k.(string)); return true })
-	eventually(t, 60*time.Second, "every produced task to run", func() bool {
+	testwait.For(t, 60*time.Second, "every produced task to run", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, id := range want {

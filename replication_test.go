@@ -11,6 +11,7 @@ import (
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 func TestWaitForReplicas(t *testing.T) {
@@ -33,7 +34,7 @@ func TestWaitForReplicas(t *testing.T) {
 	host, port, _ := net.SplitHostPort(primary.Addr)
 	replica := redistest.Start(t, "--replicaof", host, port)
 	rrdb := redistest.Client(t, replica.Addr)
-	eventually(t, 20*time.Second, "the replica to sync", func() bool {
+	testwait.For(t, 20*time.Second, "the replica to sync", func() bool {
 		return strings.Contains(rrdb.Info(ctx, "replication").Val(), "master_link_status:up")
 	})
 	if _, err := c.Enqueue(ctx, tide.NewTask("t", nil), tide.WaitForReplicas(1, 5*time.Second)); err != nil {

@@ -263,7 +263,8 @@ func (o SchedulerOpts) withDefaults() (SchedulerOpts, error) {
 // follow robfig/cron. The scheduler sets each task's ID and keeps it for a
 // while after success (see Scheduler), so TaskID, ProcessAt and ProcessIn
 // are refused. Unique works (a tick is skipped while the previous tick's
-// task is unfinished) on queues with one partition.
+// task is unfinished) on queues with one partition, and so does Group (a
+// tick's ID does not carry the group's tag, see Group).
 //
 // Register returns an error naming the spec for a spec that does not parse
 // or never fires, an error wrapping ErrInvalidTask for a task Enqueue would
@@ -355,14 +356,19 @@ func (s *Scheduler) newEntry(e CronEntry) (*engine.CronEntry, registered, error)
 	if err != nil {
 		return nil, registered{}, err
 	}
-	if info.UniqueKey != "" {
+	if info.UniqueKey != "" || info.Group != "" {
 		// A tick's task has an ID, and the broker refuses Unique with an
-		// ID on a queue with several partitions.
+		// ID, and a group with an ID that lacks its tag, on a queue with
+		// several partitions.
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		n, err := s.b.Partitions(ctx, info.Queue)
 		cancel()
-		if err == nil && n > 1 {
+		switch {
+		case err != nil || n < 2:
+		case info.UniqueKey != "":
 			return nil, registered{}, fmt.Errorf("%w: a periodic task cannot be Unique on queue %q, which has %d partitions (each tick's ID already makes it unique)", ErrInvalidTask, info.Queue, n)
+		default:
+			return nil, registered{}, fmt.Errorf("%w: a periodic task cannot be in a group on queue %q, which has %d partitions (a tick's ID does not carry the group's tag); use a queue of one partition", ErrInvalidTask, info.Queue, n)
 		}
 	}
 	return &engine.CronEntry{

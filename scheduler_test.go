@@ -18,6 +18,7 @@ import (
 
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/internal/testwait"
 	"github.com/tidequeue/tide/tidetype"
 )
 
@@ -184,15 +185,12 @@ func TestSchedulerReplicasEnqueueEachTickOnce(t *testing.T) {
 		}
 		return ""
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		w := waiting()
-		if w == "" {
-			break
+	testwait.Until(t, 10*time.Second, func() error {
+		if w := waiting(); w != "" {
+			return errors.New(w)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after 10s waiting for the ticks to be processed: %s", w)
-		}
-	}
+		return nil
+	})
 
 	calls := rec.snapshot()
 	total := 0
@@ -298,9 +296,21 @@ func TestSchedulerRegisterValidation(t *testing.T) {
 		t.Error("invalid misfire policy accepted")
 	}
 
-	// Unique works on a single-partition queue.
+	// Unique works on a single-partition queue, and so does Group; on a
+	// queue of several partitions both are refused.
 	if _, err := s.Register("@every 5s", tide.NewTask("job:unique", nil), tide.Unique(time.Minute)); err != nil {
 		t.Errorf("Unique entry: %v", err)
+	}
+	if _, err := s.Register("@every 5s", tide.NewTask("job:grouped", nil), tide.Group("tenant-1")); err != nil {
+		t.Errorf("grouped entry: %v", err)
+	}
+	if err := tide.NewInspector(e.b).Repartition(context.Background(), "parted", 3, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []tide.Option{tide.Unique(time.Minute), tide.Group("tenant-1")} {
+		if _, err := s.Register("@every 5s", tide.NewTask("job:parted", nil), tide.Queue("parted"), o); !errors.Is(err, tide.ErrInvalidTask) || !strings.Contains(err.Error(), "3 partitions") {
+			t.Errorf("Unique or Group on 3 partitions: %v, want ErrInvalidTask", err)
+		}
 	}
 
 	// The same entry twice is refused, as is a name taken.
@@ -587,7 +597,7 @@ func TestSchedulerMisfireAtStart(t *testing.T) {
 	if err := s2.Start(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the restarted scheduler to find its ticks taken", func() bool { return l2.count(logConflict) == 2 })
+	testwait.For(t, 5*time.Second, "the restarted scheduler to find its ticks taken", func() bool { return l2.count(logConflict) == 2 })
 	s2.Shutdown()
 	if n := l2.count(logEnqueued); n != 0 {
 		t.Errorf("restart enqueued %d ticks again", n)
@@ -680,7 +690,7 @@ func TestSchedulerPublishesEntries(t *testing.T) {
 	}
 	in := tide.NewInspector(e.b)
 	var got []tide.SchedulerEntry
-	eventually(t, 5*time.Second, "the entry to be published", func() bool {
+	testwait.For(t, 5*time.Second, "the entry to be published", func() bool {
 		got, err = in.SchedulerEntries(context.Background())
 		return err == nil && len(got) == 1 && !got[0].Prev.IsZero()
 	})

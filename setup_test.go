@@ -14,6 +14,7 @@ import (
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 func TestMain(m *testing.M) {
@@ -92,18 +93,6 @@ func testLogger(t *testing.T) *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
-// eventually polls cond until it holds or the (generous) timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func (e *env) info(queue, id string) *tide.TaskInfo {
 	e.t.Helper()
 	in := tide.NewInspector(e.b)
@@ -119,7 +108,7 @@ func (e *env) waitState(queue, id string, st tide.TaskState) *tide.TaskInfo {
 	e.t.Helper()
 	var ti *tide.TaskInfo
 	in := tide.NewInspector(e.b)
-	eventually(e.t, 10*time.Second, "task "+id+" to be "+st.String(), func() bool {
+	testwait.For(e.t, 10*time.Second, "task "+id+" to be "+st.String(), func() bool {
 		var err error
 		ti, err = in.GetTaskInfo(context.Background(), queue, id)
 		return err == nil && ti.State == st
@@ -131,7 +120,7 @@ func (e *env) waitState(queue, id string, st tide.TaskState) *tide.TaskInfo {
 func (e *env) waitGone(queue, id string) {
 	e.t.Helper()
 	in := tide.NewInspector(e.b)
-	eventually(e.t, 10*time.Second, "task "+id+" to be deleted", func() bool {
+	testwait.For(e.t, 10*time.Second, "task "+id+" to be deleted", func() bool {
 		_, err := in.GetTaskInfo(context.Background(), queue, id)
 		return err == tide.ErrTaskNotFound
 	})

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // EnqueueAndWait from many goroutines at once: each caller gets its own
@@ -131,7 +132,7 @@ func TestWaitSurvivesABrokenSubscription(t *testing.T) {
 		_, err := e.c.Wait(ctx, info.Queue, info.ID)
 		got <- err
 	}()
-	eventually(t, 10*time.Second, "the task to start", func() bool { return e.info(info.Queue, info.ID).State == tide.StateActive })
+	testwait.For(t, 10*time.Second, "the task to start", func() bool { return e.info(info.Queue, info.ID).State == tide.StateActive })
 	time.Sleep(50 * time.Millisecond)
 	// Cut every pub/sub connection (the servers' too), then end the task
 	// before the waiter could have subscribed again.

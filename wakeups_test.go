@@ -10,6 +10,7 @@ import (
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/broker/redisbroker"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // noFallback is a Redis broker whose maintenance never reports pending
@@ -75,7 +76,7 @@ func TestConcurrencyLimitGroupedKeepsMoving(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			eventually(t, wakeWait, "every grouped task to run with only events waking the server", func() bool { return done.Load() == tasks })
+			testwait.For(t, wakeWait, "every grouped task to run with only events waking the server", func() bool { return done.Load() == tasks })
 			if p := g.peak.Load(); p > limit {
 				t.Fatalf("%d handlers ran at once under Concurrency %d", p, limit)
 			}
@@ -123,7 +124,7 @@ func TestOrderedHolderRemovedWakes(t *testing.T) {
 			if _, err := e.c.Enqueue(ctx, tide.NewTask("step", []byte("probe")), tide.Queue(probe)); err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, wakeWait, "the probe task to run", func() bool { return probed.Load() == 1 })
+			testwait.For(t, wakeWait, "the probe task to run", func() bool { return probed.Load() == 1 })
 			if n := ran.Load(); n != 0 {
 				t.Fatalf("%d tasks of the group ran while its holder waited in retry", n)
 			}
@@ -135,7 +136,7 @@ func TestOrderedHolderRemovedWakes(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s: %v", how, err)
 			}
-			eventually(t, wakeWait, "the group's next task to run after its holder was removed", func() bool { return ran.Load() == 1 })
+			testwait.For(t, wakeWait, "the group's next task to run after its holder was removed", func() bool { return ran.Load() == 1 })
 		})
 	}
 }
@@ -173,7 +174,7 @@ func TestRunnableGroupBehindBlockedGroups(t *testing.T) {
 		t.Fatal(err)
 	}
 	in := tide.NewInspector(e.b)
-	eventually(t, 30*time.Second, "every group's first task to wait in retry", func() bool {
+	testwait.For(t, 30*time.Second, "every group's first task to wait in retry", func() bool {
 		qi, err := in.QueueInfo(ctx, q)
 		return err == nil && qi.Retry == blocked
 	})
@@ -183,7 +184,7 @@ func TestRunnableGroupBehindBlockedGroups(t *testing.T) {
 	if _, err := e.c.Enqueue(ctx, task("free", blocked), tide.Queue(q)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, wakeWait, "the one task that may run to run", func() bool { return ran.Load() == 1 })
+	testwait.For(t, wakeWait, "the one task that may run to run", func() bool { return ran.Load() == 1 })
 	if n := ran.Load(); n != 1 {
 		t.Fatalf("%d tasks ran, want only the free group's", n)
 	}

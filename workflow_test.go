@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // runLog records the starts and ends of steps in the order they happened.
@@ -55,7 +56,7 @@ func checkOrder(t *testing.T, events []string, deps map[string][]string) {
 func waitFlow(t *testing.T, in *tide.Inspector, id string) *tide.WorkflowInfo {
 	t.Helper()
 	var wf *tide.WorkflowInfo
-	eventually(t, 30*time.Second, "workflow "+id+" to end", func() bool {
+	testwait.For(t, 30*time.Second, "workflow "+id+" to end", func() bool {
 		var err error
 		wf, err = in.GetWorkflow(context.Background(), id)
 		return err == nil && wf.State != tide.FlowRunning
@@ -207,7 +208,7 @@ func TestCancelWorkflow(t *testing.T) {
 	if got.State != tide.FlowCanceled {
 		t.Fatalf("state = %v", got.State)
 	}
-	eventually(t, 10*time.Second, "the slow step to end cancelled", func() bool {
+	testwait.For(t, 10*time.Second, "the slow step to end cancelled", func() bool {
 		wf, err := tide.NewInspector(e.b).GetWorkflow(ctx, "cancel-1")
 		return err == nil && !wf.FinishedAt.IsZero() && wf.Canceled == 2
 	})

@@ -28,6 +28,12 @@ var floorClients = []int{1, 8}
 
 func floorKey(c int) string { return fmt.Sprintf("floor%d", c) }
 
+// floorShaKey names the EVALSHA rows: EVAL hashes the script body on every
+// call (to find it among the cached scripts), EVALSHA names it by the hash,
+// as go-redis's Script.Run and both systems do, so EVALSHA is the floor the
+// systems' calls compare with.
+func floorShaKey(c int) string { return fmt.Sprintf("floorSha%d", c) }
+
 // runFloor runs redis-benchmark once per entry of floorClients against the
 // bench's Redis and removes the keys it wrote.
 func runFloor(ctx context.Context, e *env, _ string) (results, error) {
@@ -40,34 +46,46 @@ func runFloor(ctx context.Context, e *env, _ string) (results, error) {
 		return nil, err
 	}
 	payload := strings.Repeat("x", payloadSize)
+	sha, err := e.admin.ScriptLoad(ctx, floorScript).Result()
+	if err != nil {
+		return nil, fmt.Errorf("SCRIPT LOAD the floor script: %w", err)
+	}
 	res := results{}
-	for _, c := range floorClients {
-		n := e.sz.floorN
-		if c > 1 {
-			n *= 3 // several times faster: keep the run about as long
-		}
-		// __rand_int__ is replaced by a random number (below -r) in every
-		// argument, so the script writes many small keys rather than one
-		// ever-growing list.
-		cmd := exec.CommandContext(ctx, bin, "-h", host, "-p", port,
-			"-c", strconv.Itoa(c), "-P", "1", "-n", strconv.Itoa(n), "-r", strconv.Itoa(floorRange), "--csv",
-			"EVAL", floorScript, "2", floorPrefix+"h:__rand_int__", floorPrefix+"l:__rand_int__", "__rand_int__", payload)
-		var out, errOut bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &errOut
-		if err := cmd.Run(); err != nil {
-			return nil, fmt.Errorf("redis-benchmark -c %d: %v\n%s%s", c, err, out.String(), errOut.String())
-		}
-		rps, err := parseBenchCSV(out.Bytes())
-		if err != nil {
-			return nil, fmt.Errorf("redis-benchmark -c %d: %v\n%s", c, err, out.String())
-		}
-		res[floorKey(c)] = val{v: rps}
-		if err := deleteMatching(ctx, e, floorPrefix+"*"); err != nil {
-			return nil, fmt.Errorf("clean up floor keys: %w", err)
+	for _, byHash := range []bool{false, true} {
+		for _, c := range floorClients {
+			n := e.sz.floorN
+			if c > 1 {
+				n *= 3 // several times faster: keep the run about as long
+			}
+			// __rand_int__ is replaced by a random number (below -r) in
+			// every argument, so the script writes many small keys rather
+			// than one ever-growing list.
+			cmdArgs := []string{"EVAL", floorScript}
+			key := floorKey(c)
+			if byHash {
+				cmdArgs, key = []string{"EVALSHA", sha}, floorShaKey(c)
+			}
+			args := append([]string{"-h", host, "-p", port,
+				"-c", strconv.Itoa(c), "-P", "1", "-n", strconv.Itoa(n), "-r", strconv.Itoa(floorRange), "--csv"},
+				append(cmdArgs, "2", floorPrefix+"h:__rand_int__", floorPrefix+"l:__rand_int__", "__rand_int__", payload)...)
+			cmd := exec.CommandContext(ctx, bin, args...)
+			var out, errOut bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &errOut
+			if err := cmd.Run(); err != nil {
+				return nil, fmt.Errorf("redis-benchmark %s -c %d: %v\n%s%s", cmdArgs[0], c, err, out.String(), errOut.String())
+			}
+			rps, err := parseBenchCSV(out.Bytes())
+			if err != nil {
+				return nil, fmt.Errorf("redis-benchmark %s -c %d: %v\n%s", cmdArgs[0], c, err, out.String())
+			}
+			res[key] = val{v: rps}
+			if err := deleteMatching(ctx, e, floorPrefix+"*"); err != nil {
+				return nil, fmt.Errorf("clean up floor keys: %w", err)
+			}
 		}
 	}
-	e.note("floor: redis-benchmark -c {1,8} -P 1 -r %d --csv EVAL \"%s\" 2 %sh:__rand_int__ %sl:__rand_int__ __rand_int__ <%d bytes>; %d / %d requests; keys deleted afterwards",
-		floorRange, floorScript, floorPrefix, floorPrefix, payloadSize, e.sz.floorN, 3*e.sz.floorN)
+	e.note("floor: redis-benchmark -c {1,8} -P 1 -r %d --csv EVAL \"%s\" 2 %sh:__rand_int__ %sl:__rand_int__ __rand_int__ <%d bytes>, and the same with EVALSHA %s (SCRIPT LOAD first); %d / %d requests; keys deleted afterwards",
+		floorRange, floorScript, floorPrefix, floorPrefix, payloadSize, sha, e.sz.floorN, 3*e.sz.floorN)
 	return res, nil
 }
 

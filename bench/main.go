@@ -37,6 +37,9 @@ func main() {
 	if kind := os.Getenv(envChild); kind != "" {
 		os.Exit(childMain(kind))
 	}
+	if len(os.Args) > 1 && (os.Args[1] == "-role" || strings.HasPrefix(os.Args[1], "-role=")) {
+		os.Exit(costChild(os.Args[1:]))
+	}
 	os.Exit(run())
 }
 
@@ -51,6 +54,13 @@ func run() int {
 	crashCap := flag.Duration("crash-cap", 0, "give up waiting for a crashed task after this long (default 120s, 15s with -quick)")
 	soak := flag.Duration("soak", 0, "how long the soak workload runs (default 30s, 15s with -quick)")
 	rounds := flag.Int("rounds", 1, "run the selected workloads this many times in turn (floor, tide, asynq, then floor, asynq, tide, ...) and report each figure's median; the ratios are the medians of each round's ratio, so that a machine whose speed drifts compares figures measured minutes apart less often")
+	cost := flag.Bool("cost", false, "run the cost mode instead of the workloads: single Enqueue from 1 and 8 goroutines and a task's whole life, each system's client and server in processes of their own, CPU per task, -rounds rounds (default 5) in turn")
+	costN := flag.Int("cost-n", 40000, "cost mode: tasks of the enqueue rows")
+	costLifeN := flag.Int("cost-life-n", 100000, "cost mode: tasks of the whole-life row")
+	costRowsFlag := flag.String("cost-rows", "", "cost mode: rows to run (default all): enq1,enq8,life")
+	costSystems := flag.String("cost-systems", sysTide+","+sysAsynq+","+sysBull, "cost mode: systems (BullMQ needs node and npm; it is installed into -bullmq-dir)")
+	bullDir := flag.String("bullmq-dir", ".bullmq", "cost mode: where the bullmq npm package is installed (once) and its runner written")
+	costProfile := flag.String("cost-profile", "", "cost mode: write CPU profiles of the Go children into this directory")
 	flag.Parse()
 
 	sz := fullSizes()
@@ -124,6 +134,26 @@ func run() int {
 			return 1
 		}
 		defer pprof.StopCPUProfile()
+	}
+
+	if *cost {
+		co := costOpts{rounds: 5, n: *costN, lifeN: *costLifeN, systems: splitList(*costSystems),
+			rows: splitList(*costRowsFlag), bullDir: *bullDir, profileTo: *costProfile}
+		flag.Visit(func(f *flag.Flag) {
+			if f.Name == "rounds" {
+				co.rounds = *rounds
+			}
+		})
+		if *quick {
+			co.n, co.lifeN = min(co.n, 5000), min(co.lifeN, 10000)
+		}
+		if co.profileTo != "" {
+			if err := os.MkdirAll(co.profileTo, 0o755); err != nil {
+				fmt.Fprintln(os.Stderr, "bench:", err)
+				return 1
+			}
+		}
+		return runCost(ctx, addr, admin, co)
 	}
 
 	e := &env{addr: addr, admin: admin, sz: sz}
@@ -410,10 +440,14 @@ var goals = []goal{
 	{"tide Enqueue, 1 goroutine ÷ floor, 1 client", [2]string{sysTide, "enq1"}, [2]string{sysFloor, floorKey(1)}, 0.9, "≥ 0.9 (within 10% of one round trip)"},
 	{"tide Enqueue, 8 goroutines ÷ asynq Enqueue, 8 goroutines", [2]string{sysTide, "enq8"}, [2]string{sysAsynq, "enq8"}, 2, "≥ 2"},
 	{"tide Enqueue, 8 goroutines ÷ floor, 8 clients", [2]string{sysTide, "enq8"}, [2]string{sysFloor, floorKey(8)}, 0, ""},
+	{"tide Enqueue, 1 goroutine ÷ EVALSHA floor, 1 client", [2]string{sysTide, "enq1"}, [2]string{sysFloor, floorShaKey(1)}, 0, ""},
+	{"tide Enqueue, 8 goroutines ÷ EVALSHA floor, 8 clients", [2]string{sysTide, "enq8"}, [2]string{sysFloor, floorShaKey(8)}, 0, ""},
 	{"tide, 8 tasks outstanding (ceiling of 8 callers) ÷ asynq Enqueue, 8 goroutines", [2]string{sysTide, "enqOut8"}, [2]string{sysAsynq, "enq8"}, 0, ""},
 	{"tide Enqueue, 8 goroutines ÷ tide, 8 tasks outstanding", [2]string{sysTide, "enq8"}, [2]string{sysTide, "enqOut8"}, 0, ""},
 	{"asynq Enqueue, 1 goroutine ÷ floor, 1 client", [2]string{sysAsynq, "enq1"}, [2]string{sysFloor, floorKey(1)}, 0, ""},
 	{"asynq Enqueue, 8 goroutines ÷ floor, 8 clients", [2]string{sysAsynq, "enq8"}, [2]string{sysFloor, floorKey(8)}, 0, ""},
+	{"asynq Enqueue, 1 goroutine ÷ EVALSHA floor, 1 client", [2]string{sysAsynq, "enq1"}, [2]string{sysFloor, floorShaKey(1)}, 0, ""},
+	{"asynq Enqueue, 8 goroutines ÷ EVALSHA floor, 8 clients", [2]string{sysAsynq, "enq8"}, [2]string{sysFloor, floorShaKey(8)}, 0, ""},
 	{"tide drain, groups with GroupConcurrency 1 ÷ no groups", [2]string{sysTide, "grpProc"}, [2]string{sysTide, "grpPlain"}, 0.6, "≥ 0.60"},
 	{"tide drain under a queue Concurrency, groups ÷ no groups", [2]string{sysTide, "grpConcGrouped"}, [2]string{sysTide, "grpConcPlain"}, 0.9, "≥ 0.90"},
 	{"tide wait of the few, p99: FIFO ÷ own group", [2]string{sysTide, "fairF99"}, [2]string{sysTide, "fairG99"}, 0, ""},

@@ -313,7 +313,7 @@ func keyFamilies(ctx context.Context, e *env, top int) string {
 var (
 	digitRuns = regexp.MustCompile(`[0-9]+`)
 	// replyCaches matches the end of a tide reply cache's name once digits
-	// are replaced: rq:<slice>:<process tag>.<hundred>.
+	// are replaced: rq:<slice>:<process tag>.<fifty>.
 	replyCaches = regexp.MustCompile(`(:rq:#):[^:]*$`)
 	uuids       = regexp.MustCompile(`[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}`)
 )

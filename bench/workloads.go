@@ -166,10 +166,12 @@ func workloads(sz sizes) []workload {
 		{
 			name:  "floor",
 			once:  true,
-			about: "physical floor: redis-benchmark running a two-command EVAL on the same Redis",
+			about: "physical floor: redis-benchmark running a two-command script (EVAL and EVALSHA) on the same Redis",
 			figs: []figure{
 				{key: floorKey(1), label: "floor: redis-benchmark EVAL HSETNX+LPUSH, 1 client (-c 1 -P 1; one figure for both)", unit: "tasks/s"},
 				{key: floorKey(8), label: "floor: redis-benchmark EVAL HSETNX+LPUSH, 8 clients (-c 8 -P 1; one figure for both)", unit: "tasks/s"},
+				{key: floorShaKey(1), label: "floor: redis-benchmark EVALSHA of the same script, 1 client (-c 1 -P 1; one figure for both)", unit: "tasks/s"},
+				{key: floorShaKey(8), label: "floor: redis-benchmark EVALSHA of the same script, 8 clients (-c 8 -P 1; one figure for both)", unit: "tasks/s"},
 			},
 			limit: 2 * time.Minute,
 			run:   runFloor,

@@ -159,15 +159,25 @@ func CheckGroup(g string) error {
 	return nil
 }
 
-// CheckGroupID reports a task ID that cannot go with group g: the ID of a
-// grouped task must carry the group as its hash tag ("{g}", see Partition),
-// so that the task is found by ID in its group's partition. The error wraps
-// ErrInvalidTask.
-func CheckGroupID(id, g string) error {
-	if HashTag(id) != g {
-		return fmt.Errorf("%w: task ID %q of group %q must hold the group as its tag, e.g. %q, so the task is kept and found with its group", ErrInvalidTask, id, g, id+"{"+g+"}")
+// CheckGroupID reports a task ID that cannot go with group g on a queue of
+// n partitions. A group's tasks live in one partition and a task is found
+// by its ID in Partition(ID, n), so on a queue of one partition (the
+// default) any ID goes with any group, and on a queue of several the ID of
+// a grouped task must carry the group as its hash tag ("{g}", see
+// Partition). The error wraps ErrInvalidTask.
+func CheckGroupID(id, g string, n int) error {
+	if n > 1 && HashTag(id) != g {
+		return fmt.Errorf("%w: task ID %q of group %q must hold the group as its tag, e.g. %q, on a queue of %d partitions (a task is found by its ID, and a group's tasks live in one partition); a queue of one partition takes any ID",
+			ErrInvalidTask, id, g, id+"{"+g+"}", n)
 	}
 	return nil
+}
+
+// FreeGroupID reports whether id is the ID of a task of group g that does
+// not carry the group as its hash tag: such a task can only live on a
+// queue of one partition (see CheckGroupID).
+func FreeGroupID(id, g string) bool {
+	return g != "" && id != "" && HashTag(id) != g
 }
 
 // CheckQueueLimits reports limits that make no sense (a negative or huge

@@ -80,6 +80,12 @@ var (
 	// partition layout recorded in the store differs from the broker's
 	// configuration; the message names both.
 	ErrLayout = errors.New("tide: partition layout mismatch")
+	// ErrTaskState is wrapped by the error of an operator's action that the
+	// task's state does not allow: RunTask of a pending or active task,
+	// ArchiveTask of an active, archived or completed one, CancelProcessing
+	// of a task that is not active, and an action on a task whose stored
+	// record cannot be read (delete it instead). The message names the state.
+	ErrTaskState = errors.New("tide: the task's state does not allow this")
 )
 
 // Delivery is a task handed to a worker under a lease.
@@ -363,8 +369,11 @@ type Core interface {
 	// Enqueue stores new tasks. Each has Queue, Type, State (StatePending
 	// or StateScheduled) and NextProcessAt set. A task with an empty ID gets
 	// one from the broker (written to its ID field), chosen so that it does
-	// not meet an existing task; a task with an ID keeps it. Per-task
-	// errors are ErrTaskIDConflict, ErrDuplicateTask and ErrNotReplicated.
+	// not meet an existing task (a grouped task's carries its group as
+	// hash tag); a task with an ID keeps it. An ID names one task of the
+	// queue whatever its group. Per-task errors are ErrTaskIDConflict,
+	// ErrDuplicateTask, ErrNotReplicated, and ErrInvalidTask for a grouped
+	// task whose ID the queue's partitions cannot place (CheckGroupID).
 	Enqueue(ctx context.Context, tasks []*tidetype.TaskInfo, opts EnqueueOptions) ([]error, error)
 
 	// Dequeue leases up to n pending tasks from the queues, trying them in
@@ -442,8 +451,8 @@ type Clock interface {
 // task in Partition(ID, n). n < 2 gives 0. Like a Redis Cluster hash tag, a
 // key that holds a non-empty "{tag}" is mapped by the tag alone (the text
 // between its first '{' and the next '}'): the tasks of group G are kept in
-// Partition(G, n), and a grouped task's ID carries "{G}" so that it is found
-// there by ID on every partition count.
+// Partition(G, n), and on a queue of several partitions a grouped task's ID
+// carries "{G}" so that it is found there by ID (see CheckGroupID).
 func Partition(key string, n int) int {
 	if n < 2 {
 		return 0

@@ -21,6 +21,7 @@ import (
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 const testToken = "s3cret-token-for-tests-0123456789"
@@ -595,38 +596,56 @@ func TestServersPage(t *testing.T) {
 	session := e.login()
 	csrf := e.csrf(session)
 	// The heartbeat that lists the active task may lag.
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	testwait.Until(t, 15*time.Second, func() error {
 		_, body := e.get("/servers", session)
-		if strings.Contains(body, "critical (3), default (1)") && strings.Contains(body, ti.ID) {
-			if !strings.Contains(body, `data-action="cancel"`) {
-				t.Error("active task without a cancel button")
-			}
-			break
+		if !strings.Contains(body, "critical (3), default (1)") || !strings.Contains(body, ti.ID) {
+			return fmt.Errorf("servers page does not show the server and its task:\n%s", body)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("servers page does not show the server and its task:\n%s", body)
+		if !strings.Contains(body, `data-action="cancel"`) {
+			t.Error("active task without a cancel button")
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 	_, body := e.get("/queue?q=critical&state=active", session)
 	if !strings.Contains(body, `data-task-id="`+ti.ID+`"`) {
 		t.Errorf("active tab lacks the task:\n%s", body)
 	}
 	resp, body := e.post("/task/cancel", url.Values{"q": {"critical"}, "id": {ti.ID}}, session, csrf)
 	wantStatus(t, resp, body, http.StatusSeeOther)
-	deadline = time.Now().Add(15 * time.Second)
-	for e.state("critical", ti.ID) != tide.StateArchived {
-		if time.Now().After(deadline) {
-			t.Fatalf("cancelled task is %v, want archived", e.state("critical", ti.ID))
+	testwait.Until(t, 15*time.Second, func() error {
+		if st := e.state("critical", ti.ID); st != tide.StateArchived {
+			return fmt.Errorf("cancelled task is %v, want archived", st)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func TestNewNilInspector(t *testing.T) {
 	t.Parallel()
 	if _, err := New(nil, Options{}); err == nil {
 		t.Fatal("New(nil) did not fail")
+	}
+}
+
+// A grouped task with the ID its caller chose (no group tag) is shown,
+// archived, run and deleted by that ID.
+func TestGroupedTaskFreeIDActions(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, testToken)
+	session := e.login()
+	csrf := e.csrf(session)
+	const id = "order-cancel:42"
+	e.enqueue("order:cancel", []byte("{}"), tide.Group("shop-7"), tide.TaskID(id), tide.ProcessIn(time.Hour))
+	resp, body := e.get("/task?"+url.Values{"q": {"default"}, "id": {id}}.Encode(), session)
+	wantStatus(t, resp, body, http.StatusOK)
+	if !strings.Contains(body, id) || !strings.Contains(body, "shop-7") {
+		t.Errorf("task page lacks the ID or the group")
+	}
+	for _, op := range []string{"archive", "run", "delete"} {
+		resp, body := e.post("/task/"+op, url.Values{"q": {"default"}, "id": {id}}, session, csrf)
+		wantStatus(t, resp, body, http.StatusSeeOther)
+	}
+	if _, err := e.in.GetTaskInfo(e.ctx(), "default", id); !errors.Is(err, tide.ErrTaskNotFound) {
+		t.Errorf("after delete: %v", err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // hostileStepErr is the error a failing step returns: markup and a
@@ -93,26 +94,25 @@ func flowServer(t *testing.T, e *env, release <-chan struct{}, started chan<- st
 // waitFlowState polls until the workflow or batch id is in state st.
 func (e *env) waitFlowState(id string, st tide.FlowState) *tide.WorkflowInfo {
 	e.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		f, err := e.in.GetWorkflow(e.ctx(), id)
+	var f *tide.WorkflowInfo
+	testwait.Until(e.t, 20*time.Second, func() error {
+		var err error
+		f, err = e.in.GetWorkflow(e.ctx(), id)
 		if err == nil && f.State == st && (st == tide.FlowRunning || !f.FinishedAt.IsZero()) {
-			return f
+			return nil
 		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("workflow %s: %+v %v, want %v", id, f, err, st)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return fmt.Errorf("workflow %s: %+v %v, want %v", id, f, err, st)
+	})
+	return f
 }
 
 // nextMilli waits until the broker's clock has passed t's millisecond, so
 // that the next workflow sorts after the last one.
 func (e *env) nextMilli(t time.Time) {
 	e.t.Helper()
-	for e.b.Now().UnixMilli() <= t.UnixMilli() {
-		time.Sleep(time.Millisecond)
-	}
+	testwait.For(e.t, 10*time.Second, "the broker's clock to pass "+t.Format(time.StampMilli), func() bool {
+		return e.b.Now().UnixMilli() > t.UnixMilli()
+	})
 }
 
 func diamond(id, bPayload string) *tide.Workflow {
@@ -247,15 +247,12 @@ func TestWorkflowPages(t *testing.T) {
 	// The held workflow: its gate running (as the task state says), the
 	// step after it waiting. Visitors see no cancel button; an admin does.
 	var gateLook string
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testwait.For(t, 20*time.Second, "the held workflow's gate to show active", func() bool {
 		_, body = e.get("/workflows/order-held")
 		nodes, _ = graphOf(t, body)
-		if gateLook = nodes["gate"]; gateLook == "active" || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		gateLook = nodes["gate"]
+		return gateLook == "active"
+	})
 	if gateLook != "active" || nodes["after"] != "waiting" {
 		t.Errorf("order-held boxes %v, want gate active and after waiting", nodes)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // TestQueueLimitsAndGroups checks the queue page's Groups panel and the
@@ -112,7 +113,7 @@ func TestQueueLimitsAndGroups(t *testing.T) {
 		return nil
 	})
 	t.Cleanup(func() { close(release) })
-	waitFor(t, "globex running and acme throttled", func() bool {
+	testwait.For(t, 20*time.Second, "globex running and acme throttled", func() bool {
 		_, _, d = e.live("/api/live?q=mail", nil)
 		var running, held bool
 		for _, g := range *d.Groups {

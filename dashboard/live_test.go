@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 func (e *env) live(path string, hdr map[string]string) (*http.Response, string, *liveData) {
@@ -55,7 +56,7 @@ func TestLiveAPI(t *testing.T) {
 		e.enqueue("job", []byte(p), tide.Queue("work"))
 	}
 	e.enqueue("later", []byte("x"), tide.Queue("work"), tide.ProcessIn(time.Hour))
-	waitFor(t, "four tasks processed in the live view", func() bool {
+	testwait.For(t, 20*time.Second, "four tasks processed in the live view", func() bool {
 		_, _, d = e.live("/api/live?q=work", nil)
 		return d != nil && d.ProcessedLastHour == 4 && d.Sizes.Processed == 4 && d.Sizes.Archived == 1
 	})
@@ -148,11 +149,11 @@ func TestOverdueBanner(t *testing.T) {
 	e.enqueue("now", []byte("x"), tide.Queue("served"))
 	// A server for another queue does not help the lonely one.
 	e.startServer(tide.Config{Concurrency: 1, Queues: map[string]int{"served": 1}}, func(context.Context, *tide.Task) error { return nil })
-	waitFor(t, "the task to be overdue", func() bool {
+	testwait.For(t, 20*time.Second, "the task to be overdue", func() bool {
 		qi, err := e.in.QueueInfo(e.ctx(), "lonely")
 		return err == nil && qi.Overdue == 1
 	})
-	waitFor(t, "the server's heartbeat", func() bool {
+	testwait.For(t, 20*time.Second, "the server's heartbeat", func() bool {
 		ss, err := e.in.Servers(e.ctx())
 		return err == nil && len(ss) == 1
 	})
@@ -171,7 +172,7 @@ func TestOverdueBanner(t *testing.T) {
 
 	// A server for the queue: no banner (it also moves the task on).
 	e.startServer(tide.Config{Concurrency: 1, Queues: map[string]int{"lonely": 1}}, func(context.Context, *tide.Task) error { return nil })
-	waitFor(t, "the banner to go", func() bool {
+	testwait.For(t, 20*time.Second, "the banner to go", func() bool {
 		_, body := e.get("/queue?q=lonely")
 		return !strings.Contains(body, `id="overdue-banner"`)
 	})

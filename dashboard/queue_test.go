@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // rowIDs returns the task IDs of the table rows of a queue page.
@@ -38,7 +39,7 @@ func TestSearch(t *testing.T) {
 		}
 		e.enqueue("email:welcome", fmt.Appendf(nil, `{"to":"user%d@example.com","kind":%q}`, i, kind), tide.Queue("mail"), tide.TaskID(fmt.Sprintf("welcome-%d", i)))
 	}
-	waitFor(t, "three archived tasks", func() bool {
+	testwait.For(t, 20*time.Second, "three archived tasks", func() bool {
 		qi, err := e.in.QueueInfo(e.ctx(), "mail")
 		return err == nil && qi.Archived == 3
 	})

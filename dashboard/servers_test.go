@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 func TestServersPageRedisAndCronHistory(t *testing.T) {
@@ -29,7 +30,7 @@ func TestServersPageRedisAndCronHistory(t *testing.T) {
 	t.Cleanup(s.Shutdown)
 
 	var body string
-	waitFor(t, "a failed run in the cron history", func() bool {
+	testwait.For(t, 20*time.Second, "a failed run in the cron history", func() bool {
 		var resp *http.Response
 		resp, body = e.get("/servers")
 		wantStatus(t, resp, body, http.StatusOK)

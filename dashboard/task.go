@@ -9,9 +9,9 @@ import (
 	"net/url"
 	"slices"
 	"time"
-	"unicode/utf8"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/internal/outbound"
 )
 
 // taskData is the data of the task page.
@@ -100,9 +100,6 @@ func (h *handler) taskPage(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err, false)
 		return
 	}
-	if t.State == tide.StateActive && (t.Server == "" || t.LeaseExpiresAt.IsZero()) {
-		h.fillRunning(ctx, t)
-	}
 	d := &taskData{
 		Task: t, Payload: viewBlob(t.Payload), Result: viewBlob(t.Result), Err: viewText(t.LastErr),
 		Actions:  taskActions(t.State),
@@ -155,38 +152,4 @@ func (h *handler) fillHistory(ctx context.Context, d *taskData, queue, id string
 }
 
 // truncateErr bounds an error message shown on a page to 1 KiB.
-func truncateErr(s string) string {
-	const limit = 1 << 10
-	if len(s) <= limit {
-		return s
-	}
-	cut := limit
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…"
-}
-
-// fillRunning fills in where and since when an active task runs, and when
-// its lease expires, from the active listing: Inspector.GetTaskInfo leaves
-// them out, Inspector.SearchTasks of active tasks has them. Errors leave
-// them out: the page is shown without them.
-func (h *handler) fillRunning(ctx context.Context, t *tide.TaskInfo) {
-	next := 0
-	for range searchCalls {
-		ts, n, err := h.in.SearchTasks(ctx, t.Queue, tide.StateActive, tide.TaskFilter{ID: t.ID}, next, maxPageSize)
-		if err != nil {
-			return
-		}
-		for _, a := range ts {
-			if a.ID == t.ID {
-				t.StartedAt, t.Server, t.LeaseExpiresAt = a.StartedAt, a.Server, a.LeaseExpiresAt
-				return
-			}
-		}
-		if n < 0 || n <= next {
-			return
-		}
-		next = n
-	}
-}
+func truncateErr(s string) string { return outbound.ClipTo(s, 1<<10) }

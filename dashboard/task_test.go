@@ -3,6 +3,7 @@ package dashboard
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // hostileServerID is a server ID full of markup and a bidi override, to
@@ -30,19 +32,6 @@ func (e *env) startServer(cfg tide.Config, fn func(context.Context, *tide.Task) 
 		e.t.Fatal(err)
 	}
 	e.t.Cleanup(srv.Shutdown)
-}
-
-// waitFor polls cond until it holds, failing the test after a generous
-// deadline (a loaded machine is slow; nothing here measures time).
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // unescaped lists markup that must never reach a page raw.
@@ -83,19 +72,15 @@ func TestTaskPageRunningAndAttempts(t *testing.T) {
 	path := "/task?" + url.Values{"q": {"jobs"}, "id": {ti.ID}}.Encode()
 	// The heartbeat that reports the start may lag.
 	var body string
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testwait.Until(t, 20*time.Second, func() error {
 		var resp *http.Response
 		resp, body = e.get(path)
 		wantStatus(t, resp, body, http.StatusOK)
-		if strings.Contains(body, `id="running-server"><code>srv`) {
-			break
+		if !strings.Contains(body, `id="running-server"><code>srv`) {
+			return fmt.Errorf("the running task's page does not show its server:\n%s", body)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the running task's page does not show its server:\n%s", body)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	checkNoRaw(t, path, body)
 	for _, want := range []string{
 		`id="running-started"`, `id="running-for"`, `id="running-lease"`,

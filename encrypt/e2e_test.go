@@ -2,6 +2,7 @@ package encrypt_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker/membroker"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // TestEndToEnd runs tide's Client, Server and Inspector, unchanged, on a
@@ -60,8 +62,7 @@ func TestEndToEnd(t *testing.T) {
 	}
 
 	in := tide.NewInspector(b)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testwait.Until(t, 10*time.Second, func() error {
 		got, err := in.GetTaskInfo(ctx, "default", info.ID)
 		if err != nil {
 			t.Fatal(err)
@@ -70,20 +71,17 @@ func TestEndToEnd(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got.State == tide.StateCompleted && other.State == tide.StateArchived {
-			if string(got.Payload) != payload || string(got.Result) != result || got.LastErr != "" {
-				t.Errorf("Inspector: payload %q result %q LastErr %q", got.Payload, got.Result, got.LastErr)
-			}
-			if other.Payload != nil || !strings.HasPrefix(other.LastErr, "encrypt: cannot decrypt payload: unknown key 9 (this process has keys 2, 1)") {
-				t.Errorf("foreign task: payload %q LastErr %q", other.Payload, other.LastErr)
-			}
-			break
+		if got.State != tide.StateCompleted || other.State != tide.StateArchived {
+			return fmt.Errorf("task %v and foreign task %v; want completed and archived", got.State, other.State)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("task %v and foreign task %v after 10s; want completed and archived", got.State, other.State)
+		if string(got.Payload) != payload || string(got.Result) != result || got.LastErr != "" {
+			t.Errorf("Inspector: payload %q result %q LastErr %q", got.Payload, got.Result, got.LastErr)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		if other.Payload != nil || !strings.HasPrefix(other.LastErr, "encrypt: cannot decrypt payload: unknown key 9 (this process has keys 2, 1)") {
+			t.Errorf("foreign task: payload %q LastErr %q", other.Payload, other.LastErr)
+		}
+		return nil
+	})
 	mu.Lock()
 	if len(seen) != 1 || seen[payload] != "00-e2e-01" {
 		t.Errorf("the handler saw %v, want only the plaintext payload with its header", seen)

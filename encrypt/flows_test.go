@@ -3,6 +3,7 @@ package encrypt_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/encrypt"
 	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // A workflow step that waits on another is kept sealed in the workflow. A
@@ -58,18 +60,14 @@ func TestStepReleasedWithoutItsKey(t *testing.T) {
 	}
 	in := tide.NewInspector(raw)
 	var b *tide.TaskInfo
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testwait.Until(t, 10*time.Second, func() error {
 		var err error
 		b, err = in.GetTaskInfo(ctx, "default", "wf-rotated/b")
 		if err == nil && b.State == tide.StateArchived {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("step b was not archived: %+v %v", b, err)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return fmt.Errorf("step b was not archived: %+v %v", b, err)
+	})
 	srv.Shutdown()
 	if !encrypt.IsSealed(b.Payload) || !strings.Contains(b.LastErr, "unknown key 2") {
 		t.Fatalf("step b stored with payload %q, LastErr %q; want it sealed and archived for its key", b.Payload, b.LastErr)
@@ -85,20 +83,16 @@ func TestStepReleasedWithoutItsKey(t *testing.T) {
 
 	// Its end is recorded: the workflow failed at b, whose payload stays
 	// readable where the key is, and b does not run again.
-	deadline = time.Now().Add(10 * time.Second)
-	for {
+	testwait.Until(t, 10*time.Second, func() error {
 		wi, err := tide.NewInspector(owner).GetWorkflow(ctx, "wf-rotated")
 		if err == nil && wi.State == tide.FlowFailed {
 			if st := wi.Steps[1]; st.Name != "b" || st.State != tide.StepFailed || !strings.Contains(st.Err, "unknown key 2") {
 				t.Fatalf("step b: %+v", st)
 			}
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("workflow did not fail at b: %+v %v", wi, err)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return fmt.Errorf("workflow did not fail at b: %+v %v", wi, err)
+	})
 	if got, err := tide.NewInspector(owner).GetTaskInfo(ctx, "default", "wf-rotated/b"); err != nil || string(got.Payload) != secret {
 		t.Fatalf("step b read with its key: %+v, %v; want its payload", got, err)
 	}

@@ -40,8 +40,9 @@
 //	  "replace":        true                       // with task_id: replace the waiting task with that ID (debounce)
 //	}
 //
-// A task_id given with a group must carry the group as its tag
-// ("order-42{tenant-42}"); see tide.Group.
+// A task_id given with a group is kept as given ("order-42" in group
+// "tenant-42") on a queue of one partition; a queue of several partitions
+// wants the group as its tag ("order-42{tenant-42}"); see tide.Group.
 //
 // A field given as null counts as absent. Unknown and repeated fields are
 // refused. A "tide:webhook" task's payload is checked at once (see package

@@ -18,6 +18,7 @@ import (
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/gateway"
 	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // eventsOn turns the recording of queue's events on.
@@ -101,18 +102,14 @@ func TestEventStreamCaps(t *testing.T) {
 
 	// Closing a stream frees its place (once the gateway sees it go).
 	a1.close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testwait.For(t, 10*time.Second, "a closed stream's place to be freed", func() bool {
 		s := e.openEventsAs(token, "/v1/events?queue=q")
 		if s.resp.StatusCode == http.StatusOK {
-			break
+			return true
 		}
 		s.close()
-		if time.Now().After(deadline) {
-			t.Fatal("a closed stream's place was not freed")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return false
+	})
 
 	for _, c := range []struct {
 		cfg  gateway.Config

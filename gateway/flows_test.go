@@ -13,6 +13,7 @@ import (
 
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/gateway"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // serve runs a tide server on the env's broker that succeeds every task
@@ -29,17 +30,6 @@ func (e *env) serve() {
 		e.t.Fatal(err)
 	}
 	e.t.Cleanup(s.Shutdown)
-}
-
-func (e *env) until(what string, cond func() bool) {
-	e.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			e.t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // A workflow enqueued over HTTP runs, and GET shows its steps; the same
@@ -61,7 +51,7 @@ func TestWorkflowEndpoints(t *testing.T) {
 	if err := json.Unmarshal(r.body, &wf); err != nil || wf.ID != "order-42" || len(wf.Steps) != 4 || wf.Steps[2].State != "waiting" {
 		t.Fatalf("POST answer: %s (%v)", r.body, err)
 	}
-	e.until("the workflow to end", func() bool {
+	testwait.For(e.t, 20*time.Second, "the workflow to end", func() bool {
 		r = e.do("GET", "/v1/workflows/order-42", "")
 		wf = gateway.Workflow{}
 		return r.status == 200 && json.Unmarshal(r.body, &wf) == nil && wf.State != "running"
@@ -134,7 +124,7 @@ func TestBatchEndpoints(t *testing.T) {
 	if err := json.Unmarshal(r.body, &b); err != nil || b.Total != 3 || b.CallbackID != b.ID+"/callback" {
 		t.Fatalf("POST answer: %s", r.body)
 	}
-	e.until("the batch to end", func() bool {
+	testwait.For(e.t, 20*time.Second, "the batch to end", func() bool {
 		r = e.do("GET", "/v1/batches/"+b.ID, "")
 		b = gateway.Batch{}
 		return r.status == 200 && json.Unmarshal(r.body, &b) == nil && b.FinishedAt != nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -19,6 +20,7 @@ import (
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/gateway"
 	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 const token = "test-token-0123456789abcdef"
@@ -242,17 +244,13 @@ func TestActiveTaskCannotBeDeleted(t *testing.T) {
 	if r := e.do("POST", "/v1/queues/default/tasks/slow-1/cancel", ""); r.status != http.StatusAccepted {
 		t.Fatalf("cancel: %d %s", r.status, r.body)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testwait.Until(t, 10*time.Second, func() error {
 		ti, err := e.in.GetTaskInfo(context.Background(), "default", "slow-1")
 		if err == nil && ti.State == tide.StateArchived {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the cancelled task was not archived: %+v %v", ti, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return fmt.Errorf("the cancelled task was not archived: %+v %v", ti, err)
+	})
 	r = e.do("POST", "/v1/queues/default/tasks/slow-1/cancel", "")
 	if code, _, _ := r.errorBody(t); r.status != http.StatusConflict || code != "task_not_active" {
 		t.Errorf("cancel of an archived task: %d %s", r.status, r.body)
@@ -406,17 +404,13 @@ func TestGetTaskWaits(t *testing.T) {
 	}
 	loc := r.header.Get("Location")
 	id, _ := r.json(t)["id"].(string)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testwait.Until(t, 10*time.Second, func() error {
 		ti, err := e.in.GetTaskInfo(ctx, "default", id)
 		if err == nil && ti.Progress.Percent == 30 {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the task never reported progress: %+v %v", ti, err)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return fmt.Errorf("the task never reported progress: %+v %v", ti, err)
+	})
 	r = e.do("GET", loc+"?wait=100ms", "")
 	m := r.json(t)
 	if r.status != http.StatusOK || m["state"] != "active" || m["group"] != "acme" || m["progress"].(map[string]any)["percent"] != 30.0 {
@@ -436,5 +430,38 @@ func TestGetTaskWaits(t *testing.T) {
 		if code, field, _ := r.errorBody(t); r.status != http.StatusBadRequest || code != "invalid_request" || field != "wait" {
 			t.Fatalf("?wait=%s: %d %s", bad, r.status, r.body)
 		}
+	}
+}
+
+// A grouped task keeps the task_id it was given, without the group's tag,
+// on a queue of one partition: it is read, refused again in another group
+// (409) and deleted by that ID. A queue of several partitions refuses such
+// an ID (400) and takes the tagged form.
+func TestGroupedTaskWithFreeID(t *testing.T) {
+	e := setup(t, gateway.Config{})
+	r := e.do("POST", "/v1/tasks", `{"type":"order:cancel","queue":"orders","group":"shop-7","task_id":"order-cancel:42","delay":"15m"}`)
+	if r.status != http.StatusCreated || r.header.Get("Location") != "/v1/queues/orders/tasks/order-cancel:42" {
+		t.Fatalf("POST: %d %s %v", r.status, r.body, r.header)
+	}
+	r = e.do("GET", "/v1/queues/orders/tasks/order-cancel:42", "")
+	if m := r.json(t); r.status != http.StatusOK || m["id"] != "order-cancel:42" || m["group"] != "shop-7" {
+		t.Fatalf("GET: %d %s", r.status, r.body)
+	}
+	r = e.do("POST", "/v1/tasks", `{"type":"order:cancel","queue":"orders","group":"shop-8","task_id":"order-cancel:42"}`)
+	if r.status != http.StatusConflict {
+		t.Fatalf("POST of the ID in another group: %d %s, want 409", r.status, r.body)
+	}
+	if r = e.do("DELETE", "/v1/queues/orders/tasks/order-cancel:42", ""); r.status != http.StatusNoContent {
+		t.Fatalf("DELETE: %d %s", r.status, r.body)
+	}
+	if err := e.in.Repartition(context.Background(), "parted", 4, nil); err != nil {
+		t.Fatal(err)
+	}
+	r = e.do("POST", "/v1/tasks", `{"type":"a","queue":"parted","group":"acme","task_id":"o-1"}`)
+	if code, _, msg := r.errorBody(t); r.status != http.StatusBadRequest || code != "invalid_request" || !strings.Contains(msg, `"o-1{acme}"`) {
+		t.Fatalf("POST of a free grouped ID on 4 partitions: %d %s", r.status, r.body)
+	}
+	if r = e.do("POST", "/v1/tasks", `{"type":"a","queue":"parted","group":"acme","task_id":"o-1{acme}"}`); r.status != http.StatusCreated {
+		t.Fatalf("POST of a tagged ID on 4 partitions: %d %s", r.status, r.body)
 	}
 }

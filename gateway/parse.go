@@ -12,10 +12,10 @@ import (
 	"sort"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/internal/outbound"
 	"github.com/tidequeue/tide/webhook"
 )
 
@@ -174,11 +174,6 @@ func parseEnqueue(body []byte, now time.Time) (*enqueueSpec, *apiError) {
 	} else if ok {
 		if err := broker.CheckGroup(g); err != nil {
 			return nil, badField("group", "%s", strings.TrimPrefix(err.Error(), broker.ErrInvalidTask.Error()+": "))
-		}
-		if id, has, _ := p.str("task_id"); has {
-			if err := broker.CheckGroupID(id, g); err != nil {
-				return nil, badField("task_id", "%s", strings.TrimPrefix(err.Error(), broker.ErrInvalidTask.Error()+": "))
-			}
 		}
 		s.opts = append(s.opts, tide.Group(g))
 	}
@@ -581,13 +576,4 @@ func editDistance(a, b string) int {
 }
 
 // clip bounds a client-supplied string quoted in a message.
-func clip(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	cut := n
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…"
-}
+func clip(s string, n int) string { return outbound.ClipTo(s, n) }

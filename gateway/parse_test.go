@@ -79,7 +79,6 @@ func TestParseEnqueueBadInput(t *testing.T) {
 		{"group number", `{"type": "a", "group": 7}`, "group", `"group": must be a string, got a number`},
 		{"group brace", `{"type": "a", "group": "a{b"}`, "group", `"group": group key "a{b" has invalid character '{'`},
 		{"group empty", `{"type": "a", "group": ""}`, "group", `"group": group key is 0 bytes`},
-		{"group untagged id", `{"type": "a", "group": "acme", "task_id": "o-1"}`, "task_id", `"task_id": task ID "o-1" of group "acme" must hold the group as its tag, e.g. "o-1{acme}"`},
 		{"replace string", `{"type": "a", "task_id": "x", "replace": "yes"}`, "replace", `"replace": must be true or false, got a string`},
 		{"replace without id", `{"type": "a", "replace": true}`, "replace", `"replace": needs task_id`},
 		{"replace unique", `{"type": "a", "task_id": "x", "unique": "1m", "replace": true}`, "replace", `"replace": cannot be combined with unique`},

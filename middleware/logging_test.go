@@ -10,9 +10,11 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/internal/testlog"
+	"github.com/tidequeue/tide/internal/testwait"
 	"github.com/tidequeue/tide/middleware"
 )
 
@@ -51,7 +53,7 @@ func TestLoggingAcrossRedis(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "two log lines", func() bool { return strings.Count(buf.String(), "\n") >= 2 })
+	testwait.For(t, 15*time.Second, "two log lines", func() bool { return strings.Count(buf.String(), "\n") >= 2 })
 	ls := lines(t, buf.String())
 	if len(ls) != 2 {
 		t.Fatalf("%d log lines, want 2:\n%s", len(ls), buf.String())

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/internal/testwait"
 	"github.com/tidequeue/tide/middleware"
 )
 
@@ -124,7 +126,7 @@ func TestMetricsAcrossRedis(t *testing.T) {
 	}
 	// MetricProcessed is recorded last, so the other instruments are
 	// complete once it reaches 3.
-	eventually(t, "3 processed attempts", func() bool { return sum(m.collect(), middleware.MetricProcessed) == 3 })
+	testwait.For(t, 15*time.Second, "3 processed attempts", func() bool { return sum(m.collect(), middleware.MetricProcessed) == 3 })
 	rm := m.collect()
 
 	for _, c := range []struct {

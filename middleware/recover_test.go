@@ -6,9 +6,11 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/internal/testlog"
+	"github.com/tidequeue/tide/internal/testwait"
 	"github.com/tidequeue/tide/middleware"
 )
 
@@ -66,7 +68,7 @@ func TestRecoverAcrossRedis(t *testing.T) {
 	if _, err := e.c.Enqueue(context.Background(), tide.NewTask("t", nil)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "two log lines", func() bool { return strings.Count(buf.String(), "\n") >= 2 })
+	testwait.For(t, 15*time.Second, "two log lines", func() bool { return strings.Count(buf.String(), "\n") >= 2 })
 	ls := lines(t, buf.String())
 	if e, _ := ls[0]["err"].(string); ls[0]["outcome"] != "error" || !strings.HasPrefix(e, "tide: handler panic: kaboom") {
 		t.Errorf("first line %v, want the panic as an error", ls[0])

@@ -64,18 +64,6 @@ func testLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
-// eventually polls cond until it holds or the (generous) timeout passes.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // failOnce returns a handler that fails its first call with "boom" and
 // succeeds afterwards, counting calls.
 func failOnce(calls *atomic.Int32) tide.HandlerFunc {

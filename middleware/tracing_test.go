@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/baggage"
@@ -16,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/internal/testwait"
 	"github.com/tidequeue/tide/middleware"
 )
 
@@ -112,7 +114,7 @@ func TestTracingAcrossRedis(t *testing.T) {
 		t.Fatalf("task headers %v carry no traceparent", task.Headers())
 	}
 
-	eventually(t, "two consumer spans", func() bool { return len(tr.ended(trace.SpanKindConsumer)) == 2 })
+	testwait.For(t, 15*time.Second, "two consumer spans", func() bool { return len(tr.ended(trace.SpanKindConsumer)) == 2 })
 
 	producers := tr.ended(trace.SpanKindProducer)
 	if len(producers) != 1 {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 func TestHistoryRecordsAttempts(t *testing.T) {
@@ -80,7 +81,7 @@ func TestHistoryRecordsAttempts(t *testing.T) {
 		}
 		// The middleware records after the handler returns: wait for the
 		// records, then write them.
-		eventually(t, "the attempts to be written", func() bool {
+		testwait.For(t, 60*time.Second, "the attempts to be written", func() bool {
 			if err := hist.Flush(ctx); err != nil {
 				t.Fatal(err)
 			}

@@ -13,6 +13,7 @@ import (
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/internal/testwait"
 	"github.com/tidequeue/tide/outbox/internal/sqltest"
 )
 
@@ -166,20 +167,7 @@ func (e *env) rows() int {
 // waitEmpty waits until every live row has been relayed.
 func (e *env) waitEmpty() {
 	e.t.Helper()
-	eventually(e.t, "the outbox table to empty", func() bool { return e.rows() == 0 })
-}
-
-// eventually polls cond (a state, not a moment) until it holds; it fails
-// the test after a generous limit meant only to stop a hung test.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testwait.For(e.t, 60*time.Second, "the outbox table to empty", func() bool { return e.rows() == 0 })
 }
 
 // count returns how many tasks queue holds in every state.

@@ -275,6 +275,11 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, task *tide.Task, opts 
 	}
 	if info.ID == "" && info.UniqueKey == "" {
 		info.ID = broker.NewID()
+		if info.Group != "" {
+			// As the brokers draw a grouped task's ID: tagged with its
+			// group, so it goes on a queue of any partition count.
+			info.ID += "{" + info.Group + "}"
+		}
 	}
 	if info.IdempotencyKey == "" {
 		info.IdempotencyKey = "outbox:" + broker.NewID() + broker.NewID()

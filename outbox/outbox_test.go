@@ -11,8 +11,10 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 func TestCommitAndRollback(t *testing.T) {
@@ -336,7 +338,7 @@ func TestRedisDown(t *testing.T) {
 		}
 		e.relay(e.ob)
 		// The relay tried and failed: the rows stay.
-		eventually(t, "a failed relay attempt", func() bool {
+		testwait.For(t, 60*time.Second, "a failed relay attempt", func() bool {
 			var tried int
 			if err := db.QueryRow(`SELECT COUNT(*) FROM ` + e.ob.Table() + ` WHERE attempts > 0`).Scan(&tried); err != nil {
 				t.Fatal(err)
@@ -579,7 +581,7 @@ func TestNotifyWakesRelay(t *testing.T) {
 	e.relay(ob)
 	// Let the relay run its first (empty) poll and start listening: wait
 	// until the listening connection shows up.
-	eventually(t, "the relay to listen", func() bool {
+	testwait.For(t, 60*time.Second, "the relay to listen", func() bool {
 		var n int
 		if err := e.db.QueryRow(`SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'`).Scan(&n); err != nil {
 			t.Fatal(err)
@@ -783,11 +785,11 @@ func TestListenerReconnects(t *testing.T) {
 		return pid
 	}
 	var first int
-	eventually(t, "the relay to listen", func() bool { first = listener(); return first != 0 })
+	testwait.For(t, 60*time.Second, "the relay to listen", func() bool { first = listener(); return first != 0 })
 	if _, err := e.db.Exec(`SELECT pg_terminate_backend($1)`, first); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the relay to listen again", func() bool { p := listener(); return p != 0 && p != first })
+	testwait.For(t, 60*time.Second, "the relay to listen again", func() bool { p := listener(); return p != 0 && p != first })
 	info := e.enqueue(tide.NewTask("t", nil), tide.Queue("q"))
 	select {
 	case r := <-arrived:
@@ -832,7 +834,7 @@ func TestFailingRowDoesNotBlockOthers(t *testing.T) {
 		rctx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- e.ob.Relay(rctx, tide.NewClient(b)) }()
-		eventually(t, "the good rows to arrive", func() bool { return e.count("good") == 5 })
+		testwait.For(t, 60*time.Second, "the good rows to arrive", func() bool { return e.count("good") == 5 })
 		cancel()
 		if err := <-done; err != nil {
 			t.Fatal(err)
@@ -937,6 +939,29 @@ func TestReservedWordTables(t *testing.T) {
 		}
 		if _, err := h.Attempts(ctx, "q", "sent"); err != nil {
 			t.Fatalf("history Attempts: %v", err)
+		}
+	})
+}
+
+// A grouped task keeps the ID its caller chose (no group tag) through the
+// relay, and one without an ID gets one tagged with its group, which every
+// queue takes.
+func TestGroupedTaskIDs(t *testing.T) {
+	both(t, func(t *testing.T, d Dialect) {
+		e := newEnv(t, d)
+		ctx := context.Background()
+		chosen := e.enqueue(tide.NewTask("order:cancel", nil), tide.Queue("orders"), tide.Group("shop-7"), tide.TaskID("order-cancel:42"))
+		drawn := e.enqueue(tide.NewTask("order:cancel", nil), tide.Queue("orders"), tide.Group("shop-7"))
+		if chosen.ID != "order-cancel:42" || broker.HashTag(drawn.ID) != "shop-7" {
+			t.Fatalf("IDs %q and %q", chosen.ID, drawn.ID)
+		}
+		e.relay(e.ob)
+		e.waitEmpty()
+		for _, id := range []string{chosen.ID, drawn.ID} {
+			got, err := e.insp.GetTaskInfo(ctx, "orders", id)
+			if err != nil || got.Group != "shop-7" {
+				t.Fatalf("GetTaskInfo(%s) = %+v, %v", id, got, err)
+			}
 		}
 	})
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/internal/testwait"
 	"github.com/tidequeue/tide/webhook"
 )
 
@@ -53,17 +54,6 @@ func setup(t *testing.T, allowed ...string) *env {
 	return &env{t: t, b: b, c: tide.NewClient(b), in: tide.NewInspector(b)}
 }
 
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func TestFailedDeliveryIsRetried(t *testing.T) {
 	type delivery struct {
 		id, attempt string
@@ -99,7 +89,7 @@ func TestFailedDeliveryIsRetried(t *testing.T) {
 	if info.Queue != webhook.DefaultQueue {
 		t.Fatalf("queue = %q, want %q", info.Queue, webhook.DefaultQueue)
 	}
-	eventually(t, "the task to complete", func() bool {
+	testwait.For(t, 10*time.Second, "the task to complete", func() bool {
 		ti, err := e.in.GetTaskInfo(context.Background(), webhook.DefaultQueue, "hook-42")
 		return err == nil && ti.State == tide.StateCompleted
 	})
@@ -125,7 +115,7 @@ func TestDisallowedHostIsArchived(t *testing.T) {
 		t.Fatal(err)
 	}
 	var ti *tide.TaskInfo
-	eventually(t, "the task to be archived", func() bool {
+	testwait.For(t, 10*time.Second, "the task to be archived", func() bool {
 		ti, err = e.in.GetTaskInfo(context.Background(), webhook.DefaultQueue, "evil")
 		return err == nil && ti.State == tide.StateArchived
 	})
@@ -160,7 +150,7 @@ func TestRedirectIsRetriedNotFollowed(t *testing.T) {
 		t.Fatal(err)
 	}
 	var ti *tide.TaskInfo
-	eventually(t, "the task to complete", func() bool {
+	testwait.For(t, 10*time.Second, "the task to complete", func() bool {
 		ti, err = e.in.GetTaskInfo(context.Background(), webhook.DefaultQueue, "hook-302")
 		return err == nil && ti.State == tide.StateCompleted
 	})

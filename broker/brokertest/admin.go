@@ -234,8 +234,8 @@ func testAdminRunArchive(t *testing.T, b broker.Broker, a broker.Admin) {
 	if m := get(t, b, "q", "pend"); m.State != tidetype.StateArchived {
 		t.Fatalf("after ArchiveTask: %s", m.State)
 	}
-	if err := a.ArchiveTask(ctx, "q", "pend"); err == nil {
-		t.Fatal("archiving an archived task succeeded")
+	if err := a.ArchiveTask(ctx, "q", "pend"); !errors.Is(err, broker.ErrTaskState) {
+		t.Fatalf("archiving an archived task: %v, want ErrTaskState", err)
 	}
 	if err := a.RunTask(ctx, "q", "pend"); err != nil {
 		t.Fatalf("running an archived task: %v", err)
@@ -244,8 +244,11 @@ func testAdminRunArchive(t *testing.T, b broker.Broker, a broker.Admin) {
 		t.Fatalf("RunTask(missing) = %v", err)
 	}
 	d := dequeueOne(t, b, "q", time.Minute)
-	if err := a.ArchiveTask(ctx, "q", d.Task.ID); err == nil {
-		t.Fatal("archiving an active task succeeded")
+	if err := a.ArchiveTask(ctx, "q", d.Task.ID); !errors.Is(err, broker.ErrTaskState) {
+		t.Fatalf("archiving an active task: %v, want ErrTaskState", err)
+	}
+	if err := a.RunTask(ctx, "q", d.Task.ID); !errors.Is(err, broker.ErrTaskState) {
+		t.Fatalf("running an active task: %v, want ErrTaskState", err)
 	}
 }
 
@@ -331,8 +334,8 @@ func testAdminCancel(t *testing.T, b broker.Broker, a broker.Admin) {
 		t.Fatal(err)
 	}
 	enqueue(t, b, newMsg("q", "job"))
-	if err := a.CancelProcessing(ctx, "q", "job"); err == nil {
-		t.Fatal("cancelling a pending task succeeded")
+	if err := a.CancelProcessing(ctx, "q", "job"); !errors.Is(err, broker.ErrTaskState) {
+		t.Fatalf("CancelProcessing of a pending task: %v, want ErrTaskState", err)
 	}
 	dequeueOne(t, b, "q", time.Minute)
 	if err := a.CancelProcessing(ctx, "q", "job"); err != nil {

@@ -23,7 +23,8 @@
 // when a queue has one partition, and unique tasks get IDs in their lock's
 // partition (broker.Partition), as the tide client arranges. Grouped tasks
 // get IDs tagged with their group ("id{group}"), so that a group's tasks
-// share a partition; round-robin among groups is checked only for groups
+// share a partition (GroupFreeIDs checks that a queue of one partition
+// takes untagged IDs too); round-robin among groups is checked only for groups
 // (and ungrouped tasks) placed in one partition.
 //
 // Groups: ready tasks are served group by group, round-robin, the ungrouped

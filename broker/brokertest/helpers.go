@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/internal/testwait"
 	"github.com/tidequeue/tide/tidetype"
 )
 
@@ -304,16 +305,11 @@ func queuesOf(ds []*broker.Delivery) []string {
 	return qs
 }
 
-// eventually polls cond until it returns true or timeout passes.
+// eventually polls cond until it returns true or timeout passes, failing t
+// naming what it waited for.
 func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(pollEvery)
-	}
+	testwait.For(t, timeout, what, cond)
 }
 
 // awaitEvent reads ch until an event matches or timeout passes. A closed

@@ -301,7 +301,7 @@ func (b *Broker) run(name string, q *queue, t *task) error {
 	case tidetype.StateWaiting:
 		t.wakeNow(b.clock.Now())
 	default:
-		return fmt.Errorf("tide: cannot run a task that is %s", t.msg.State)
+		return fmt.Errorf("%w: cannot run a task that is %s", broker.ErrTaskState, t.msg.State)
 	}
 	if t.msg.State == tidetype.StateArchived && t.msg.Headers[broker.FlowHeader] != "" {
 		return fmt.Errorf("%w (task %s/%s)", broker.ErrFlowStep, name, t.msg.ID)
@@ -328,7 +328,7 @@ func (b *Broker) archiveOne(q *queue, t *task) error {
 	switch t.msg.State {
 	case tidetype.StatePending, tidetype.StateScheduled, tidetype.StateRetry, tidetype.StateWaiting:
 	default:
-		return fmt.Errorf("tide: cannot archive a task that is %s", t.msg.State)
+		return fmt.Errorf("%w: cannot archive a task that is %s", broker.ErrTaskState, t.msg.State)
 	}
 	if t.flowFollowup() {
 		return fmt.Errorf("%w (task %s/%s)", broker.ErrInternalTask, t.msg.Queue, t.msg.ID)
@@ -427,7 +427,7 @@ func (b *Broker) CancelProcessing(ctx context.Context, name, id string) error {
 		return fmt.Errorf("%w (task %s/%s)", broker.ErrInternalTask, name, id)
 	}
 	if t.msg.State != tidetype.StateActive {
-		return fmt.Errorf("tide: cannot cancel task %s: it is %s, not active", id, t.msg.State)
+		return fmt.Errorf("%w: cannot cancel task %s: it is %s, not active", broker.ErrTaskState, id, t.msg.State)
 	}
 	if !t.canceled {
 		b.event(q, t, tidetype.EventCancelled, "")

@@ -9,8 +9,7 @@
 // All time decisions (when a task is due, when a lease or a unique lock
 // expires, how long completed and archived tasks are kept) use a Clock, the
 // real clock by default; tests may pass a fake one with WithClock and advance
-// it. Maintain forwards tasks due at or before MaintainRequest.Now, as the
-// interface says; everything else compares with the Clock.
+// it.
 //
 // Choices where the broker.Broker contract leaves room:
 //
@@ -24,14 +23,15 @@
 //     first, so it is handed out first again.
 //   - OutcomeRetry keeps the task in retry until Maintain forwards it, even
 //     when RetryAt has already passed.
-//   - Maintain recovers an active task whose lease has expired straight to
-//     pending (Retried incremented, LastErr and LastFailedAt set, ProcessAt =
-//     now), or archives it when its retries are exhausted (Retried unchanged).
-//     Recovered tasks count in Recovered, not Forwarded.
+//   - Maintain recovers an active task whose lease has expired as the
+//     contract says: to retry after MaintainRequest.RecoverBackoff (doubled
+//     per retry used, at most an hour; pending at once when zero), Retried
+//     incremented and LastErr "lease expired", or archived when its retries
+//     are exhausted or it was cancelled. Recovered tasks count in
+//     Recovered, not Forwarded.
 //   - Dequeue never forwards due tasks itself; only Maintain does.
-//   - A zero MaintainRequest.Now means the Clock's now. Settlement.At and
-//     Settlement.RetryAt default to the Clock's now when zero; a positive
-//     Settlement.RetryIn counts from the Clock's now.
+//   - Settlement.At and Settlement.RetryAt default to the Clock's now when
+//     zero; a positive Settlement.RetryIn counts from the Clock's now.
 //   - Events: EventPending is sent when tasks become pending in a queue that
 //     had none (not while the queue is paused; Unpause sends one when tasks
 //     wait), and when a settlement or a lease recovery frees a slot of a
@@ -57,11 +57,14 @@
 //     SettleRequeue puts a grouped task back among its group's ready tasks
 //     by its enqueue sequence, which is the head unless an earlier-enqueued
 //     task became due meanwhile.
-//   - Enqueue validates Group (broker.CheckGroup) and, for a grouped task
-//     with an ID, its tag (broker.CheckGroupID), answering per task. A
+//   - Enqueue validates Group (broker.CheckGroup), answering per task; a
+//     queue has one partition, so a grouped task takes any ID (an ID in use
+//     by a task of another group, or by an ungrouped one, is an ID
+//     conflict, or with Replace moves that task to the new group). A
 //     waiting ungrouped task replaced (EnqueueOptions.Replace) goes to the
-//     back of the pending list; a grouped one keeps its enqueue sequence, a
-//     waiting one keeps its attempt history. Replace with a UniqueKey that
+//     back of the pending list; a grouped one replaced in its group keeps
+//     its enqueue sequence, a waiting one its attempt history; one that
+//     changes group (or gains or loses one) is a new task, at the back. Replace with a UniqueKey that
 //     another task holds is ErrDuplicateTask and changes nothing.
 //   - Admin.Groups reports as ThrottledUntil the later of a throttle and,
 //     for a group with tasks waiting, the end of its GroupRate hold.

@@ -152,12 +152,8 @@ func validate(m *tidetype.TaskInfo) error {
 		return fmt.Errorf("%w: membroker: task %q: UniqueKey set without a UniqueTTL of at least 1ms", broker.ErrInvalidTask, m.ID)
 	}
 	if m.Group != "" {
-		if err := broker.CheckGroup(m.Group); err != nil {
-			return err
-		}
-		if m.ID != "" {
-			return broker.CheckGroupID(m.ID, m.Group)
-		}
+		// One partition a queue: any ID goes with any group.
+		return broker.CheckGroup(m.Group)
 	}
 	return nil
 }

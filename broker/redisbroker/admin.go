@@ -332,7 +332,7 @@ func (b *Broker) adminOne(ctx context.Context, op, queue, id string) error {
 	case code == 0:
 		return broker.ErrTaskNotFound
 	case code == -99:
-		return fmt.Errorf("tide: cannot %s task %s: its record is unreadable (delete it instead)", op, id)
+		return fmt.Errorf("%w: cannot %s task %s: its record is unreadable (delete it instead)", broker.ErrTaskState, op, id)
 	case code == -96:
 		return fmt.Errorf("%w (task %s/%s)", broker.ErrInternalTask, queue, id)
 	case code == -97:
@@ -340,7 +340,7 @@ func (b *Broker) adminOne(ctx context.Context, op, queue, id string) error {
 	case code == -98:
 		return fmt.Errorf("%w: cannot %s task %s now: a repartition is moving it; try again", broker.ErrUnavailable, op, id)
 	case code < 0:
-		return fmt.Errorf("tide: cannot %s a task that is %s", op, tidetype.TaskState(-code))
+		return fmt.Errorf("%w: cannot %s a task that is %s", broker.ErrTaskState, op, tidetype.TaskState(-code))
 	}
 	return nil
 }

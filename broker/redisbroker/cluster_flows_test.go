@@ -2,6 +2,7 @@ package redisbroker_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // On a 3-master Cluster, with queues of several partitions spread over
@@ -65,21 +67,17 @@ func TestClusterWorkflowAndBatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	testwait.Until(t, 60*time.Second, func() error {
 		w, err1 := in.GetWorkflow(ctx, "cluster-diamond")
 		got, err2 := in.GetBatch(ctx, bi.ID)
-		if err1 == nil && err2 == nil && w.State != tide.FlowRunning && !got.FinishedAt.IsZero() {
-			if w.State != tide.FlowSucceeded || got.Succeeded != 2000 || got.State != tide.FlowSucceeded {
-				t.Fatalf("workflow %v, batch %+v", w.State, got)
-			}
-			break
+		if err1 != nil || err2 != nil || w.State == tide.FlowRunning || got.FinishedAt.IsZero() {
+			return fmt.Errorf("not done: %v %v %v %v", w, err1, got, err2)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not done after 60s: %v %v %v %v", w, err1, got, err2)
+		if w.State != tide.FlowSucceeded || got.Succeeded != 2000 || got.State != tide.FlowSucceeded {
+			t.Fatalf("workflow %v, batch %+v", w.State, got)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	z, err := in.GetTaskInfo(ctx, "a", "cluster-diamond/z")
 	if err != nil || string(z.Result) != "z(x(w))(y(w))" {
 		t.Fatalf("z = %v, %v", z, err)

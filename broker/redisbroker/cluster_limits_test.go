@@ -13,6 +13,7 @@ import (
 	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // TestClusterQueueLimits: three servers run a queue whose six partitions
@@ -58,13 +59,7 @@ func TestClusterQueueLimits(t *testing.T) {
 	if _, err := cl.EnqueueMany(ctx, batch, tide.Queue(spreadQueue)); err != nil {
 		t.Fatalf("EnqueueMany: %v", err)
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for done.Load() < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d of %d tasks processed after 60s", done.Load(), n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testwait.Until(t, 60*time.Second, func() error { return processed(done.Load(), n) })
 	if p := peak.Load(); p > limit {
 		t.Fatalf("%d handlers ran at once under Concurrency %d", p, limit)
 	}
@@ -123,13 +118,7 @@ func TestClusterGroupLimits(t *testing.T) {
 			t.Fatalf("EnqueueMany: %v", err)
 		}
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for done.Load() < groups*per {
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d of %d tasks processed after 60s", done.Load(), groups*per)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testwait.Until(t, 60*time.Second, func() error { return processed(done.Load(), groups*per) })
 	for i := range groups {
 		if p := peak[i].Load(); p > limit {
 			t.Fatalf("group tenant-%d ran %d tasks at once under GroupConcurrency %d", i, p, limit)
@@ -194,13 +183,12 @@ func TestClusterLimitsFollowBacklog(t *testing.T) {
 			}
 		}
 		want := int64((w + 1) * perWave)
-		deadline := time.Now().Add(60 * time.Second)
-		for done.Load() < want {
-			if time.Now().After(deadline) {
-				t.Fatalf("wave %d: only %d of %d tasks processed after 60s", w, done.Load(), want)
+		testwait.Until(t, 60*time.Second, func() error {
+			if err := processed(done.Load(), want); err != nil {
+				return fmt.Errorf("wave %d: %w", w, err)
 			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return nil
+		})
 	}
 	if p := peak.Load(); p != limit {
 		t.Fatalf("at most %d handlers ran at once under Concurrency %d, want exactly the limit", p, limit)
@@ -214,4 +202,12 @@ func TestClusterLimitsFollowBacklog(t *testing.T) {
 			t.Fatalf("%d starts within %v under Rate %d/%v", rate+1, span, rate, per)
 		}
 	}
+}
+
+// processed reports how far short of want done tasks are, or nil.
+func processed(done, want int64) error {
+	if done < want {
+		return fmt.Errorf("only %d of %d tasks processed", done, want)
+	}
+	return nil
 }

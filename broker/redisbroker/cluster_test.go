@@ -22,6 +22,7 @@ import (
 	"github.com/tidequeue/tide/broker/brokertest"
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // The cluster tests start a local Redis Cluster of three masters with one
@@ -851,24 +852,20 @@ func TestClusterReshardMidBatch(t *testing.T) {
 	if m, err := c.MasterOfSlot(ctx, to, int(slot)); err != nil || m != to {
 		t.Fatalf("slot %d is on %s (%v), want %s", slot, m, err, to)
 	}
-	eventually := time.Now().Add(30 * time.Second)
-	for {
+	testwait.Until(t, 30*time.Second, func() error {
 		mu.Lock()
+		defer mu.Unlock()
 		missing := 0
 		for id := range stored {
 			if ran[id] == 0 {
 				missing++
 			}
 		}
-		mu.Unlock()
-		if missing == 0 {
-			break
+		if missing > 0 {
+			return fmt.Errorf("%d tasks reported stored never ran", missing)
 		}
-		if time.Now().After(eventually) {
-			t.Fatalf("%d tasks reported stored never ran", missing)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	time.Sleep(500 * time.Millisecond) // let stragglers surface
 	mu.Lock()
 	defer mu.Unlock()

@@ -48,12 +48,9 @@ func validTask(t *tidetype.TaskInfo) error {
 		return fmt.Errorf("%w: cannot enqueue a task in state %s", broker.ErrInvalidTask, t.State)
 	}
 	if t.Group != "" {
-		if err := broker.CheckGroup(t.Group); err != nil {
-			return err
-		}
-		if t.ID != "" {
-			return broker.CheckGroupID(t.ID, t.Group)
-		}
+		// The ID is checked against the queue's layout (CheckGroupID) per
+		// task, in Enqueue.
+		return broker.CheckGroup(t.Group)
 	}
 	return nil
 }
@@ -86,6 +83,11 @@ func (b *Broker) Enqueue(ctx context.Context, tasks []*tidetype.TaskInfo, opts b
 		}
 		it := item{t: t, lay: l, own: t.ID == "", replace: opts.Replace && t.ID != "", watch: opts.Watch}
 		switch {
+		case broker.FreeGroupID(t.ID, t.Group) && l.old != nil:
+			errs[i] = fmt.Errorf("%w: queue %q is being repartitioned to %d partitions; task ID %q of group %q must hold the group as its tag, e.g. %q",
+				broker.ErrInvalidTask, t.Queue, l.cur.n, t.ID, t.Group, t.ID+"{"+t.Group+"}")
+		case broker.FreeGroupID(t.ID, t.Group):
+			errs[i] = broker.CheckGroupID(t.ID, t.Group, l.cur.n)
 		case t.UniqueKey != "" && !it.own && broker.Partition(t.ID, l.cur.n) != broker.Partition(t.UniqueKey, l.cur.n):
 			// The task and its lock must share a partition (one script
 			// sees both); the caller chose an ID elsewhere.
@@ -113,7 +115,7 @@ func (b *Broker) Enqueue(ctx context.Context, tasks []*tidetype.TaskInfo, opts b
 		// callers' tasks share it.
 		got, err = b.enqueueNow(ctx, send, opts)
 	} else {
-		got, err = b.batch.enqueue(ctx, send)
+		got, err = b.coalesce.enqueue(ctx, send)
 	}
 	if err != nil {
 		return nil, err
@@ -221,6 +223,9 @@ func (b *Broker) enqueueNow(ctx context.Context, items []item, opts broker.Enque
 					// stored then is the answer.
 					errs[i] = nil
 					items[i].t.ID, firsts = firsts[0], firsts[1:]
+				case '5':
+					errs[i] = fmt.Errorf("%w: queue %q is being repartitioned; task ID %q of group %q must hold the group as its tag, e.g. %q (or repartition the queue to 1 to cancel a repartition that stopped before it began)",
+						broker.ErrInvalidTask, items[i].t.Queue, items[i].t.ID, items[i].t.Group, items[i].t.ID+"{"+items[i].t.Group+"}")
 				case '3':
 					if round < maxRedraws {
 						items[i].t.ID = b.drawID(items[i].t, items[i].lay)
@@ -389,6 +394,9 @@ func (gs *grouping) add(p part, i int) {
 func (b *Broker) enqueueCall(p part, items []item, idx []int) *call {
 	rid, cache, exp, edge := b.request(p)
 	if b.eventsArg(p) == "" && plainItems(items, idx) {
+		if len(idx) == 1 && items[idx[0]].t.State == tidetype.StatePending {
+			return b.enqueueOneCall(p, items[idx[0]], rid, cache, exp, edge)
+		}
 		return b.enqueuePlainCall(p, items, idx, rid, cache, exp, edge)
 	}
 	w := b.idemWindow.Milliseconds()
@@ -403,6 +411,9 @@ func (b *Broker) enqueueCall(p part, items []item, idx []int) *call {
 		}
 		if items[i].watch {
 			kind += "w"
+		}
+		if broker.FreeGroupID(t.ID, t.Group) {
+			kind += "f"
 		}
 		args = append(args, t.ID, codec.Encode(t, 0), kind, t.NextProcessAt.UnixMilli(), t.UniqueKey, t.UniqueTTL.Milliseconds(), t.IdempotencyKey, t.Group)
 	}
@@ -420,7 +431,8 @@ func (b *Broker) enqueueCall(p part, items []item, idx []int) *call {
 
 // plainItems reports whether the tasks at idx are all plain: no unique key,
 // idempotency key, group, Replace or waiter. With events off for their
-// partition, enqueue_plain.lua stores them.
+// partition, enqueue_plain.lua stores them, or enqueue_one.lua a single
+// pending one.
 func plainItems(items []item, idx []int) bool {
 	for _, i := range idx {
 		it := items[i]
@@ -452,9 +464,9 @@ func taskKind(it item) string {
 // so; and always when it is the first or last request of its cache (edge),
 // and now and then, in case the cache was deleted meanwhile.
 func (b *Broker) enqueuePlainCall(p part, items []item, idx []int, rid, cache string, exp int64, edge bool) *call {
-	setExp := "1"
-	if v, ok := b.cacheExpiry.Load(p.base); ok && v.(string) == cache && !edge && rand.N(64) != 0 {
-		setExp = ""
+	setExp := ""
+	if b.setsExpiry(p.base, cache, edge) {
+		setExp = "1"
 	}
 	args := make([]any, 0, 6+4*len(idx))
 	args = append(args, p.layout, rid, exp, p.channel, p.idx, setExp)
@@ -472,6 +484,36 @@ func (b *Broker) enqueuePlainCall(p part, items []item, idx []int, rid, cache st
 		queue:  p.queue,
 	}
 	if setExp != "" {
+		c.expiry = [2]string{p.base, cache}
+	}
+	return c
+}
+
+// setsExpiry reports whether a call on reply cache cache of partition base
+// must set the cache's expiry: unless this process has seen a call do so;
+// and always when it is the first or last request of its cache (edge), and
+// now and then, in case the cache was deleted meanwhile.
+func (b *Broker) setsExpiry(base, cache string, edge bool) bool {
+	v, ok := b.cacheExpiry.Load(base)
+	return !ok || v.(string) != cache || edge || rand.N(64) == 0
+}
+
+// enqueueOneCall is enqueuePlainCall for one pending task: enqueue_one.lua,
+// with 4 keys and 8 arguments rather than 6 and 10, and no helper defined
+// unless the task meets another. Its reply reads as enqueue.lua's.
+func (b *Broker) enqueueOneCall(p part, it item, rid, cache string, exp int64, edge bool) *call {
+	setExp := b.setsExpiry(p.base, cache, edge)
+	if !setExp {
+		exp = -exp
+	}
+	t := it.t
+	c := &call{
+		script: b.s.enqueueOne,
+		keys:   []string{p.plainKeys[0], p.plainKeys[1], p.plainKeys[4], cache},
+		args:   []any{p.layout, rid, exp, p.channel, p.idx, t.ID, codec.Encode(t, 0), taskKind(it)},
+		queue:  p.queue,
+	}
+	if setExp {
 		c.expiry = [2]string{p.base, cache}
 	}
 	return c

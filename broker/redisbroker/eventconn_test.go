@@ -11,6 +11,7 @@ import (
 	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/internal/testwait"
 	"github.com/tidequeue/tide/tidetype"
 )
 
@@ -51,17 +52,7 @@ func TestEventReadersKeepOffThePool(t *testing.T) {
 		}
 		return n
 	}
-	waitUntil := func(what string, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
-	waitUntil("the readers to block in XREAD", func() bool { return blocked() >= 2 })
+	testwait.For(t, 10*time.Second, "the readers to block in XREAD", func() bool { return blocked() >= 2 })
 
 	// Enqueue (and the event it records) while every reader blocks.
 	cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
@@ -82,12 +73,12 @@ func TestEventReadersKeepOffThePool(t *testing.T) {
 			t.Fatalf("reader %d got no event", i)
 		}
 	}
-	waitUntil("every reader to read on a connection of its own", func() bool { return blocked() == readers })
+	testwait.For(t, 10*time.Second, "every reader to read on a connection of its own", func() bool { return blocked() == readers })
 
 	cancel()
 	for _, ch := range chans {
 		for range ch {
 		}
 	}
-	waitUntil("the readers' connections to close", func() bool { return blocked() == 0 })
+	testwait.For(t, 10*time.Second, "the readers' connections to close", func() bool { return blocked() == 0 })
 }

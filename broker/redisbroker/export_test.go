@@ -34,3 +34,9 @@ func ScriptNames() []string {
 	}
 	return out
 }
+
+// SetAfterHold sets a function that Repartition runs after it held grouped
+// tasks with free IDs back (see holdFreeIDs) and before it records the new
+// layout; nil removes it. Tests that set it must not run in parallel with
+// other repartitions.
+func SetAfterHold(f func(queue string)) { afterHold = f }

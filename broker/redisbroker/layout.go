@@ -170,6 +170,27 @@ func (b *Broker) layoutOf(ctx context.Context, queue string) (layout, error) {
 	return b.loadLayout(ctx, queue)
 }
 
+// knownLayout is layoutOf for a queue that is registered: a queue that is
+// not (deleted with DeleteQueue, its limits kept) is left unregistered and
+// known is false. A background step (a rebalance of the queue's slots) uses
+// it, so that it never brings a deleted queue back into Queues.
+func (b *Broker) knownLayout(ctx context.Context, queue string) (l layout, known bool, err error) {
+	if v, ok := b.layouts.Load(queue); ok {
+		if c := v.(cachedLayout); time.Since(c.at) < layoutTTL {
+			return c.l, true, nil
+		}
+	}
+	known, err = b.rdb.SIsMember(ctx, b.prefix+":queues", queue).Result()
+	if err != nil {
+		return layout{}, false, fmt.Errorf("tide: redisbroker: queue %q: %w", queue, classify(err))
+	}
+	if !known {
+		return layout{}, false, nil
+	}
+	l, err = b.layoutOf(ctx, queue)
+	return l, err == nil, err
+}
+
 // forgetLayout drops the cached layout of queue after a script refused it, so
 // that the next call reads the recorded one again.
 func (b *Broker) forgetLayout(queue string) { b.layouts.Delete(queue) }

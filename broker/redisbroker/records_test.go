@@ -13,6 +13,7 @@ import (
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/internal/redistest"
 	"github.com/tidequeue/tide/internal/testlog"
+	"github.com/tidequeue/tide/internal/testwait"
 	"github.com/tidequeue/tide/tidetype"
 )
 
@@ -39,7 +40,7 @@ func TestUndecodableActiveRecordIsArchived(t *testing.T) {
 	if err := rdb.HSet(ctx, prefix+":{q:0}:t", "bad", garbage).Err(); err != nil {
 		t.Fatal(err)
 	}
-	eventuallyT(t, 10*time.Second, "the expired lease to be recovered", func() bool {
+	testwait.For(t, 10*time.Second, "the expired lease to be recovered", func() bool {
 		r, err := b.Maintain(ctx, broker.MaintainRequest{Queue: "q", Owner: "m", OwnerTTL: time.Second})
 		return err == nil && r.Recovered == 1
 	})
@@ -108,16 +109,5 @@ func TestStaleLayoutIsRefusedByTheScripts(t *testing.T) {
 	}
 	if n, err := b.Partitions(ctx, "q"); err != nil || n != 2 {
 		t.Fatalf("after the refusal: %d partitions, %v; want the recorded 2", n, err)
-	}
-}
-
-func eventuallyT(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

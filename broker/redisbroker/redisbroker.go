@@ -22,18 +22,24 @@
 //	<prefix>:{<queue>:<p>}:meta       the queue's layout (partition count)
 //	<prefix>:{<queue>:<p>}:rq:<n>:<process>.<k>
 //	                                  reply cache of slice n (an eighth of the replay window), the
-//	                                  k-th hundred requests of one process (see below)
+//	                                  k-th fifty requests of one process (see below)
 //	<prefix>:{<queue>:<p>}:ik:<n>     idempotency keys used in window n → task ID
 //	<prefix>:{<queue>:<p>}:paused     flag
 //	<prefix>:{<queue>:<p>}:owner      the server maintaining the partition
 //	<prefix>:{<queue>:<p>}:lim        hash: the partition's slots and settings of the queue's limits (see slots.lua, share.lua)
 //	<prefix>:{<queue>:<p>}:starts     zset: token -> start time (ms) of the tasks started in the last broker.MaxRatePer
 //	                                  (the newest broker.MaxQueueRate of them), with a rate or without
-//	<prefix>:{<queue>:<p>}:gq, gr, gw, gs, gid, gl
-//	                                  grouped tasks: ready tasks by group, the rotation, held-back groups,
-//	                                  group state, task -> group, rate windows (see groups.lua)
+//	<prefix>:{<queue>:<p>}:gq         zset: "<group>\0<seq><id>" of every ready grouped task, in group and enqueue order
+//	<prefix>:{<queue>:<p>}:gr         zset: the rotation: groups that may start a task, by when they joined
+//	<prefix>:{<queue>:<p>}:gw         zset: group -> until when it is held back (throttled, over its rate) (ms)
+//	<prefix>:{<queue>:<p>}:gs         hash: join number, cursor, sequence; per group its active tasks,
+//	                                  ordered holder and throttle (groups.lua's header has the fields)
+//	<prefix>:{<queue>:<p>}:gid        hash: task ID -> "<group>\0<seq>" of every grouped task
+//	<prefix>:{<queue>:<p>}:gl         hash: group -> its start times within the GroupRate window
 //	<prefix>:{<queue>:<p>}:pg         hash: task ID -> progress "<percent>:<ms>:<note>"
-//	<prefix>:{<queue>:<p>}:wt, oc, ocx  tasks someone waits for, how they ended, when that is forgotten
+//	<prefix>:{<queue>:<p>}:wt         hash: task ID -> expiry (ms) of the registration of those someone waits for (Wait)
+//	<prefix>:{<queue>:<p>}:oc         hash: task ID -> how it ended, kept for Wait
+//	<prefix>:{<queue>:<p>}:ocx        zset: task ID -> when its outcome is forgotten
 //	<prefix>:{<queue>:<p>}:events     stream: task lifecycle events, entries 0-1, 0-2, ... (see Events below)
 //	<prefix>:queues                   set of known queue names
 //	<prefix>:partitions               hash: queue -> partition count
@@ -69,7 +75,7 @@
 // change therefore carries a random request ID; the script stores its reply
 // in a reply cache of the partition (a hash that expires after the replay
 // window) and a second run of the same request answers from it without
-// changing anything. A reply cache holds the replies of at most a hundred
+// changing anything. A reply cache holds the replies of at most fifty
 // requests of one process, kept short (a run of "stored" codes as their
 // count, a dequeue as its lease expiry and range of fencing tokens), so
 // that Redis stores it as a compact list: about 20 bytes a request instead
@@ -186,9 +192,17 @@
 //
 // # Groups
 //
-// A grouped task's ID carries its group as a hash tag ("<random>{<group>}";
-// an ID the caller chose must carry it too), so all tasks of a group live in
-// partition broker.Partition(group, P) whatever P is. That partition keeps
+// All tasks of a group live in partition broker.Partition(group, P). An ID
+// the broker draws for a grouped task carries the group as its hash tag
+// ("<random>{<group>}"), and so must one the caller chose on a queue of
+// several partitions, so that the task is found by its ID there whatever
+// P is. A queue of one partition has nowhere else to look and takes any ID
+// (broker.CheckGroupID); a repartition of such a queue to more partitions
+// first sets field xf of the group state hash, from when on enqueue.lua
+// refuses grouped tasks with untagged IDs, then looks for one (HSCAN of
+// gid) and is refused while there is one. Should one get in all the same
+// (the hold lifted meanwhile), the move stops at it with an error naming it
+// and leaves it in the old partition, where lookups by ID still find it. That partition keeps
 // its groups' ready tasks in enqueue order and a rotation of the groups that
 // may run; the dequeue script serves the rotation one task per group per
 // turn and checks the group limits (which are not split: a group is in one
@@ -425,13 +439,13 @@ type Broker struct {
 	clock          clock
 	newID          func() string // broker.NewID; tests replace it
 
-	batch   batcher
-	closed  atomic.Bool
-	waits   waitHub // Wait's subscriptions
-	subsMu  sync.Mutex
-	subs    map[int]func() // open subscriptions, ended by Close
-	subSeq  int
-	layouts sync.Map // queue name -> layout
+	coalesce coalescer
+	closed   atomic.Bool
+	waits    waitHub // Wait's subscriptions
+	subsMu   sync.Mutex
+	subs     map[int]func() // open subscriptions, ended by Close
+	subSeq   int
+	layouts  sync.Map // queue name -> layout
 	// cacheExpiry maps a partition's key prefix to the last of its reply
 	// caches whose expiry a call of this process set (enqueuePlainCall).
 	cacheExpiry sync.Map
@@ -468,7 +482,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Broker {
 		eventsMax: DefaultEventsMaxLen, eventsAge: DefaultEventsMaxAge,
 	}
 	b.clock.local = time.Now
-	b.batch.send = b.enqueueNow
+	b.coalesce.send = b.enqueueNow
 	b.reb.ctx, b.reb.stop = context.WithCancel(context.Background())
 	var tag [4]byte
 	_, _ = rand.Read(tag[:])

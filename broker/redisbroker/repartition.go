@@ -42,6 +42,11 @@ var _ broker.Repartitioner = (*Broker)(nil)
 // resumes a repartition that stopped. progress, when not nil, is called after
 // each step with the tasks moved so far and those still in the old span.
 //
+// A queue of one partition that holds grouped tasks whose IDs lack their
+// group's tag (broker.CheckGroupID) is not repartitioned to more: the call
+// fails with an error wrapping broker.ErrLayout that names one, and
+// changes nothing.
+//
 // Grouped tasks keep their enqueue order, and their groups' rate windows
 // and throttles go with them; grouped tasks start nowhere until the
 // repartition is done (see the package documentation). Unique locks move
@@ -141,6 +146,9 @@ func (b *Broker) drainAll(ctx context.Context, l layout, old part, o int, moved 
 // the new span alone and gives it the whole limits. Another run that
 // finished first leaves it nothing but the limits to share.
 func (b *Broker) finishRepartition(ctx context.Context, queue string, l layout) error {
+	if err := b.loadMove(ctx); err != nil {
+		return fmt.Errorf("tide: redisbroker: repartition %s: %w", queue, err)
+	}
 	pipe := b.rdb.Pipeline()
 	for i := range l.cur.n {
 		p := b.partAt(queue, l, i)
@@ -198,7 +206,22 @@ func (b *Broker) startRepartition(ctx context.Context, queue string, n int) (lay
 		return l, nil
 	}
 	if l.cur.n == n {
+		if n == 1 {
+			// Undo the hold of a repartition that stopped before it began
+			// (see holdFreeIDs).
+			if err := b.rdb.HDel(ctx, b.partAt(queue, l, 0).k("gs"), "xf").Err(); err != nil {
+				return layout{}, fmt.Errorf("tide: redisbroker: repartition %s: %w", queue, classify(err))
+			}
+		}
 		return l, nil
+	}
+	if l.cur.n == 1 {
+		if err := b.holdFreeIDs(ctx, queue, l); err != nil {
+			return layout{}, err
+		}
+		if afterHold != nil {
+			afterHold(queue)
+		}
 	}
 	next := span{n: n, epoch: l.cur.epoch + 1}
 	ml := layout{tag: next.tag() + "<" + l.cur.tag(), cur: next, old: &span{n: l.cur.n, epoch: l.cur.epoch}}
@@ -268,6 +291,53 @@ func (b *Broker) startRepartition(ctx context.Context, queue string, n int) (lay
 	return nl, b.refreshLimits(ctx, queue, nl)
 }
 
+// afterHold, when set (by tests), runs after holdFreeIDs found no grouped
+// task with a free ID and before the new layout is recorded.
+var afterHold func(queue string)
+
+// holdFreeIDs prepares the repartition of queue l, of one partition, to
+// more: a grouped task whose ID does not carry its group (which only a
+// queue of one partition takes, see broker.CheckGroupID) would be moved
+// to its ID's partition, away from its group, and could not be found by ID
+// if it were moved to its group's. So it marks the partition (field xf of
+// its group state), from when on enqueue.lua refuses such tasks, and then
+// looks for one: none may arrive once the mark is set, and HSCAN returns
+// every entry present from its start to its end. It finds one: the mark
+// goes and the repartition is refused. It finds none: the mark stays until
+// the old partition is retired, or a repartition to one partition lifts it.
+func (b *Broker) holdFreeIDs(ctx context.Context, queue string, l layout) error {
+	p := b.partAt(queue, l, 0)
+	fail := func(err error) error {
+		return fmt.Errorf("tide: redisbroker: repartition %s: %w", queue, classify(err))
+	}
+	if err := b.rdb.HSet(ctx, p.k("gs"), "xf", "1").Err(); err != nil {
+		return fail(err)
+	}
+	var cursor uint64
+	for {
+		kv, next, err := b.rdb.HScan(ctx, p.k("gid"), cursor, "", 1000).Result()
+		if err != nil {
+			return fail(err)
+		}
+		for i := 0; i+1 < len(kv); i += 2 {
+			id, g := kv[i], kv[i+1]
+			if j := strings.IndexByte(g, 0); j >= 0 {
+				g = g[:j]
+			}
+			if broker.FreeGroupID(id, g) {
+				if err := b.rdb.HDel(ctx, p.k("gs"), "xf").Err(); err != nil {
+					return fail(err)
+				}
+				return fmt.Errorf("%w: queue %q holds grouped tasks whose IDs do not carry their group (%q of group %q); on several partitions a task is found by its ID and a group's tasks live together, so such a task could not be found. Delete them or let them finish and go (after their Retention; archived ones when deleted), then repartition again",
+					broker.ErrLayout, queue, id, g)
+			}
+		}
+		if cursor = next; cursor == 0 {
+			return nil
+		}
+	}
+}
+
 // markOld writes the meta key of each partition of l's old span that still
 // says the old span alone: from then on it refuses processes that route the
 // old way. A partition marked already, or retired, is left as it is.
@@ -302,6 +372,14 @@ func (b *Broker) moveKeys(p part) []string {
 	return append(p.keys("t", "pending", "scheduled", "retry", "archived", "completed", "result", "active", "u", "moving", "reserved", "meta", "stat", "seq", "owner", "paused", "h", "m"), append(p.groupKeys(), p.endKeys()...)...)
 }
 
+// loadMove loads move.lua into every node (every master of a cluster)
+// before a step sends it in a pipeline, where go-redis does not fall back
+// from EVALSHA to EVAL: the new span's partitions may live on nodes that
+// never ran it.
+func (b *Broker) loadMove(ctx context.Context) error {
+	return classify(b.s.move.Load(ctx, b.rdb).Err())
+}
+
 // moveCall runs one op of move.lua on partition p.
 func (b *Broker) moveCall(ctx context.Context, p part, op string, args ...any) *redis.Cmd {
 	return b.s.move.Run(ctx, b.rdb, b.moveKeys(p), append([]any{p.layout, op}, args...)...)
@@ -319,6 +397,9 @@ type moved struct {
 // crashed repartition left half-moved) and returns how many it moved and how
 // many records are left in o (active tasks, and what it did not get to).
 func (b *Broker) drain(ctx context.Context, l layout, o part) (int, int, error) {
+	if err := b.loadMove(ctx); err != nil {
+		return 0, 0, fmt.Errorf("tide: redisbroker: repartition %s: %w", o.queue, err)
+	}
 	fail := func(err error) (int, int, error) {
 		return 0, 0, fmt.Errorf("tide: redisbroker: repartition %s: %w", o.queue, classify(err))
 	}
@@ -373,6 +454,12 @@ func (b *Broker) reserveAndTake(ctx context.Context, l layout, o part, peek []an
 		uniq := ""
 		if t, err := codec.DecodeHeader(o.queue, id, []byte(rec)); err == nil {
 			uniq = t.UniqueKey
+			if l.cur.n > 1 && broker.FreeGroupID(id, t.Group) {
+				// Only a hold lifted while the repartition started lets
+				// one in (see holdFreeIDs): it stays where it is found.
+				return nil, fmt.Errorf("%w: repartition %s: grouped task %q of group %q has an ID without its group's tag and could not be found by it on %d partitions; delete it, then repartition again",
+					broker.ErrLayout, o.queue, id, t.Group, l.cur.n)
+			}
 		}
 		np := b.partOf(o.queue, l, id)
 		if uniq != "" && lock != "" && broker.Partition(uniq, l.cur.n) != broker.Partition(id, l.cur.n) {
@@ -581,6 +668,9 @@ func (b *Broker) retire(ctx context.Context, l layout, o part, idx int) (bool, e
 // grouped tasks start nowhere while a repartition runs, so nothing changes
 // them in o any more, and the new span's groups see them before they start.
 func (b *Broker) handOverGroups(ctx context.Context, l layout, o part) error {
+	if err := b.loadMove(ctx); err != nil {
+		return fmt.Errorf("tide: redisbroker: repartition %s: %w", o.queue, err)
+	}
 	cursor := "0"
 	for {
 		res, err := b.moveCall(ctx, o, "groups", cursor).Slice()

@@ -2,13 +2,16 @@ package redisbroker_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/tidetype"
 )
 
@@ -237,4 +240,113 @@ func TestRepartitionKeepsThrottle(t *testing.T) {
 			t.Fatalf("the group throttled by its task in the old partition started %v after the repartition", got)
 		}
 	})
+}
+
+// A queue of one partition takes grouped tasks whose IDs do not carry their
+// group; on more partitions such a task could not be found by ID, so a
+// repartition to more is refused while the queue holds one, and goes ahead
+// once they are gone; the queue then refuses such IDs.
+func TestRepartitionRefusesFreeGroupIDs(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	const q = "freemove"
+	free := func(id string) *tidetype.TaskInfo {
+		m := groupMsg(q, id, "")
+		m.Group = "shop-7"
+		return m
+	}
+	tagged := groupMsg(q, "tagged", "shop-7")
+	mustEnqueue(t, e.b, broker.EnqueueOptions{}, free("order-cancel:42"), tagged, groupMsg(q, "plain", ""))
+	err := e.b.Repartition(ctx, q, 4, nil)
+	if !errors.Is(err, broker.ErrLayout) || !strings.Contains(err.Error(), `"order-cancel:42"`) {
+		t.Fatalf("Repartition to 4 of a queue holding a grouped task with a free ID: %v, want ErrLayout naming it", err)
+	}
+	if n, err := e.b.Partitions(ctx, q); err != nil || n != 1 {
+		t.Fatalf("Partitions after the refused repartition = %d, %v; want 1", n, err)
+	}
+	// The refused repartition lets free IDs in again.
+	mustEnqueue(t, e.b, broker.EnqueueOptions{}, free("order-cancel:43"))
+	for _, id := range []string{"order-cancel:42", "order-cancel:43"} {
+		if err := e.b.Delete(ctx, q, id); err != nil {
+			t.Fatalf("Delete(%s): %v", id, err)
+		}
+	}
+	if err := e.b.Repartition(ctx, q, 4, nil); err != nil {
+		t.Fatalf("Repartition to 4 once the free IDs are gone: %v", err)
+	}
+	if got, err := e.b.GetTask(ctx, q, tagged.ID); err != nil || got.Group != "shop-7" {
+		t.Fatalf("GetTask(%s) after the repartition: %+v, %v", tagged.ID, got, err)
+	}
+	errs, err := e.b.Enqueue(ctx, []*tidetype.TaskInfo{free("order-cancel:44")}, broker.EnqueueOptions{})
+	if err != nil || !errors.Is(errs[0], broker.ErrInvalidTask) {
+		t.Fatalf("a free grouped ID on 4 partitions: %v, %v; want ErrInvalidTask", errs, err)
+	}
+}
+
+// A repartition that stopped after it held free grouped IDs back (its mark
+// is set, the layout not yet changed) keeps refusing them, and a
+// repartition to one partition lifts the hold.
+func TestRepartitionHoldOfFreeGroupIDs(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	const q = "freehold"
+	m := groupMsg(q, "order-cancel:42", "")
+	m.Group = "shop-7"
+	mustEnqueue(t, e.b, broker.EnqueueOptions{}, groupMsg(q, "first", "shop-7")) // the queue exists
+	if err := e.rdb.HSet(ctx, e.prefix+":{"+q+":0}:gs", "xf", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	errs, err := e.b.Enqueue(ctx, []*tidetype.TaskInfo{m}, broker.EnqueueOptions{})
+	if err != nil || !errors.Is(errs[0], broker.ErrInvalidTask) {
+		t.Fatalf("a free grouped ID while a repartition holds them: %v, %v; want ErrInvalidTask", errs, err)
+	}
+	if err := e.b.Repartition(ctx, q, 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	mustEnqueue(t, e.b, broker.EnqueueOptions{}, m)
+}
+
+// Should a grouped task with a free ID get into the partition after the
+// repartition looked (its hold lifted meanwhile, as a concurrent
+// repartition to one partition does), the move stops at it with an error
+// that names it and leaves it where it is found by its ID; once it is
+// deleted, running the repartition again finishes it. Not parallel: it
+// sets a package-wide hook.
+func TestRepartitionStopsAtALateFreeGroupID(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	const q = "freelate"
+	tagged := groupMsg(q, "tagged", "shop-7")
+	mustEnqueue(t, e.b, broker.EnqueueOptions{}, tagged)
+	late := groupMsg(q, "order-cancel:42", "")
+	late.Group = "shop-7"
+	redisbroker.SetAfterHold(func(queue string) {
+		if queue != q {
+			return
+		}
+		if err := e.rdb.HDel(ctx, e.prefix+":{"+q+":0}:gs", "xf").Err(); err != nil {
+			t.Error(err)
+		}
+		mustEnqueue(t, e.b, broker.EnqueueOptions{}, late)
+	})
+	t.Cleanup(func() { redisbroker.SetAfterHold(nil) })
+	err := e.b.Repartition(ctx, q, 4, nil)
+	if !errors.Is(err, broker.ErrLayout) || !strings.Contains(err.Error(), `"order-cancel:42"`) {
+		t.Fatalf("Repartition meeting a late free grouped ID: %v, want ErrLayout naming it", err)
+	}
+	redisbroker.SetAfterHold(nil)
+	if got, err := e.b.GetTask(ctx, q, late.ID); err != nil || got.Group != "shop-7" {
+		t.Fatalf("GetTask(%s) while the repartition stopped: %+v, %v", late.ID, got, err)
+	}
+	if err := e.b.Delete(ctx, q, late.ID); err != nil {
+		t.Fatalf("Delete(%s): %v", late.ID, err)
+	}
+	if err := e.b.Repartition(ctx, q, 4, nil); err != nil {
+		t.Fatalf("Repartition run again: %v", err)
+	}
+	if got, err := e.b.GetTask(ctx, q, tagged.ID); err != nil || got.Group != "shop-7" {
+		t.Fatalf("GetTask(%s) after the repartition: %+v, %v", tagged.ID, got, err)
+	}
 }

@@ -3,6 +3,7 @@ package redisbroker_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/internal/faultproxy"
 	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/internal/testwait"
 	"github.com/tidequeue/tide/tidetype"
 )
 
@@ -109,6 +111,31 @@ func TestResentEnqueueStoresOnce(t *testing.T) {
 	}
 }
 
+// A re-sent Enqueue whose first run met another task answers like the
+// first run, a conflict: the reply cache entry a request claims first (with
+// the reply it expects, stored) is written over with the conflict.
+func TestResentEnqueueConflictAnswersConflict(t *testing.T) {
+	t.Parallel()
+	f := newFaulty(t)
+	ctx := context.Background()
+	opts := []tide.Option{tide.TaskID("order-cancel:44"), tide.Queue("q")}
+	if _, err := f.c.Enqueue(ctx, tide.NewTask("t", []byte("p")), opts...); err != nil {
+		t.Fatal(err)
+	}
+	seen := f.proxy.Seen("EVALSHA")
+	f.proxy.DelayReplies(faultproxy.Commands("EVALSHA"), 500*time.Millisecond, 1)
+	_, err := f.c.Enqueue(ctx, tide.NewTask("t", []byte("p")), opts...)
+	if f.proxy.Seen("EVALSHA") < seen+2 {
+		t.Fatal("the enqueue was not sent again: the fault did not happen")
+	}
+	if !errors.Is(err, tide.ErrTaskIDConflict) {
+		t.Fatalf("a re-sent Enqueue of a taken ID: %v, want ErrTaskIDConflict", err)
+	}
+	if n := f.stored(t); n != 1 {
+		t.Fatalf("%d tasks stored", n)
+	}
+}
+
 // A re-sent Enqueue that arrives after its task already ran and was deleted
 // (a server was quicker than the client's read timeout) must not store the
 // task again: the reply cache, not the task's record, remembers the request.
@@ -142,23 +169,20 @@ func TestResentEnqueueAfterTheTaskEnded(t *testing.T) {
 			// task to its end (no retention: the record goes) before the
 			// client's read timeout sends the call again.
 			var ran string
-			for deadline := time.Now().Add(10 * time.Second); ran == ""; {
-				if time.Now().After(deadline) {
-					t.Fatal("the task never appeared")
-				}
+			testwait.For(t, 10*time.Second, "the task to appear", func() bool {
 				ds, err := worker.Dequeue(ctx, []string{"q"}, 1, time.Minute)
 				if err != nil {
 					t.Fatal(err)
 				}
 				if len(ds) == 0 {
-					time.Sleep(time.Millisecond)
-					continue
+					return false
 				}
 				if errs, err := worker.Settle(ctx, []broker.Settlement{{Lease: ds[0].Lease(), Kind: broker.SettleDone}}); err != nil || errs[0] != nil {
 					t.Fatal(errs, err)
 				}
 				ran = ds[0].Task.ID
-			}
+				return true
+			})
 			r := <-done
 			if r.err != nil {
 				t.Fatalf("Enqueue after a re-send: %v", r.err)
@@ -396,13 +420,9 @@ func TestLongReplicaWaitStoresOnce(t *testing.T) {
 	replica := redistest.Start(t, "--replicaof", host, port)
 	direct := redistest.Client(t, primary.Addr)
 	rr := redistest.Client(t, replica.Addr)
-	deadline := time.Now().Add(20 * time.Second)
-	for !strings.Contains(rr.Info(context.Background(), "replication").Val(), "master_link_status:up") {
-		if time.Now().After(deadline) {
-			t.Fatal("the replica did not sync")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testwait.For(t, 20*time.Second, "the replica to sync", func() bool {
+		return strings.Contains(rr.Info(context.Background(), "replication").Val(), "master_link_status:up")
+	})
 	rdb := redis.NewClient(&redis.Options{Addr: primary.Addr, ReadTimeout: 200 * time.Millisecond})
 	t.Cleanup(func() { _ = rdb.Close() })
 	prefix := redistest.Prefix(t)
@@ -515,16 +535,15 @@ func TestReplyCachesExpire(t *testing.T) {
 	enqueue(2000)
 	noForever("after the cache was deleted")
 	// All of them go within the window and a slice.
-	deadline := time.Now().Add(10 * time.Second)
-	for len(caches()) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("reply caches still there 10s after the last call: %v", caches())
+	testwait.Until(t, 10*time.Second, func() error {
+		if c := caches(); len(c) > 0 {
+			return fmt.Errorf("reply caches still there after the last call: %v", c)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
-// Reply caches stay small: each holds the replies of at most a hundred
+// Reply caches stay small: each holds the replies of at most fifty
 // requests of one process, short enough that Redis keeps it as a compact
 // list (a third of the memory of a larger hash), also for dequeues and
 // settlements of many tasks and enqueues of many.
@@ -573,8 +592,8 @@ func TestReplyCachesStayCompact(t *testing.T) {
 			t.Fatal(err)
 		}
 		entries += int(n)
-		if n > 100 {
-			t.Errorf("reply cache %s holds %d replies, want at most 100", k, n)
+		if n > 50 {
+			t.Errorf("reply cache %s holds %d replies, want at most 50", k, n)
 		}
 		if enc, err := rdb.ObjectEncoding(ctx, k).Result(); err != nil || enc != "listpack" {
 			t.Errorf("reply cache %s (%d replies) is encoded as %q, want listpack (%v)", k, n, enc, err)

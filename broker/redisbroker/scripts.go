@@ -11,7 +11,8 @@ import (
 var scriptFS embed.FS
 
 // scripts holds every state-changing script, each prefixed with the helpers
-// of lib.lua and groups.lua it uses.
+// of lib.lua and groups.lua it uses (or with them in place of its helpers
+// mark, see link).
 //
 // Each script's header names its keys and arguments, "KEYS[1] records hash"
 // (or "KEYS: 1 records hash  2 pending list" for long lists) and "ARGV[1]
@@ -21,7 +22,7 @@ var scriptFS embed.FS
 // place, differs from it (bindings_test.go maps each name to its key).
 // TestScriptHelperFiles and TestScriptsLinked check the prelude linker.
 type scripts struct {
-	enqueue, enqueuePlain, dequeue, extend, settle, setResult, remove, maintain, admin, move, registry, drop, limits, share, slots, wait, progress, flow, step, signal *redis.Script
+	enqueue, enqueuePlain, enqueueOne, dequeue, extend, settle, setResult, remove, maintain, admin, move, registry, drop, limits, share, slots, wait, progress, flow, step, signal *redis.Script
 
 	byFile map[string]*redis.Script // file name -> script, for tests
 }
@@ -31,13 +32,14 @@ func loadScripts() *scripts {
 	byFile := map[string]*redis.Script{}
 	s := func(name string) *redis.Script {
 		body := mustRead(name)
-		byFile[name] = redis.NewScript(lib.prelude(body) + body)
+		byFile[name] = redis.NewScript(lib.link(body))
 		return byFile[name]
 	}
 	return &scripts{
 		byFile:       byFile,
 		enqueue:      s("enqueue.lua"),
 		enqueuePlain: s("enqueue_plain.lua"),
+		enqueueOne:   s("enqueue_one.lua"),
 		dequeue:      s("dequeue.lua"),
 		extend:       s("extend.lua"),
 		settle:       s("settle.lua"),
@@ -109,6 +111,22 @@ func (l lib) prelude(body string) string {
 		}
 	}
 	return sb.String()
+}
+
+// helpersMark is the line of a script body after which its helpers are
+// linked, when it has one: the code before it runs without them (and calls
+// none), so that a call that returns there does not define them.
+const helpersMark = "\n--@helpers\n"
+
+// link returns the script as Redis runs it: the helpers body uses, then
+// body; or, when body has a helpersMark line, body with the helpers in
+// place of that line.
+func (l lib) link(body string) string {
+	pre := l.prelude(body)
+	if i := strings.Index(body, helpersMark); i >= 0 {
+		return body[:i+1] + pre + body[i+len(helpersMark):]
+	}
+	return pre + body
 }
 
 func mustRead(name string) string {

@@ -159,11 +159,21 @@ func TestScriptsLinked(t *testing.T) {
 		n++
 		t.Run(name, func(t *testing.T) {
 			body := mustRead(name)
-			full := stripLua(l.prelude(body) + body)
+			full := stripLua(l.link(body))
 			defs := defined(full)
 			for _, m := range luaCall.FindAllStringSubmatch(full, -1) {
 				if c := m[2]; !defs[c] && !luaGlobals[c] {
 					t.Errorf("calls %s, which is neither defined in it nor Lua's", c)
+				}
+			}
+			// Before a helpers mark nothing is defined yet: a helper
+			// called there would be an undefined global when it runs.
+			if i := strings.Index(body, helpersMark); i >= 0 {
+				before := stripLua(body[:i])
+				for _, m := range luaCall.FindAllStringSubmatch(before, -1) {
+					if c := m[2]; !luaGlobals[c] && !defined(before)[c] {
+						t.Errorf("calls %s before its helpers mark", c)
+					}
 				}
 			}
 		})

@@ -248,8 +248,8 @@ func (b *Broker) rebalance(ctx context.Context, queue string) error {
 		return err
 	}
 	for attempt := 0; ; attempt++ {
-		l, err := b.layoutOf(ctx, queue)
-		if err != nil {
+		l, known, err := b.knownLayout(ctx, queue)
+		if err != nil || !known {
 			return err
 		}
 		ns := b.slotNodes(queue, l)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/internal/testwait"
 	"github.com/tidequeue/tide/tidetype"
 )
 
@@ -303,14 +305,14 @@ func TestSlotsGiveOnlyFree(t *testing.T) {
 		t.Fatal(err)
 	}
 	var held int
-	for i := 0; held < limit && i < 100; i++ {
+	testwait.For(t, 10*time.Second, "the limit's worth of tasks to be leased", func() bool {
 		ds, err := b.Dequeue(ctx, []string{q}, 10, time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
 		held += len(ds)
-		time.Sleep(5 * time.Millisecond)
-	}
+		return held >= limit
+	})
 	if held != limit {
 		t.Fatalf("%d tasks of one partition run under Concurrency %d", held, limit)
 	}
@@ -344,5 +346,37 @@ func TestSlotsGiveOnlyFree(t *testing.T) {
 	}
 	if got, _ := b.rdb.HGet(ctx, ns[1].p.k("lim"), "c").Int(); got != limit-1 {
 		t.Fatalf("partition 0 holds %d slots after giving one away, want %d", got, limit-1)
+	}
+}
+
+// A rebalance that runs after DeleteQueue (kicked by a settle just before,
+// or by another process) leaves the deleted queue out of Queues; its kept
+// limits stay as they were.
+func TestRebalanceLeavesDeletedQueueDeleted(t *testing.T) {
+	t.Parallel()
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	b := slotBroker(t, addr, prefix, 3)
+	ctx := context.Background()
+	const q = "gone"
+	lim := tidetype.QueueLimits{Concurrency: 4}
+	if err := b.SetQueueLimits(ctx, q, lim); err != nil {
+		t.Fatal(err)
+	}
+	fillQueue(t, b, q, []string{"a"})
+	if err := b.Delete(ctx, q, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.DeleteQueue(ctx, q); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.rebalance(ctx, q); err != nil {
+		t.Fatal(err)
+	}
+	qs, err := b.Queues(ctx)
+	if err != nil || slices.Contains(qs, q) {
+		t.Fatalf("Queues after DeleteQueue and a rebalance = %v, %v", qs, err)
+	}
+	if got, err := b.QueueLimits(ctx, q); err != nil || got != lim {
+		t.Fatalf("QueueLimits = %+v, %v; want %+v", got, err, lim)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -88,17 +89,33 @@ func (b *Broker) getTask(ctx context.Context, queue, id string) (*tidetype.TaskI
 // (see move.lua).
 const placeholder = "\x00mv"
 
-// remove runs remove.lua with op on one task and returns its reply code:
-// in the task's partition, and while a repartition runs in its old
-// partition too when the task is not (or not yet) in the new one.
-func (b *Broker) remove(ctx context.Context, queue, id, op string) (string, error) {
+// remove.lua's reply codes (see its header).
+const (
+	removeNotFound   = "0" // no such task
+	removeDeleted    = "1"
+	removeActive     = "2" // delete refused: the task runs
+	removeRecorded   = "3" // cancellation of an active task recorded
+	removeNotActive  = "4" // "4<state>": cancelactive refused
+	removeMovingHere = "5" // placeholder of a repartition removed: look in the old span
+	removeInternal   = "6" // a workflow follow-up, left alone
+	removeFollowed   = "7" // cancelstep: gone, but its follow-up is stored
+	removeFinished   = "8" // cancelstep: finished, left as it is
+)
+
+// remove runs remove.lua with op on one task, in the task's partition, and
+// while a repartition runs in its old partition too when the task is not
+// (or not yet) in the new one. It turns the reply into the error op's
+// caller returns: nil when the task was deleted, cancelled or (cancelstep)
+// has ended or will report its end.
+func (b *Broker) remove(ctx context.Context, queue, id, op string) error {
 	if err := b.check(); err != nil {
-		return "", err
+		return err
 	}
 	l, err := b.layoutOf(ctx, queue)
 	if err != nil {
-		return "", err
+		return err
 	}
+	code := removeNotFound // a placeholder alone is no task
 	for _, p := range b.lookup(queue, l, id) {
 		rid, cache, exp, _ := b.request(p)
 		c := &call{
@@ -109,84 +126,56 @@ func (b *Broker) remove(ctx context.Context, queue, id, op string) (string, erro
 		}
 		b.run(ctx, []*call{c})
 		if c.err != nil {
-			return "", callErr(op, c.err)
+			return callErr(op, c.err)
 		}
-		code, err := c.cmd.Text()
-		if err != nil || code == "" {
-			return "", callErr(op, fmt.Errorf("unexpected reply %q (%v)", code, err))
+		reply, err := c.cmd.Text()
+		if err != nil || reply == "" {
+			return callErr(op, fmt.Errorf("unexpected reply %q (%v)", reply, err))
 		}
-		if code != "0" && code != "5" {
-			return code, nil
+		if reply != removeNotFound && reply != removeMovingHere {
+			code = reply
+			break
 		}
 	}
-	return "0", nil // not found (a placeholder alone is no task)
+	switch {
+	case code == removeNotFound:
+		return broker.ErrTaskNotFound
+	case code == removeActive:
+		return broker.ErrTaskActive
+	case code == removeInternal:
+		return fmt.Errorf("%w (task %s/%s)", broker.ErrInternalTask, queue, id)
+	case strings.HasPrefix(code, removeNotActive):
+		st, err := strconv.Atoi(code[len(removeNotActive):])
+		if err != nil {
+			return callErr(op, fmt.Errorf("unexpected reply %q", code))
+		}
+		return fmt.Errorf("%w: cannot cancel task %s: it is %s, not active", broker.ErrTaskState, id, tidetype.TaskState(st))
+	case code == removeDeleted, code == removeRecorded, code == removeFollowed, code == removeFinished:
+		return nil
+	}
+	return callErr(op, fmt.Errorf("unexpected reply %q", code))
 }
 
 // Delete implements broker.Broker.
 func (b *Broker) Delete(ctx context.Context, queue, id string) error {
-	code, err := b.remove(ctx, queue, id, "delete")
-	if err != nil {
-		return err
-	}
-	switch code {
-	case "0":
-		return broker.ErrTaskNotFound
-	case "2":
-		return broker.ErrTaskActive
-	case "6":
-		return fmt.Errorf("%w (task %s/%s)", broker.ErrInternalTask, queue, id)
-	}
-	return nil
+	return b.remove(ctx, queue, id, "delete")
 }
 
 // Cancel implements broker.Broker.
 func (b *Broker) Cancel(ctx context.Context, queue, id string) error {
-	code, err := b.remove(ctx, queue, id, "cancel")
-	if err != nil {
-		return err
-	}
-	switch code {
-	case "0":
-		return broker.ErrTaskNotFound
-	case "6":
-		return fmt.Errorf("%w (task %s/%s)", broker.ErrInternalTask, queue, id)
-	}
-	return nil
+	return b.remove(ctx, queue, id, "cancel")
 }
 
-// CancelStepTask implements broker.Flows.
+// CancelStepTask implements broker.Broker.
 func (b *Broker) CancelStepTask(ctx context.Context, queue, id string) error {
-	code, err := b.remove(ctx, queue, id, "cancelstep")
-	if err != nil {
-		return err
-	}
-	switch code {
-	case "0":
-		return broker.ErrTaskNotFound
-	case "6":
-		return fmt.Errorf("%w (task %s/%s)", broker.ErrInternalTask, queue, id)
-	}
-	return nil
+	return b.remove(ctx, queue, id, "cancelstep")
 }
 
-// CancelProcessing implements broker.Admin: it records the cancellation of
+// CancelProcessing implements broker.Broker: it records the cancellation of
 // an active task (read by the running server at its next lease renewal at
 // the latest) and publishes it so that the server cancels the handler now.
 func (b *Broker) CancelProcessing(ctx context.Context, queue, id string) error {
-	code, err := b.remove(ctx, queue, id, "cancelactive")
-	if err != nil {
-		return err
-	}
-	switch {
-	case code == "0":
-		return broker.ErrTaskNotFound
-	case code == "6":
-		return fmt.Errorf("%w (task %s/%s)", broker.ErrInternalTask, queue, id)
-	case code[0] == '4':
-		st, _ := strconv.Atoi(code[1:])
-		return fmt.Errorf("tide: cannot cancel task %s: it is %s, not active", id, tidetype.TaskState(st))
-	}
-	return nil
+	return b.remove(ctx, queue, id, "cancelactive")
 }
 
 // Pause implements broker.Broker.

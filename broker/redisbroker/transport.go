@@ -38,14 +38,14 @@ type call struct {
 // p: a random ID, the reply cache it answers from when it runs again, and
 // when that cache expires (ms, Redis clock). A partition's reply caches are
 // hashes named by slice of an eighth of the replay window, by process and by
-// hundred requests of that process (see req_pack in lib.lua), so the name
+// fifty requests of that process (see req_pack in lib.lua), so the name
 // is fixed when the request is made and a re-send finds the reply the first
 // run stored. A slice's hashes expire one window after the slice ends: every
 // reply is kept at least the window and at most an eighth longer, so the
 // caches' memory stays level at about (requests per second) × window
 // instead of swinging up to twice that as whole windows expire. edge
 // reports whether the request is the first or the last of its hash, which
-// then must set the expiry (enqueuePlainCall).
+// then must set the expiry (setsExpiry).
 func (b *Broker) request(p part) (rid, cache string, expireAt int64, edge bool) {
 	w := b.window.Milliseconds()
 	g := max(w/8, 1000)
@@ -64,8 +64,11 @@ func (b *Broker) request(p part) (rid, cache string, expireAt int64, edge bool) 
 
 // repliesPerCache is how many requests of a process share one reply cache
 // hash: few enough that Redis keeps the hash as a compact list under its
-// default hash-max-listpack-entries (128).
-const repliesPerCache = 100
+// default hash-max-listpack-entries (128), which a request scans to claim
+// its entry (a hundred made that scan a seventh of a single Enqueue's cost
+// in Redis), and enough that the hash's own overhead is spread thin (about
+// 20 bytes a request at fifty, as at a hundred).
+const repliesPerCache = 50
 
 // run sends the calls in one pipeline (go-redis splits it per node on a
 // cluster) and classifies each call's error. A call whose outcome is unknown

@@ -15,6 +15,7 @@ import (
 	"github.com/tidequeue/tide/gateway"
 	"github.com/tidequeue/tide/internal/redistest"
 	"github.com/tidequeue/tide/internal/testlog"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // tailLimit bounds a 'tide events tail' a test runs to its end: a broken
@@ -258,7 +259,7 @@ func TestEventsTail(t *testing.T) {
 	go func() {
 		done <- run(ctx, []string{"--redis", e.addr, "--prefix", e.prefix, "events", "tail", "q", "--json"}, func(k string) string { return e.vars[k] }, &out, &errb)
 	}()
-	waitFor(t, "tail to start", func() bool {
+	testwait.For(t, 15*time.Second, "tail to start", func() bool {
 		select {
 		case code := <-done:
 			t.Fatalf("tail exited with %d: %s", code, errb.String())
@@ -267,7 +268,7 @@ func TestEventsTail(t *testing.T) {
 		return strings.Contains(errb.String(), "following the task events of queue q from now; Ctrl-C to stop")
 	})
 	e.enqueue("job", "{}", tide.Queue("q"), tide.TaskID("t3"))
-	waitFor(t, "t3's events", func() bool { return strings.Count(out.String(), "\n") >= 3 })
+	testwait.For(t, 15*time.Second, "t3's events", func() bool { return strings.Count(out.String(), "\n") >= 3 })
 	cancel()
 	var code int
 	select {
@@ -419,7 +420,7 @@ func TestEventsTailStopsOnContext(t *testing.T) {
 	go func() {
 		done <- run(ctx, []string{"--redis", e.addr, "--prefix", e.prefix, "events", "tail", "quiet"}, func(k string) string { return e.vars[k] }, &out, &errb)
 	}()
-	waitFor(t, "tail to start", func() bool { return strings.Contains(errb.String(), "following the task events of queue quiet") })
+	testwait.For(t, 15*time.Second, "tail to start", func() bool { return strings.Contains(errb.String(), "following the task events of queue quiet") })
 	once.Do(cancel)
 	select {
 	case code := <-done:

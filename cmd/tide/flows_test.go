@@ -11,6 +11,7 @@ import (
 
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/gateway"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // flowServer runs a server on queues until the test ends. Its handler acts
@@ -62,7 +63,7 @@ func recv(t *testing.T, started <-chan string) string {
 // flowEnded waits until the workflow or batch id has ended.
 func flowEnded(t *testing.T, e *env, id string) {
 	t.Helper()
-	waitFor(t, "workflow or batch "+id+" to end", func() bool {
+	testwait.For(t, 15*time.Second, "workflow or batch "+id+" to end", func() bool {
 		if b, err := e.in.GetBatch(context.Background(), id); err == nil {
 			return b.State != tide.FlowRunning
 		}
@@ -327,7 +328,7 @@ func TestFlowsCancel(t *testing.T) {
 		t.Fatal(err)
 	}
 	recv(t, started)
-	waitFor(t, "the batch's other tasks to succeed", func() bool {
+	testwait.For(t, 15*time.Second, "the batch's other tasks to succeed", func() bool {
 		bi, err := e.in.GetBatch(ctx, b.ID)
 		return err == nil && bi.Succeeded == 2
 	})
@@ -352,7 +353,7 @@ func TestFlowsCancel(t *testing.T) {
 		t.Fatalf("after cancel: %+v %v", wf, err)
 	}
 	// The running step's handler is cancelled: its task is archived.
-	waitFor(t, "the running step to stop", func() bool {
+	testwait.For(t, 15*time.Second, "the running step to stop", func() bool {
 		ti, err := e.in.GetTaskInfo(ctx, "flows", "wf-block/slow")
 		return err != nil || ti.State == tide.StateArchived
 	})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/internal/testwait"
 	"github.com/tidequeue/tide/outbox"
 	"github.com/tidequeue/tide/outbox/sqltest"
 )
@@ -100,19 +102,15 @@ func TestTasksShowHistory(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the task did not finish")
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testwait.Until(t, 30*time.Second, func() error {
 		_, err := e.in.GetTaskInfo(ctx, "hq", "gone-1")
 		as, herr := hist.TaskAttempts(ctx, "hq", "gone-1")
 		if errors.Is(err, tide.ErrTaskNotFound) && herr == nil && len(as) == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("task not deleted or history not written: %v, %v %v", err, as, herr)
+			return nil
 		}
 		_ = hist.Flush(ctx)
-		time.Sleep(10 * time.Millisecond)
-	}
+		return fmt.Errorf("task not deleted or history not written: %v, %v %v", err, as, herr)
+	})
 
 	// The deleted task: shown by its history, exit 0.
 	r := e.tide("tasks", "show", "hq", "gone-1", "--history-dsn", dsn)

@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/internal/testwait"
 	"github.com/tidequeue/tide/tidetype"
 )
 
@@ -144,7 +145,7 @@ func TestJSONEscapesStoredText(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the evil task to be archived", func() bool {
+	testwait.For(t, 15*time.Second, "the evil task to be archived", func() bool {
 		ti, err := e.in.GetTaskInfo(ctx, "q", id)
 		return err == nil && ti.State == tide.StateArchived
 	})

@@ -12,6 +12,7 @@ import (
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 func TestParseRate(t *testing.T) {
@@ -319,7 +320,7 @@ func TestGroups(t *testing.T) {
 	}
 	defer srv.Shutdown()
 	defer close(release)
-	waitFor(t, "a throttle and a running task", func() bool {
+	testwait.For(t, 15*time.Second, "a throttle and a running task", func() bool {
 		gs, err := e.in.Groups(ctx, "mail", 10)
 		if err != nil || !throttled.Load() {
 			return false

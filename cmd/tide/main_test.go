@@ -24,6 +24,7 @@ import (
 	"github.com/tidequeue/tide/gateway"
 	"github.com/tidequeue/tide/internal/redistest"
 	"github.com/tidequeue/tide/internal/testlog"
+	"github.com/tidequeue/tide/internal/testwait"
 	"github.com/tidequeue/tide/tidetype"
 )
 
@@ -438,17 +439,13 @@ func TestCancelRunningTask(t *testing.T) {
 	e.tide("servers").want(t, exitOK, "ID", "HOST", "q=1", "/10")
 
 	e.tide("tasks", "cancel", "q", "slow").want(t, exitOK, "Cancellation of task slow in queue q requested.")
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testwait.Until(t, 10*time.Second, func() error {
 		ti, err := e.in.GetTaskInfo(context.Background(), "q", "slow")
 		if err == nil && ti.State == tide.StateArchived {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the cancelled task was not archived: %+v %v", ti, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return fmt.Errorf("the cancelled task was not archived: %+v %v", ti, err)
+	})
 }
 
 func TestServers(t *testing.T) {
@@ -686,16 +683,10 @@ func TestEscapesStoredText(t *testing.T) {
 	if _, err := e.c.Enqueue(ctx, task, tide.Queue("q"), tide.TaskID(id), tide.MaxRetry(0)); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if ti, err := e.in.GetTaskInfo(ctx, "q", id); err == nil && ti.State == tide.StateArchived {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the failed task was not archived")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testwait.For(t, 10*time.Second, "the failed task to be archived", func() bool {
+		ti, err := e.in.GetTaskInfo(ctx, "q", id)
+		return err == nil && ti.State == tide.StateArchived
+	})
 
 	r := e.tide("tasks", "ls", "q", "--state", "archived")
 	r.want(t, exitOK, `id\u009b2J`, `evil\u202etype\u0085`, `boom\x1b[2J\x1b]0;pwned\x07 \u009b31m\u202egnp.exe …`)

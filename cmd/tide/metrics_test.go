@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -18,6 +19,7 @@ import (
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/internal/testlog"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // scrape GETs /metrics from h and parses the Prometheus text format.
@@ -130,17 +132,13 @@ func TestMetricsFleet(t *testing.T) {
 	for _, p := range []string{"ok", "ok", "fail"} {
 		e.enqueue("job", p, tide.Queue("mq"), tide.MaxRetry(0))
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testwait.Until(t, 10*time.Second, func() error {
 		qi, err := e.in.QueueInfo(ctx, "mq")
 		if err == nil && qi.Processed == 3 {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the tasks were not processed: %+v %v", qi, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return fmt.Errorf("the tasks were not processed: %+v %v", qi, err)
+	})
 	e.enqueue("job", "ok", tide.Queue("held"))
 	if err := e.in.PauseQueue(ctx, "held"); err != nil {
 		t.Fatal(err)

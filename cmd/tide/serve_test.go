@@ -19,6 +19,7 @@ import (
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/internal/redistest"
 	"github.com/tidequeue/tide/internal/testlog"
+	"github.com/tidequeue/tide/internal/testwait"
 	"github.com/tidequeue/tide/webhook"
 )
 
@@ -57,21 +58,20 @@ func (e *env) startLive(args ...string) (base string, stderr func() string, stop
 		return res
 	}
 	e.t.Cleanup(func() { stop() })
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	var addr string
+	testwait.Until(e.t, 10*time.Second, func() error {
 		if m := listening.FindStringSubmatch(errb.String()); m != nil {
-			return m[1], errb.String, stop
+			addr = m[1]
+			return nil
 		}
 		select {
 		case code := <-done:
 			e.t.Fatalf("%s exited with %d:\n%s", args[0], code, errb.String())
 		default:
 		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("%s did not start listening:\n%s", args[0], errb.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return fmt.Errorf("%s did not start listening:\n%s", args[0], errb.String())
+	})
+	return addr, errb.String, stop
 }
 
 func get(t *testing.T, url string, header ...string) (int, string) {
@@ -146,18 +146,14 @@ func TestServe(t *testing.T) {
 	// /metrics: queue gauges from the Inspector, attempt metrics from the
 	// middleware (once the attempt is recorded), Go runtime metrics.
 	var metrics string
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testwait.For(t, 10*time.Second, "/metrics to count the processed task", func() bool {
 		var status int
 		status, metrics = get(t, base+"/metrics")
 		if status != http.StatusOK {
 			t.Fatalf("/metrics: %d", status)
 		}
-		if strings.Contains(metrics, "tide_tasks_processed") || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return strings.Contains(metrics, "tide_tasks_processed")
+	})
 	// The labels are the short queue and state (they were
 	// messaging_destination_name and messaging_tide_task_state).
 	for _, want := range []string{"tide_queue_size", `queue="default"`, `state="scheduled"`,
@@ -212,18 +208,17 @@ func TestServeNotificationsObeyWebhookHosts(t *testing.T) {
 		t.Fatal(err)
 	}
 	var notes []*tide.TaskInfo
-	deadline := time.Now().Add(15 * time.Second)
-	for len(notes) == 0 && len(hits) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the notification was neither sent nor archived")
+	testwait.For(t, 15*time.Second, "the notification to be sent or archived", func() bool {
+		if len(hits) > 0 {
+			return true
 		}
-		time.Sleep(20 * time.Millisecond)
 		ts, err := e.in.ListTasks(context.Background(), webhook.DefaultQueue, tide.StateArchived, 1, 10)
 		if err != nil {
 			t.Fatal(err)
 		}
 		notes = slices.DeleteFunc(ts, func(ti *tide.TaskInfo) bool { return ti.Type != tide.NotifyType })
-	}
+		return len(notes) > 0
+	})
 	if len(hits) > 0 {
 		t.Fatal("a notification reached 127.0.0.1")
 	}

@@ -11,19 +11,8 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/internal/testwait"
 )
-
-// waitFor polls cond until it holds, failing the test after 15 seconds.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
 
 func TestAttemptsAndRunningTask(t *testing.T) {
 	e := setup(t)
@@ -65,7 +54,7 @@ func TestAttemptsAndRunningTask(t *testing.T) {
 	// Two failed attempts and one that succeeded, kept as completed.
 	e.enqueue("flaky", "{}", tide.Queue("q"), tide.TaskID("f"), tide.Retention(time.Hour))
 	var ti *tide.TaskInfo
-	waitFor(t, "the flaky task to complete", func() bool {
+	testwait.For(t, 15*time.Second, "the flaky task to complete", func() bool {
 		var err error
 		ti, err = e.in.GetTaskInfo(ctx, "q", "f")
 		return err == nil && ti.State == tide.StateCompleted
@@ -104,7 +93,7 @@ func TestAttemptsAndRunningTask(t *testing.T) {
 	e.enqueue("slow", "{}", tide.Queue("q"), tide.TaskID("s"))
 	<-started
 	defer close(release)
-	waitFor(t, "a heartbeat with the running task", func() bool {
+	testwait.For(t, 15*time.Second, "a heartbeat with the running task", func() bool {
 		ts, err := e.in.ListTasks(ctx, "q", tide.StateActive, 1, 10)
 		return err == nil && len(ts) == 1 && !ts[0].StartedAt.IsZero()
 	})
@@ -235,4 +224,28 @@ func TestTasksShowProgress(t *testing.T) {
 	}
 	r = e.tide("tasks", "show", "q", "p{acme}", "--json")
 	r.want(t, exitOK, `"group": "acme"`, `"percent": 40`, `"note": "resized 4 of 10\u001b[2J"`)
+}
+
+// A grouped task with the ID its caller chose (no group tag) is shown,
+// archived, run, listed and deleted by that ID, one at a time and in bulk.
+func TestGroupedTaskFreeIDActions(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	e.enqueue("order:cancel", "{}", tide.Queue("shops"), tide.Group("shop-7"), tide.TaskID("order-cancel:42"), tide.ProcessIn(time.Hour))
+	e.enqueue("order:cancel", "{}", tide.Queue("shops"), tide.Group("shop-8"), tide.TaskID("order-cancel:43"), tide.ProcessIn(time.Hour))
+	e.tide("tasks", "show", "shops", "order-cancel:42").want(t, exitOK, "order-cancel:42", "shop-7")
+	e.tide("tasks", "archive", "shops", "order-cancel:42").want(t, exitOK, "Task order-cancel:42 in queue shops archived.")
+	e.tide("tasks", "ls", "shops", "--state", "archived").want(t, exitOK, "order-cancel:42")
+	e.tide("tasks", "run", "shops", "order-cancel:42").want(t, exitOK, "Task order-cancel:42 in queue shops made pending.")
+	if ti, err := e.in.GetTaskInfo(ctx, "shops", "order-cancel:42"); err != nil || ti.State != tide.StatePending || ti.Group != "shop-7" {
+		t.Fatalf("after run: %+v, %v", ti, err)
+	}
+	e.tide("tasks", "archive", "shops", "--all", "--state", "scheduled").want(t, exitOK, "Archived 1 task (scheduled) in queue shops.")
+	e.tide("tasks", "delete", "shops", "order-cancel:42").want(t, exitOK, "Task order-cancel:42 in queue shops deleted.")
+	e.tide("tasks", "delete", "shops", "--all", "--state", "archived").want(t, exitOK, "Deleted 1 task (archived) in queue shops.")
+	for _, id := range []string{"order-cancel:42", "order-cancel:43"} {
+		if _, err := e.in.GetTaskInfo(ctx, "shops", id); !errors.Is(err, tide.ErrTaskNotFound) {
+			t.Fatalf("%s after delete: %v", id, err)
+		}
+	}
 }

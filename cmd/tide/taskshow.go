@@ -129,9 +129,6 @@ func runTasksShow(ctx context.Context, a *app, _ *cmdOpts, args []string) error 
 		}
 		return err
 	}
-	if ti.State == tide.StateActive {
-		a.running(ctx, ti)
-	}
 	if a.globals.json {
 		tj := toTaskJSON(ti)
 		if a.hist != nil {
@@ -264,30 +261,6 @@ func printAttemptTable(a *app, as []tide.Attempt, now time.Time) {
 	t.flush()
 	for line := range strings.SplitSeq(strings.TrimRight(b.String(), "\n"), "\n") {
 		fmt.Fprintln(a.stdout, "  "+line)
-	}
-}
-
-// running fills in where an active task runs: when it started and on which
-// server (from the servers' heartbeats) and when its lease expires, which
-// GetTaskInfo leaves out. It searches the queue's active tasks, a set as
-// small as the servers' concurrency. Left as they are when it fails.
-func (a *app) running(ctx context.Context, ti *tide.TaskInfo) {
-	f := tide.TaskFilter{ID: ti.ID}
-	for offset := 0; ; {
-		ts, next, err := a.in.SearchTasks(ctx, ti.Queue, tide.StateActive, f, offset, tide.MaxPageSize)
-		if err != nil {
-			return
-		}
-		for _, t := range ts {
-			if t.ID == ti.ID {
-				ti.StartedAt, ti.Server, ti.LeaseExpiresAt = t.StartedAt, t.Server, t.LeaseExpiresAt
-				return
-			}
-		}
-		if next < 0 || next <= offset {
-			return
-		}
-		offset = next
 	}
 }
 

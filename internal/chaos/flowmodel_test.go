@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -403,10 +402,6 @@ var opWeights = []struct {
 	{"cancelworkflow", 6}, {"archiveall", 1}, {"deleteall", 1}, {"runall", 3}, {"pause", 3},
 }
 
-// refusal matches the brokers' refusals of an action in the task's state
-// (they have no sentinel error).
-var refusal = regexp.MustCompile(`^tide: cannot (run|archive) a task that is |^tide: cannot cancel task .*: it is .*, not active$`)
-
 // classify sorts an action's error: the expected ones, those of a fault
 // (the outcome is unknown), and the rest, which fail the run.
 func classify(err error) string {
@@ -421,7 +416,7 @@ func classify(err error) string {
 		return "flowstep"
 	case errors.Is(err, tide.ErrInternalTask):
 		return "internal"
-	case refusal.MatchString(err.Error()):
+	case errors.Is(err, tide.ErrTaskState):
 		return "state"
 	case errors.Is(err, tide.ErrUnavailable):
 		return "unavailable"

@@ -15,6 +15,7 @@ import (
 	"github.com/tidequeue/tide/internal/faultproxy"
 	"github.com/tidequeue/tide/internal/redistest"
 	"github.com/tidequeue/tide/internal/testlog"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // TestReconnect checks what a server does when Redis goes away and comes
@@ -111,15 +112,13 @@ func TestReconnect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for px.Down() {
-		time.Sleep(10 * time.Millisecond)
-	}
+	testwait.For(t, outage+30*time.Second, "the cut to end", func() bool { return !px.Down() })
 	restoredAt := time.Now()
 	refusedDuring := px.Refused() - refused0
 
 	// (c) The kept outcome is written: completed, not retried.
 	var ti *tide.TaskInfo
-	waitFor(t, 30*time.Second, "the outcome kept during the outage to be written", func() bool {
+	testwait.For(t, 30*time.Second, "the outcome kept during the outage to be written", func() bool {
 		ti, err = insp.GetTaskInfo(ctx, "default", blocked.ID)
 		return err == nil && ti.State == tide.StateCompleted
 	})
@@ -196,18 +195,6 @@ type logLine struct {
 	Msg         string    `json:"msg"`
 	FailedCalls int       `json:"failed_calls"`
 	raw         string
-}
-
-// waitFor polls cond until it holds or the (generous) timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // logLines parses JSON log output, one record a line.

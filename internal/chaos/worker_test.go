@@ -19,6 +19,7 @@ import (
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // The worker process: TestChaos re-executes the test binary with these
@@ -165,7 +166,7 @@ func TestWorkerLeakCheck(t *testing.T) {
 	f.start("clean")
 	f.start("leaky", envLeak+"=1")
 	for _, name := range []string{"clean", "leaky"} {
-		waitFor(t, 60*time.Second, name+" to start", func() bool {
+		testwait.For(t, 60*time.Second, name+" to start", func() bool {
 			b, _ := os.ReadFile(logFile(dir, name, 1))
 			return strings.Contains(string(b), "tide: server started")
 		})

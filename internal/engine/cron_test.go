@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/internal/testwait"
 	"github.com/tidequeue/tide/tidetype"
 )
 
@@ -47,7 +48,7 @@ func TestCronEnqueuesEachTickOnce(t *testing.T) {
 	defer b.Stop()
 	tick := bd.clock.Now().Truncate(time.Minute)
 	id := CronTaskID("e1", tick)
-	waitFor(t, "the tick of Start to be enqueued", func() bool { return bd.state(t, id) != 0 })
+	testwait.For(t, 10*time.Second, "the tick of Start to be enqueued", func() bool { return bd.state(t, id) != 0 })
 	ti, _ := bd.b.GetTask(context.Background(), "q", id)
 	if ti.Retention != 2*time.Minute {
 		t.Fatalf("tick task retention %v, want 2m", ti.Retention)
@@ -88,7 +89,7 @@ func TestCronRetriesAFailedTick(t *testing.T) {
 	c.Start()
 	defer c.Stop()
 	id := CronTaskID("e1", bd.clock.Now().Truncate(time.Minute))
-	waitFor(t, "the tick to be enqueued after the failures", func() bool {
+	testwait.For(t, 10*time.Second, "the tick to be enqueued after the failures", func() bool {
 		// Retries wait on the fake clock: move it along within the grace.
 		bd.clock.Advance(100 * time.Millisecond)
 		nudge(c.wake)

@@ -3,7 +3,9 @@ package engine
 import (
 	"context"
 	"testing"
+	"time"
 
+	"github.com/tidequeue/tide/internal/testwait"
 	"github.com/tidequeue/tide/tidetype"
 )
 
@@ -16,7 +18,7 @@ func TestHeartbeat(t *testing.T) {
 	h := newHeartbeat(bd.cfg, func() []tidetype.ActiveTask { return active })
 	h.start()
 	var got []tidetype.ServerInfo
-	waitFor(t, "the server record", func() bool {
+	testwait.For(t, 10*time.Second, "the server record", func() bool {
 		got, _ = bd.b.Servers(context.Background())
 		return len(got) == 1
 	})

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 func TestMaintainer(t *testing.T) {
@@ -27,7 +28,7 @@ func TestMaintainer(t *testing.T) {
 		defer m.stop()
 		bd.clock.Advance(time.Hour)
 		m.hint(time.Time{})
-		waitFor(t, "the task to be forwarded", func() bool { return bd.state(t, "later").String() == "pending" })
+		testwait.For(t, 10*time.Second, "the task to be forwarded", func() bool { return bd.state(t, "later").String() == "pending" })
 		select {
 		case <-woken:
 		case <-time.After(10 * time.Second):
@@ -51,7 +52,7 @@ func TestMaintainer(t *testing.T) {
 			}
 			return false
 		}
-		waitFor(t, "the maintainer to claim the partition", func() bool { return !claim() })
+		testwait.For(t, 10*time.Second, "the maintainer to claim the partition", func() bool { return !claim() })
 		m.stop()
 		if !claim() {
 			t.Fatal("the claim was kept after a clean stop")
@@ -71,7 +72,7 @@ func TestMaintainer(t *testing.T) {
 		if q := <-asked; q != "q" {
 			t.Fatalf("relayout of %q", q)
 		}
-		waitFor(t, "the refusal to be logged", func() bool { return strings.Contains(bd.logs.String(), "maintenance refused") })
+		testwait.For(t, 10*time.Second, "the refusal to be logged", func() bool { return strings.Contains(bd.logs.String(), "maintenance refused") })
 	})
 }
 
@@ -112,20 +113,20 @@ func TestLayoutWatcher(t *testing.T) {
 		return len(w.parts["q"])
 	}
 	w.start()
-	waitFor(t, "two maintainers", func() bool { return count() == 2 })
+	testwait.For(t, 10*time.Second, "two maintainers", func() bool { return count() == 2 })
 
 	pb.n.Store(5) // a repartition started
 	w.recheck("q")
-	waitFor(t, "five maintainers", func() bool { return count() == 5 })
+	testwait.For(t, 10*time.Second, "five maintainers", func() bool { return count() == 5 })
 
 	pb.n.Store(3) // and ended
 	w.recheck("q")
-	waitFor(t, "three maintainers", func() bool { return count() == 3 })
+	testwait.For(t, 10*time.Second, "three maintainers", func() bool { return count() == 3 })
 
 	bad := fmt.Errorf("%w: configured with another count", broker.ErrLayout)
 	pb.err.Store(&bad)
 	w.recheck("q")
-	waitFor(t, "no maintainer for a queue this process cannot serve", func() bool { return count() == 0 })
+	testwait.For(t, 10*time.Second, "no maintainer for a queue this process cannot serve", func() bool { return count() == 0 })
 	if !strings.Contains(bd.logs.String(), "cannot serve queue") {
 		t.Fatal("the layout error was not logged")
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // scriptedEvents is a broker whose subscriptions deliver events the test
@@ -69,7 +70,7 @@ func TestNotifier(t *testing.T) {
 		func() { got <- "poke" })
 	n.start()
 	defer n.stop()
-	waitFor(t, "a subscription", func() bool { return sb.last() != nil })
+	testwait.For(t, 10*time.Second, "a subscription", func() bool { return sb.last() != nil })
 	expect := func(want string) {
 		t.Helper()
 		select {
@@ -116,13 +117,13 @@ func TestNotifierTimedWake(t *testing.T) {
 		func() { mu.Lock(); wakes = append(wakes, time.Now()); mu.Unlock() },
 		func(string, string) {}, func(broker.Event) {}, func(string) {}, func() {})
 	n.start()
-	waitFor(t, "a subscription", func() bool { return sb.last() != nil })
+	testwait.For(t, 10*time.Second, "a subscription", func() bool { return sb.last() != nil })
 	sent := time.Now()
 	const after = 150 * time.Millisecond
 	sb.last() <- broker.Event{Kind: broker.EventPending, Queue: "q", At: bd.cfg.Now().Add(after)}
 	sb.last() <- broker.Event{Kind: broker.EventPending, Queue: "q", At: bd.cfg.Now().Add(2 * after)}
 	sb.last() <- broker.Event{Kind: broker.EventPending, Queue: "q", At: bd.cfg.Now().Add(time.Hour)}
-	waitFor(t, "two timed wake-ups", func() bool { mu.Lock(); defer mu.Unlock(); return len(wakes) >= 2 })
+	testwait.For(t, 10*time.Second, "two timed wake-ups", func() bool { mu.Lock(); defer mu.Unlock(); return len(wakes) >= 2 })
 	mu.Lock()
 	first := wakes[0]
 	mu.Unlock()

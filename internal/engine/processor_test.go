@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/internal/testwait"
 	"github.com/tidequeue/tide/tidetype"
 )
 
@@ -28,7 +29,7 @@ func TestProcessor(t *testing.T) {
 		p := newProcessor(bd.cfg)
 		p.start()
 		p.wake()
-		waitFor(t, "every task to be settled", func() bool {
+		testwait.For(t, 10*time.Second, "every task to be settled", func() bool {
 			for _, id := range ids {
 				if bd.state(t, id) != 0 {
 					return false
@@ -59,9 +60,9 @@ func TestProcessor(t *testing.T) {
 		p := newProcessor(bd.cfg)
 		p.start()
 		p.wake()
-		waitFor(t, "the workers to fill", func() bool { return running.Load() == 4 })
+		testwait.For(t, 10*time.Second, "the workers to fill", func() bool { return running.Load() == 4 })
 		close(release)
-		waitFor(t, "every task to run", func() bool { return bd.state(t, "j") == 0 && bd.state(t, "a") == 0 })
+		testwait.For(t, 10*time.Second, "every task to run", func() bool { return bd.state(t, "j") == 0 && bd.state(t, "a") == 0 })
 		p.stop()
 		if m := most.Load(); m != 4 {
 			t.Fatalf("%d tasks ran at once with Concurrency 4", m)
@@ -171,7 +172,7 @@ func TestProcessor(t *testing.T) {
 		p := newProcessor(bd.cfg)
 		p.start()
 		p.wake()
-		waitFor(t, "every task to be settled", func() bool {
+		testwait.For(t, 10*time.Second, "every task to be settled", func() bool {
 			return bd.state(t, "a") == 0 && bd.state(t, "b") == 0 && bd.state(t, "c") == 0
 		})
 		p.stop()
@@ -248,7 +249,7 @@ func TestProcessorWatchdog(t *testing.T) {
 			t.Fatalf("%d tasks active while the stopped handler still runs, want 1", n)
 		}
 		finish()
-		waitFor(t, "the stopped handler's slot to be free", func() bool { return p.activeCount() == 0 })
+		testwait.For(t, 10*time.Second, "the stopped handler's slot to be free", func() bool { return p.activeCount() == 0 })
 	})
 
 	t.Run("RenewalCountsFromItsSendTime", func(t *testing.T) {
@@ -299,10 +300,10 @@ func TestProcessorLateDequeue(t *testing.T) {
 	p.start()
 	t.Cleanup(p.stop)
 	p.wake()
-	waitFor(t, "the late delivery to be refused or run", func() bool {
+	testwait.For(t, 10*time.Second, "the late delivery to be refused or run", func() bool {
 		return runs.Load() > 0 || strings.Contains(bd.logs.String(), "dequeue answered too late")
 	})
-	waitFor(t, "every worker slot to be free", func() bool { return len(p.slots) == cap(p.slots) })
+	testwait.For(t, 10*time.Second, "every worker slot to be free", func() bool { return len(p.slots) == cap(p.slots) })
 	if n := runs.Load(); n != 0 {
 		t.Fatalf("a delivery answered after its lease could have ended was run %d times", n)
 	}

@@ -112,16 +112,3 @@ func (bd *bundle) state(t *testing.T, id string) tidetype.TaskState {
 	}
 	return ti.State
 }
-
-// waitFor polls cond (the services run in real time; only due times and
-// leases use the fake clock) until it holds.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // waitLimit bounds every wait of these tests for something that should
@@ -65,16 +66,6 @@ func (e *env) value(t *testing.T, key string) int64 {
 		t.Fatalf("GET %s: %v", key, err)
 	}
 	return v
-}
-
-// eventually polls cond until it holds or waitLimit passes.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(waitLimit); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
 }
 
 // await waits for ch to be closed or fails the test.
@@ -206,7 +197,7 @@ func TestDelayedReplyInPipeline(t *testing.T) {
 		}()
 		// Every command runs while the third reply is held, and the client
 		// is still waiting for it.
-		eventually(t, "the fifth INCR to run", func() bool { return e.value(t, "p5") == 1 })
+		testwait.For(t, waitLimit, "the fifth INCR to run", func() bool { return e.value(t, "p5") == 1 })
 		if closed(done) {
 			t.Fatal("the pipeline returned before its delayed reply was released")
 		}
@@ -279,7 +270,7 @@ func TestPauseResume(t *testing.T) {
 		defer close(pingDone)
 		pingErr = fresh.Ping(ctx).Err()
 	}()
-	eventually(t, "the fresh connection to be accepted", func() bool { return e.p.Accepted() == 2 })
+	testwait.For(t, waitLimit, "the fresh connection to be accepted", func() bool { return e.p.Accepted() == 2 })
 	time.Sleep(200 * time.Millisecond) // time for the INCR to reach Redis if it could
 	if n := e.p.Seen("INCR"); n != 0 {
 		t.Fatalf("Seen(INCR) = %d during Pause", n)
@@ -321,7 +312,7 @@ func TestDelayedRequest(t *testing.T) {
 		pipe.Set(ctx, "c", 1, 0)
 		_, err = pipe.Exec(ctx)
 	}()
-	eventually(t, "the SET before the INCR", func() bool { return e.value(t, "a") == 1 })
+	testwait.For(t, waitLimit, "the SET before the INCR", func() bool { return e.value(t, "a") == 1 })
 	if b, c := e.value(t, "b"), e.value(t, "c"); b != 0 || c != 0 {
 		t.Fatalf("b = %d, c = %d while the INCR is held; want 0, 0", b, c)
 	}
@@ -400,7 +391,7 @@ func TestCut(t *testing.T) {
 		t.Fatal("a client got a reply during the cut")
 	}
 
-	eventually(t, "the cut to end", func() bool { return !e.p.Down() })
+	testwait.For(t, waitLimit, "the cut to end", func() bool { return !e.p.Down() })
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		t.Fatalf("PING after the cut: %v", err)
 	}
@@ -677,7 +668,7 @@ func TestCloseWhileBusy(t *testing.T) {
 		defer close(incrDone)
 		incrErr = rdb.Incr(ctx, "k").Err()
 	}()
-	eventually(t, "the INCR to run", func() bool { return p.Seen("INCR") == 1 })
+	testwait.For(t, waitLimit, "the INCR to run", func() bool { return p.Seen("INCR") == 1 })
 	p.Pause()
 	paused := dial(t, p.Addr())
 	send(t, paused, "PING\r\n")

@@ -27,12 +27,15 @@ func Redact(u *url.URL) string {
 
 // Clip bounds a string put in an error message to about 200 bytes, cut at
 // a rune boundary.
-func Clip(s string) string {
-	const limit = 200
-	if len(s) <= limit {
+func Clip(s string) string { return ClipTo(s, 200) }
+
+// ClipTo bounds s to at most n bytes, cut at a rune boundary, and marks a
+// cut with "…".
+func ClipTo(s string, n int) string {
+	if len(s) <= n {
 		return s
 	}
-	cut := limit
+	cut := n
 	for cut > 0 && !utf8.RuneStart(s[cut]) {
 		cut--
 	}

@@ -16,11 +16,14 @@
 --   unique TTL ms, idempotency key ('' for none), group ('' for none). kind
 --   is 'p' (pending) or 's' (scheduled); upper case when the broker chose
 --   the ID; followed by the flags 'r' to replace a task that has the ID
---   (Replace) and 'w' to register a waiter for it (wait.lua).
+--   (Replace), 'w' to register a waiter for it (wait.lua) and 'f' for a
+--   grouped task whose ID does not carry its group as tag (a queue of one
+--   partition only: refused while the group state hash has field xf, set
+--   by a repartition that starts, see repartition.go).
 -- Returns a string of one code per task: '0' stored, '1' ID conflict,
 -- '2' unique lock held, '3' a broker-chosen ID met another task (the broker
--- draws again), '4' the idempotency key was used within the window: nothing
--- stored; then, for each '4', a newline and the ID of the key's task. A broker-chosen ID found holding this very record (same body)
+-- draws again), '4' the idempotency key was used within the window, '5' an
+-- 'f' task while xf is set: nothing stored; then, for each '4', a newline and the ID of the key's task. A broker-chosen ID found holding this very record (same body)
 -- is this request's own earlier run: '0'. A request run again answers from
 -- the reply cache. Publishes "p<partition>" when the pending list was empty
 -- and "s<partition>:<ms>" when a new task is due before every waiting one.
@@ -28,7 +31,9 @@
 -- beyond the layout check and the reply cache. A grouped task gets its
 -- enqueue sequence and, when pending, joins its group's ready tasks. A task
 -- to replace another one takes the place of a waiting task with its ID
--- (keeping its enqueue sequence) or of a finished one (as a new task, with
+-- (keeping its enqueue sequence and history when it stays in its group; a
+-- task that changes group, or gains or loses one, is a new task: its old
+-- group lets it go) or of a finished one (as a new task, with
 -- a new enqueue sequence: after those enqueued before it); an active one, one
 -- a repartition moves, a step of a workflow or batch and a task the broker
 -- stored itself (rec_internal) are an ID conflict: no enqueue takes their
@@ -71,12 +76,15 @@ for i = 9, #ARGV, 8 do
   local id, rec, kind, u, ik, g = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+4], ARGV[i+6], ARGV[i+7]
   local replace = string.find(kind, 'r', 2, true) ~= nil
   local watch = string.find(kind, 'w', 2, true) ~= nil
+  local free = string.find(kind, 'f', 2, true) ~= nil
   kind = string.sub(kind, 1, 1)
   local code = '0'
   local own = kind == 'P' or kind == 'S'
   local first = nil
   if ik ~= '' then first = redis.call('HGET', KEYS[8], ik) or redis.call('HGET', KEYS[9], ik) end
-  if first then
+  if free and redis.call('HEXISTS', G.s, 'xf') == 1 then
+    code = '5'
+  elseif first then
     code = '4'
     hits[#hits + 1] = first
   elseif redis.call('HSETNX', KEYS[1], id, rec) == 0 then
@@ -87,7 +95,13 @@ for i = 9, #ARGV, 8 do
       local cur = redis.call('HGET', KEYS[1], id)
       if cur and unplace(id, cur) then
         redis.call('HSET', KEYS[1], id, rec)
-        if g == '' then g_forget(G, id) end
+        local og = g_of(G, id)
+        if (og or '') ~= g then
+          -- A task that changes group (or gains one) is a new task: its old
+          -- group lets it go, its history goes.
+          if g_forget(G, id) then was_empty = true end
+          redis.call('HDEL', KEYS[14], id)
+        end
         code = 'R'
       end
     end

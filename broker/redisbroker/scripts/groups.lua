@@ -32,7 +32,9 @@
 --      limit, so that no task made ready brings it back before such a settle
 --      (a zero is removed when the group leaves the rotation);
 --      h:<group> the task that holds an ordered group's place;
---      t:<group> throttled until (ms)
+--      t:<group> throttled until (ms); xf: set while a repartition to more
+--      partitions starts (enqueue.lua then refuses grouped tasks whose IDs
+--      lack their group's tag)
 --   id hash: task ID -> "<group>\0<seq>" for every grouped task of the
 --      partition, whatever its state; deleted with the task's record
 --   l  hash: group -> its start times (6 bytes each, oldest first) within

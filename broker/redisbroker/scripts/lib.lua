@@ -151,7 +151,7 @@ end
 -- req_pack returns the form in which a reply is kept in a reply cache: a
 -- reply of more than three '0' codes (every task stored, every settlement
 -- applied) as '#' and their count, so that entries stay short. A reply cache
--- holds the replies of at most a hundred requests (the broker names a new one
+-- holds the replies of at most fifty requests (the broker names a new one
 -- after that), and Redis keeps a hash of that few short entries as one
 -- compact list (hash-max-listpack-entries 128, hash-max-listpack-value 64 by
 -- default), at about a third of the memory of a larger one.

@@ -7,10 +7,10 @@ import (
 	"github.com/tidequeue/tide/broker"
 )
 
-// maxBatchTasks caps how many tasks one shared round trip carries.
-const maxBatchTasks = 1000
+// maxTripTasks caps how many tasks one shared round trip carries.
+const maxTripTasks = 1000
 
-// batcher lets concurrent Enqueue calls share round trips (group commit).
+// coalescer lets concurrent Enqueue calls share round trips (group commit).
 // A caller that finds no round trip on the wire sends its own tasks at once:
 // a lone caller never waits for others. While one round trip is on the wire,
 // callers queue, and the caller that brings the queue to half the recent
@@ -25,7 +25,7 @@ const maxBatchTasks = 1000
 // target; else it frees the slot for the caller that will. A queued caller
 // thus waits at most until a round trip on the wire returns. No goroutine is
 // started, so nothing outlives the callers.
-type batcher struct {
+type coalescer struct {
 	send func(ctx context.Context, items []item, opts broker.EnqueueOptions) ([]error, error)
 
 	mu       sync.Mutex
@@ -39,7 +39,7 @@ type batcher struct {
 }
 
 // maxInflight is how many shared round trips may be on the wire at once:
-// with two, one batch fills while the other is sent.
+// with two, one trip fills while the other is sent.
 const maxInflight = 2
 
 type enqReq struct {
@@ -48,15 +48,15 @@ type enqReq struct {
 	errs  []error
 	err   error
 	done  chan struct{} // closed when errs/err are set
-	lead  chan struct{} // closed when this queued request must lead a batch
+	lead  chan struct{} // closed when this queued request must lead a trip
 }
 
 // target is how many queued callers make a round trip worth sending while
 // another is on the wire: half the recent concurrent callers. The caller
 // holds mu.
-func (bt *batcher) target() int { return max(1, int(bt.peak/2+0.5)) }
+func (bt *coalescer) target() int { return max(1, int(bt.peak/2+0.5)) }
 
-func (bt *batcher) enqueue(ctx context.Context, items []item) ([]error, error) {
+func (bt *coalescer) enqueue(ctx context.Context, items []item) ([]error, error) {
 	r := &enqReq{ctx: ctx, items: items, done: make(chan struct{})}
 	bt.mu.Lock()
 	if now := float64(bt.flying + len(bt.queue) + 1); now > bt.peak {
@@ -78,14 +78,14 @@ func (bt *batcher) enqueue(ctx context.Context, items []item) ([]error, error) {
 		}
 		bt.mu.Lock()
 	}
-	batch := append([]*enqReq{r}, bt.take(len(r.items))...)
-	bt.flying += len(batch)
+	trip := append([]*enqReq{r}, bt.take(len(r.items))...)
+	bt.flying += len(trip)
 	bt.mu.Unlock()
 
-	bt.run(batch)
+	bt.run(trip)
 
 	bt.mu.Lock()
-	bt.flying -= len(batch)
+	bt.flying -= len(trip)
 	if len(bt.queue) > 0 && (bt.inflight == 1 || len(bt.queue) >= bt.target()) {
 		next := bt.queue[0]
 		bt.queue = bt.queue[1:]
@@ -98,27 +98,27 @@ func (bt *batcher) enqueue(ctx context.Context, items []item) ([]error, error) {
 	return r.errs, r.err
 }
 
-// take removes queued requests, up to maxBatchTasks tasks in all counting
-// the have already in the batch. The caller holds mu.
-func (bt *batcher) take(have int) []*enqReq {
+// take removes queued requests, up to maxTripTasks tasks in all counting
+// the have already in the trip. The caller holds mu.
+func (bt *coalescer) take(have int) []*enqReq {
 	n := 0
-	for n < len(bt.queue) && have+len(bt.queue[n].items) <= maxBatchTasks {
+	for n < len(bt.queue) && have+len(bt.queue[n].items) <= maxTripTasks {
 		have += len(bt.queue[n].items)
 		n++
 	}
-	batch := make([]*enqReq, n)
-	copy(batch, bt.queue[:n])
+	trip := make([]*enqReq, n)
+	copy(trip, bt.queue[:n])
 	bt.queue = bt.queue[n:]
-	return batch
+	return trip
 }
 
-// run sends a batch in one call and hands each request its results. Requests
+// run sends a trip in one call and hands each request its results. Requests
 // whose context is already done are answered with their context's error
 // without being sent.
-func (bt *batcher) run(batch []*enqReq) {
-	live := batch[:0:0]
+func (bt *coalescer) run(trip []*enqReq) {
+	live := trip[:0:0]
 	var all []item
-	for _, r := range batch {
+	for _, r := range trip {
 		if err := r.ctx.Err(); err != nil {
 			r.err = err
 			close(r.done)

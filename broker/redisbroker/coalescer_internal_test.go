@@ -2,14 +2,16 @@ package redisbroker
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
-// fakeWire stands in for Redis under a batcher: each send records how many
+// fakeWire stands in for Redis under a coalescer: each send records how many
 // tasks it carries and blocks until the test releases it.
 type fakeWire struct {
 	mu    sync.Mutex
@@ -18,7 +20,7 @@ type fakeWire struct {
 	sent  chan int // the index of each send, as it starts
 }
 
-func newFakeWire(bt *batcher) *fakeWire {
+func newFakeWire(bt *coalescer) *fakeWire {
 	w := &fakeWire{sent: make(chan int, 100)}
 	bt.send = func(_ context.Context, items []item, _ broker.EnqueueOptions) ([]error, error) {
 		gate := make(chan struct{})
@@ -65,24 +67,21 @@ func (w *fakeWire) noSend(t *testing.T, why string) {
 }
 
 // queued waits until n callers are queued.
-func queued(t *testing.T, bt *batcher, n int) {
+func queued(t *testing.T, bt *coalescer, n int) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); ; {
+	testwait.Until(t, 5*time.Second, func() error {
 		bt.mu.Lock()
 		got := len(bt.queue)
 		bt.mu.Unlock()
-		if got == n {
-			return
+		if got != n {
+			return fmt.Errorf("%d callers queued, want %d", got, n)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d callers queued, want %d", got, n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // arrive starts one caller of one task; the returned channel gets its error.
-func arrive(bt *batcher) chan error {
+func arrive(bt *coalescer) chan error {
 	done := make(chan error, 1)
 	go func() {
 		errs, err := bt.enqueue(context.Background(), []item{{}})
@@ -108,23 +107,23 @@ func returned(t *testing.T, cs ...chan error) {
 	}
 }
 
-// onTheWire returns a batcher that has seen peak concurrent callers
+// onTheWire returns a coalescer that has seen peak concurrent callers
 // lately, with one caller's round trip on the wire (send i0, held until
 // released) and that caller's result channel.
-func onTheWire(t *testing.T, peak float64) (bt *batcher, w *fakeWire, first chan error, i0 int) {
+func onTheWire(t *testing.T, peak float64) (bt *coalescer, w *fakeWire, first chan error, i0 int) {
 	t.Helper()
-	bt = &batcher{peak: peak}
+	bt = &coalescer{peak: peak}
 	w = newFakeWire(bt)
 	first = arrive(bt)
 	i0, _ = w.next(t)
 	return bt, w, first, i0
 }
 
-func TestBatcher(t *testing.T) {
+func TestCoalescer(t *testing.T) {
 	t.Parallel()
 	t.Run("LoneCallerSendsAtOnce", func(t *testing.T) {
 		t.Parallel()
-		bt := &batcher{}
+		bt := &coalescer{}
 		w := newFakeWire(bt)
 		for range 3 {
 			c := arrive(bt)
@@ -198,7 +197,7 @@ func TestBatcher(t *testing.T) {
 	})
 	t.Run("PeakDecays", func(t *testing.T) {
 		t.Parallel()
-		bt := &batcher{peak: 100}
+		bt := &coalescer{peak: 100}
 		w := newFakeWire(bt)
 		for range 400 {
 			c := arrive(bt)
