@@ -14,6 +14,7 @@ import (
 
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker/redisbroker"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // durableWorkerEnv makes the test binary act as a worker process running a
@@ -84,7 +85,7 @@ func TestDurableStepsSurviveSIGKILL(t *testing.T) {
 	}
 	for k := 1; k < durableSteps; k++ {
 		cmd := start(k)
-		eventually(t, 30*time.Second, fmt.Sprintf("the worker to store step %d", k), func() bool {
+		testwait.For(t, 30*time.Second, fmt.Sprintf("the worker to store step %d", k), func() bool {
 			n, _ := e.rdb.Get(ctx, e.prefix+":test:reached").Int()
 			return n == k
 		})

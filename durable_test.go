@@ -12,6 +12,7 @@ import (
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/broker/membroker"
+	"github.com/tidequeue/tide/internal/testwait"
 )
 
 // durableEnv runs fn on a Redis broker and on the in-memory broker: a
@@ -48,7 +49,7 @@ func durableEnv(t *testing.T, fn func(t *testing.T, b broker.Broker, c *tide.Cli
 func awaitTaskState(t *testing.T, b broker.Broker, queue, id string, st tide.TaskState) *tide.TaskInfo {
 	t.Helper()
 	var ti *tide.TaskInfo
-	eventually(t, 10*time.Second, "task "+id+" to be "+st.String(), func() bool {
+	testwait.For(t, 10*time.Second, "task "+id+" to be "+st.String(), func() bool {
 		var err error
 		ti, err = tide.NewInspector(b).GetTaskInfo(context.Background(), queue, id)
 		return err == nil && ti.State == st
@@ -219,7 +220,7 @@ func TestDurableSwallowedSuspension(t *testing.T) {
 		if err := tide.NewInspector(b).RunTask(t.Context(), "default", "s1"); err != nil {
 			t.Fatalf("RunTask: %v", err)
 		}
-		eventually(t, 10*time.Second, "the handler to pass the sleep", func() bool { return after.Load() == 1 })
+		testwait.For(t, 10*time.Second, "the handler to pass the sleep", func() bool { return after.Load() == 1 })
 	})
 }
 
@@ -284,7 +285,7 @@ func TestDurableParkFreesGroupSlot(t *testing.T) {
 		if _, err := c.Enqueue(ctx, tide.NewTask("order", []byte("next")), tide.Group("cust")); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 10*time.Second, "the group's next task to run", func() bool {
+		testwait.For(t, 10*time.Second, "the group's next task to run", func() bool {
 			mu.Lock()
 			defer mu.Unlock()
 			return len(order) == 1 && order[0] == "next"
@@ -292,7 +293,7 @@ func TestDurableParkFreesGroupSlot(t *testing.T) {
 		if err := c.Signal(ctx, "default", "g1{cust}", "paid", nil); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 10*time.Second, "the parked task to finish", func() bool {
+		testwait.For(t, 10*time.Second, "the parked task to finish", func() bool {
 			mu.Lock()
 			defer mu.Unlock()
 			return len(order) == 2
@@ -378,7 +379,7 @@ func TestDurableStepFencedAfterLeaseLoss(t *testing.T) {
 		}
 		<-inFn
 		g.hold() // A is paused: its renewals wait
-		eventually(t, 10*time.Second, "the paused worker's lease to be recovered", func() bool {
+		testwait.For(t, 10*time.Second, "the paused worker's lease to be recovered", func() bool {
 			r, err := b.Maintain(ctx, broker.MaintainRequest{Queue: "default", Owner: "recoverer", OwnerTTL: time.Second})
 			return err == nil && r.Recovered == 1
 		})
