@@ -14,7 +14,7 @@ import (
 
 var stateNames = map[string]tide.TaskState{
 	"pending": tide.StatePending, "active": tide.StateActive, "scheduled": tide.StateScheduled,
-	"retry": tide.StateRetry, "archived": tide.StateArchived, "completed": tide.StateCompleted,
+	"retry": tide.StateRetry, "archived": tide.StateArchived, "completed": tide.StateCompleted, "waiting": tide.StateWaiting,
 }
 
 // parseState reads --state, accepting only the states in allowed.
