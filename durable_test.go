@@ -3,6 +3,7 @@ package tide_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -438,3 +439,73 @@ func TestDurableWorkflowStep(t *testing.T) {
 		}
 	})
 }
+
+// Signals sent around their wait's time-out: for every task exactly one
+// outcome, the same on both sides. Either the handler got the payload and
+// Signal returned nil, or the handler got ErrSignalTimeout and Signal did
+// (or ErrTaskNotFound, once the task had finished).
+func TestDurableSignalRacesTimeout(t *testing.T) {
+	t.Parallel()
+	durableEnv(t, func(t *testing.T, b broker.Broker, c *tide.Client, serve func(tide.Config, tide.Handler)) {
+		const n = 40
+		var mu sync.Mutex
+		got := map[string]string{} // task ID -> "signal" or "timeout"
+		serve(tide.Config{Concurrency: 8}, tide.HandlerFunc(func(ctx context.Context, _ *tide.Task) error {
+			_, err := tide.WaitSignal[int](ctx, "paid", 100*time.Millisecond)
+			if errors.Is(err, tide.ErrSuspended) {
+				return err
+			}
+			id, _ := tide.GetTaskID(ctx)
+			out := "signal"
+			if errors.Is(err, tide.ErrSignalTimeout) {
+				out = "timeout"
+			} else if err != nil {
+				return err
+			}
+			mu.Lock()
+			got[id] = out
+			mu.Unlock()
+			return nil
+		}))
+		ctx := t.Context()
+		sent := make([]error, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			id := "race-" + strconvI(i)
+			if _, err := c.Enqueue(ctx, tide.NewTask("race", nil), tide.TaskID(id)); err != nil {
+				t.Fatal(err)
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				// From well before to well after the deadline.
+				time.Sleep(time.Duration(i*5) * time.Millisecond)
+				sent[i] = c.Signal(ctx, "default", id, "paid", i)
+			}()
+		}
+		wg.Wait()
+		testwait.For(t, 20*time.Second, "every task to end", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(got) == n
+		})
+		signalled, timedOut := 0, 0
+		for i := range n {
+			id := "race-" + strconvI(i)
+			mu.Lock()
+			out := got[id]
+			mu.Unlock()
+			switch {
+			case sent[i] == nil && out == "signal":
+				signalled++
+			case (errors.Is(sent[i], tide.ErrSignalTimeout) || errors.Is(sent[i], tide.ErrTaskNotFound)) && out == "timeout":
+				timedOut++
+			default:
+				t.Errorf("%s: Signal returned %v but the handler saw %s", id, sent[i], out)
+			}
+		}
+		t.Logf("%d signalled, %d timed out", signalled, timedOut)
+	})
+}
+
+func strconvI(i int) string { return fmt.Sprint(i) }
