@@ -450,7 +450,7 @@ func TestDurableSignalRacesTimeout(t *testing.T) {
 		const n = 40
 		var mu sync.Mutex
 		got := map[string]string{} // task ID -> "signal" or "timeout"
-		serve(tide.Config{Concurrency: 8}, tide.HandlerFunc(func(ctx context.Context, _ *tide.Task) error {
+		serve(tide.Config{Concurrency: 2 * n}, tide.HandlerFunc(func(ctx context.Context, _ *tide.Task) error {
 			_, err := tide.WaitSignal[int](ctx, "paid", 100*time.Millisecond)
 			if errors.Is(err, tide.ErrSuspended) {
 				return err
@@ -465,6 +465,7 @@ func TestDurableSignalRacesTimeout(t *testing.T) {
 			mu.Lock()
 			got[id] = out
 			mu.Unlock()
+			time.Sleep(150 * time.Millisecond) // still active: late signals meet the recorded outcome
 			return nil
 		}))
 		ctx := t.Context()
@@ -479,7 +480,7 @@ func TestDurableSignalRacesTimeout(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				// From well before to well after the deadline.
-				time.Sleep(time.Duration(i*5) * time.Millisecond)
+				time.Sleep(time.Duration(i*8) * time.Millisecond)
 				sent[i] = c.Signal(ctx, "default", id, "paid", i)
 			}()
 		}
