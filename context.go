@@ -19,6 +19,7 @@ type taskMeta struct {
 	b                 broker.Broker
 	flow, step        string     // the flow and step headers of a workflow step or batch task
 	batch             *BatchInfo // a batch's callback: its batch, loaded before the handler runs
+	dur               *durState  // durable records (durable.go); nil outside handlers the server runs
 }
 
 func withTaskMeta(ctx context.Context, m *taskMeta) context.Context {

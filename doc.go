@@ -120,4 +120,37 @@
 // addresses unless Config.NotifyAllowPrivate, optional
 // Config.NotifyAllowedHosts); ServeMux.HandleBatch hands a handler many
 // tasks at once.
+//
+// # Durable handlers
+//
+// A handler can keep what it did across retries, crashes and waits. Step
+// runs its fn once and stores the result (JSON) with the task, fenced by
+// the attempt's lease; every later attempt gets the stored result without
+// running fn: fn runs at least once, and exactly once whenever its result
+// was stored. Sleep and WaitSignal park the task (StateWaiting) holding no
+// worker, lease or concurrency slot: they return an error wrapping
+// ErrSuspended that the handler returns (a handler that swallows it is
+// parked all the same), and the task runs again from the top when its time
+// comes or Client.Signal sends the signal, its steps replaying from
+// storage. A signal and its wait's time-out are decided in one step of the
+// broker: one wins (WaitSignal gets ErrSignalTimeout, or Signal does).
+//
+//	func order(ctx context.Context, t *tide.Task) error {
+//		if _, err := tide.Step(ctx, "reserve", reserve); err != nil {
+//			return err
+//		}
+//		p, err := tide.WaitSignal[Payment](ctx, "paid", 15*time.Minute)
+//		if errors.Is(err, tide.ErrSignalTimeout) {
+//			_, err = tide.Step(ctx, "cancel", cancel)
+//			return err
+//		}
+//		if err != nil {
+//			return err // ErrSuspended: parked until paid or timed out
+//		}
+//		_, err = tide.Step(ctx, "confirm", func(ctx context.Context) (bool, error) { return confirm(ctx, p) })
+//		return err
+//	}
+//
+// Bounds: MaxSteps steps per task, MaxStepBytes of results, MaxSignalSize
+// per signal, MaxSleep per sleep or wait.
 package tide

@@ -125,7 +125,7 @@ func (in *Inspector) ListTasks(ctx context.Context, queue string, state TaskStat
 	if page < 1 || size < 1 || size > MaxPageSize {
 		return nil, fmt.Errorf("%w: page %d, size %d: page must be at least 1 and size 1 to %d", ErrInvalidTask, page, size, MaxPageSize)
 	}
-	if state < StatePending || state > StateCompleted {
+	if !state.Valid() {
 		return nil, fmt.Errorf("%w: unknown state %d", ErrInvalidTask, state)
 	}
 	ts, err := in.b.ListTasks(ctx, queue, state, (page-1)*size, size)

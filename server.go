@@ -358,7 +358,7 @@ func (s *Server) run(ctx context.Context, d *broker.Delivery) (broker.Settlement
 	t := &Task{typ: m.Type, payload: m.Payload, headers: m.Headers}
 	ctx = withTaskMeta(ctx, &taskMeta{
 		id: m.ID, queue: m.Queue, group: m.Group, retried: m.Retried, maxRetry: m.MaxRetry, due: m.NextProcessAt, b: s.b,
-		lease: d.Lease(), flow: m.Headers[flowHeader], step: m.Headers[stepHeader],
+		lease: d.Lease(), flow: m.Headers[flowHeader], step: m.Headers[stepHeader], dur: &durState{},
 	})
 	if m.Timeout > 0 {
 		var cancel context.CancelFunc
@@ -390,7 +390,11 @@ func (s *Server) run(ctx context.Context, d *broker.Delivery) (broker.Settlement
 		}
 	}
 	now := s.now()
-	set, why := decide(m, err, context.Cause(ctx), now)
+	var park *suspension
+	if meta, ok := metaFrom(ctx); ok {
+		park = meta.already()
+	}
+	set, why := decide(m, err, context.Cause(ctx), now, park)
 	attrs := []any{"type", m.Type, "queue", m.Queue, "id", m.ID, "retried", m.Retried}
 	switch set.Kind {
 	case 0:
@@ -403,6 +407,9 @@ func (s *Server) run(ctx context.Context, d *broker.Delivery) (broker.Settlement
 		return set, true
 	case broker.SettleDefer:
 		s.log.Info("tide: task deferred by its handler; runs again later, no retry used", append(attrs, "in", set.RetryAt.Sub(now))...)
+		return set, true
+	case broker.SettlePark:
+		s.log.Debug("tide: durable handler parked", append(attrs, "waiting_for", set.WaitFor, "until", set.RetryAt)...)
 		return set, true
 	}
 	if s.cfg.ErrorHandler != nil {
@@ -425,12 +432,18 @@ func (s *Server) run(ctx context.Context, d *broker.Delivery) (broker.Settlement
 // handler's error and why the handler's context ended, before any callback
 // runs or any line is logged. A zero Kind means nothing is written: the
 // lease was lost and the task is someone else's now. why says, for an
-// archived task, what made it final.
-func decide(m *TaskInfo, err, cause error, now time.Time) (set broker.Settlement, why string) {
+// archived task, what made it final. park is the park a durable handler
+// asked for (Sleep, WaitSignal), or nil: the task is parked when the
+// handler returned ErrSuspended, and also when it swallowed it and
+// returned nil.
+func decide(m *TaskInfo, err, cause error, now time.Time, park *suspension) (set broker.Settlement, why string) {
 	set.At = now
 	switch {
 	case errors.Is(cause, ErrLeaseLost):
 		return broker.Settlement{}, ""
+	case park != nil && (err == nil || errors.Is(err, ErrSuspended)):
+		set.Kind, set.RetryAt, set.WaitFor = broker.SettlePark, park.until, park.wait
+		return set, ""
 	case err == nil:
 		set.Kind = broker.SettleDone
 		return set, ""

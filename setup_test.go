@@ -30,6 +30,10 @@ func TestMain(m *testing.M) {
 		runGroupWorker()
 		return
 	}
+	if os.Getenv(durableWorkerEnv) != "" {
+		runDurableWorker()
+		return
+	}
 	goleak.VerifyTestMain(m,
 		// go-redis keeps a connection-reaper goroutine per client until Close;
 		// tests close theirs in t.Cleanup, after goleak's per-package check

@@ -67,6 +67,8 @@ const (
 	StateRetry     = tidetype.StateRetry
 	StateArchived  = tidetype.StateArchived
 	StateCompleted = tidetype.StateCompleted
+	// StateWaiting: a durable handler parked the task (Sleep, WaitSignal).
+	StateWaiting = tidetype.StateWaiting
 )
 
 // TaskInfo describes a stored task: what Enqueue and the Inspector return.

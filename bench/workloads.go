@@ -298,6 +298,7 @@ func workloads(sz sizes) []workload {
 		chainWorkload(sz),
 		fanoutWorkload(sz),
 		waitWorkload(sz),
+		durableWorkload(sz),
 	}
 }
 

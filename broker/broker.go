@@ -143,10 +143,21 @@ const (
 	// neither processed nor failed; the attempt history records it as
 	// "deferred".
 	SettleDefer
+	// SettlePark: a durable handler suspended (tide.Sleep,
+	// tide.WaitSignal). The task waits in StateWaiting, holding no lease
+	// and no concurrency or group slot (an ordered group keeps its place,
+	// as for a retry), until Settlement.RetryAt, when maintenance makes it
+	// pending like a due retry task; Settlement.WaitFor says what it waits
+	// for ("sleep:<name>", "signal:<name>"). A signal of that name
+	// (Durable.Signal) makes it pending at once, and so does one already
+	// stored when it parks, or a RetryAt already reached on the broker's
+	// clock. Retried is unchanged; it counts as neither processed nor
+	// failed. A cancelled task is archived instead, as for a retry.
+	SettlePark
 )
 
-// String returns "done", "retry", "archive", "requeue", "defer" or
-// "unknown".
+// String returns "done", "retry", "archive", "requeue", "defer", "park"
+// or "unknown".
 func (k SettleKind) String() string {
 	switch k {
 	case SettleDone:
@@ -159,6 +170,8 @@ func (k SettleKind) String() string {
 		return "requeue"
 	case SettleDefer:
 		return "defer"
+	case SettlePark:
+		return "park"
 	}
 	return "unknown"
 }
@@ -193,6 +206,9 @@ type Settlement struct {
 	// broker applies the settlement (tide.ThrottleGroup). It is ignored for
 	// a task without a group.
 	Throttle bool
+	// WaitFor, with SettlePark, is what the task waits for:
+	// "sleep:<name>" or "signal:<name>".
+	WaitFor string
 }
 
 // SealedHeader marks a task that a broker wrapper hands back without being
@@ -340,6 +356,7 @@ type Broker interface {
 	ProgressReporter
 	EventReader
 	Repartitioner
+	Durable
 }
 
 // ErrNotSupported is wrapped by the error of a method of a part of Broker

@@ -212,3 +212,23 @@ var _ Broker = struct {
 	Core
 	Unsupported
 }{}
+
+// LoadSteps implements Durable.
+func (Unsupported) LoadSteps(context.Context, LeaseRef) ([]StepRecord, error) {
+	return nil, notSupported("LoadSteps")
+}
+
+// SaveStep implements Durable.
+func (Unsupported) SaveStep(context.Context, LeaseRef, StepRecord) (StepRecord, error) {
+	return StepRecord{}, notSupported("SaveStep")
+}
+
+// ResolveWait implements Durable.
+func (Unsupported) ResolveWait(context.Context, LeaseRef, string, time.Time) (StepRecord, bool, error) {
+	return StepRecord{}, false, notSupported("ResolveWait")
+}
+
+// Signal implements Durable.
+func (Unsupported) Signal(context.Context, string, string, string, []byte) error {
+	return notSupported("Signal")
+}

@@ -52,7 +52,7 @@ func taskActions(st tide.TaskState) []string {
 		return []string{"archive", "delete"}
 	case tide.StateActive:
 		return []string{"cancel"}
-	case tide.StateScheduled, tide.StateRetry:
+	case tide.StateScheduled, tide.StateRetry, tide.StateWaiting:
 		return []string{"run", "archive", "delete"}
 	case tide.StateArchived:
 		return []string{"run", "delete"}

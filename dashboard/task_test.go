@@ -180,3 +180,33 @@ func TestTaskPageProgress(t *testing.T) {
 		t.Errorf("active tab lacks %s:\n%s", want, body)
 	}
 }
+
+// The task page of a parked durable handler says what it waits for, lists
+// its steps and offers run, archive and delete.
+func TestTaskPageDurable(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, testToken)
+	e.startServer(tide.Config{Queues: map[string]int{"jobs": 1}}, func(ctx context.Context, _ *tide.Task) error {
+		if _, err := tide.Step(ctx, "reserve<b>", func(context.Context) (int, error) { return 3, nil }); err != nil {
+			return err
+		}
+		_, err := tide.WaitSignal[int](ctx, "paid", time.Hour)
+		return err
+	})
+	ti := e.enqueue("order:flow", nil, tide.Queue("jobs"))
+	testwait.For(t, 20*time.Second, "the task to park", func() bool {
+		got, err := tide.NewInspector(e.b).GetTaskInfo(context.Background(), "jobs", ti.ID)
+		return err == nil && got.State == tide.StateWaiting
+	})
+	resp, body := e.get("/task?" + url.Values{"q": {"jobs"}, "id": {ti.ID}}.Encode())
+	wantStatus(t, resp, body, http.StatusOK)
+	checkNoRaw(t, "task page", body)
+	for _, want := range []string{`id="task-waiting"><code>signal:paid</code>`, `id="steps"`, `reserve&lt;b&gt;`, `wait:paid`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("task page lacks %s:\n%s", want, body)
+		}
+	}
+	if got := strings.Join(taskActions(tide.StateWaiting), ","); got != "run,archive,delete" {
+		t.Errorf("actions of a waiting task: %s", got)
+	}
+}

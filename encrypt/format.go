@@ -33,6 +33,7 @@ const (
 
 	fieldPayload = 'P'
 	fieldResult  = 'R'
+	fieldStep    = 'S' // a durable record's data: a step's result, a signal's payload
 )
 
 // Overhead is how many bytes encryption adds to a payload or result: the
@@ -51,8 +52,11 @@ func IsSealed(v []byte) bool {
 }
 
 func fieldName(field byte) string {
-	if field == fieldResult {
+	switch field {
+	case fieldResult:
 		return "result"
+	case fieldStep:
+		return "step data"
 	}
 	return "payload"
 }

@@ -41,7 +41,7 @@ func redisScenario(t *testing.T, b broker.Broker) [][]byte {
 	t.Helper()
 	ctx := context.Background()
 	plains := map[string][]byte{}
-	for _, name := range []string{"pending", "scheduled", "archived", "completed", "result", "unique", "retry"} {
+	for _, name := range []string{"pending", "scheduled", "archived", "completed", "result", "unique", "retry", "step", "signal"} {
 		plains[name] = []byte("PLAINTEXT-" + name + "-4111-1111-1111-1111")
 	}
 	c := tide.NewClient(b)
@@ -79,6 +79,27 @@ func redisScenario(t *testing.T, b broker.Broker) [][]byte {
 			s.Kind, s.Err, s.RetryAt = broker.SettleRetry, "again", time.Now().Add(time.Hour)
 		}
 		settle(t, b, s)
+	}
+	// A durable handler's step result and a signal's payload: sealed at
+	// rest, read back in plain.
+	enq("step", tide.Queue("durable"))
+	ds, err := b.Dequeue(ctx, []string{"durable"}, 1, time.Minute)
+	if err != nil || len(ds) != 1 {
+		t.Fatalf("Dequeue durable: %v, %v", ds, err)
+	}
+	if _, err := b.SaveStep(ctx, ds[0].Lease(), broker.StepRecord{Kind: broker.StepResult, Name: "s", Data: plains["step"]}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Signal(ctx, "durable", ds[0].Task.ID, "paid", string(plains["signal"])); err != nil {
+		t.Fatal(err)
+	}
+	rs, err := b.LoadSteps(ctx, ds[0].Lease())
+	if err != nil || len(rs) != 2 || !bytes.Equal(rs[0].Data, plains["step"]) || !bytes.Contains(rs[1].Data, plains["signal"]) {
+		t.Fatalf("LoadSteps = %+v, %v; want both records in plain", rs, err)
+	}
+	r, ok, err := b.ResolveWait(ctx, ds[0].Lease(), "paid", time.Now().Add(time.Hour))
+	if err != nil || !ok || !bytes.Contains(r.Data, plains["signal"]) {
+		t.Fatalf("ResolveWait = %+v, %v, %v; want the signal in plain", r, ok, err)
 	}
 	var out [][]byte
 	for _, p := range plains {

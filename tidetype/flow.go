@@ -99,7 +99,13 @@ func (s StepState) String() string {
 // cancelled).
 func (s StepState) Final() bool { return s >= StepSucceeded && s <= StepCanceled }
 
-// StepInfo is one step of a workflow or batch.
+// StepInfo is one step of a workflow or batch (WorkflowInfo.Steps), or
+// one record of a durable handler (TaskInfo.Steps): a tide.Step, named as
+// given, StepSucceeded once its result is stored; a tide.Sleep, named
+// "sleep:<name>", and a tide.WaitSignal, "wait:<name>", StepWaiting with
+// their deadline as FinishedAt, or StepFailed for a wait that timed out
+// (Err says so); a signal received, "signal:<name>", StepSucceeded at
+// FinishedAt.
 type StepInfo struct {
 	Name   string
 	Queue  string
@@ -115,6 +121,12 @@ type StepInfo struct {
 	// TaskState is the state of the step's task while it is enqueued, when
 	// the reader looked it up (Inspector.GetWorkflow does); zero otherwise.
 	TaskState TaskState
+
+	// For a durable handler's record: the size of its stored result or
+	// signal payload in bytes, when the step started and when it finished
+	// (for a sleep or wait, its deadline).
+	ResultSize            int
+	StartedAt, FinishedAt time.Time
 }
 
 // WorkflowInfo is a workflow or batch as stored. Counts are of steps; a

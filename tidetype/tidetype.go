@@ -16,8 +16,11 @@ import (
 //
 //	Scheduled/Pending -> Active (leased) -> done (deleted, or Completed
 //	for a task with Retention) | Retry (back-off, then Pending) | Archived
+//	| Waiting (a durable handler parked in tide.Sleep or tide.WaitSignal,
+//	then Pending when its time comes or its signal arrives)
 //
-// The zero value is not a valid state.
+// The zero value is not a valid state. Waiting was added after Completed,
+// so the numbers of the other states did not change.
 type TaskState int
 
 // Task states.
@@ -28,10 +31,14 @@ const (
 	StateRetry
 	StateArchived
 	StateCompleted
+	// StateWaiting: a durable handler parked the task (tide.Sleep,
+	// tide.WaitSignal); it holds no worker, lease or slot. TaskInfo.WaitingFor
+	// says what it waits for and NextProcessAt until when.
+	StateWaiting
 )
 
 // States lists every valid state in order.
-var States = []TaskState{StatePending, StateActive, StateScheduled, StateRetry, StateArchived, StateCompleted}
+var States = []TaskState{StatePending, StateActive, StateScheduled, StateRetry, StateArchived, StateCompleted, StateWaiting}
 
 // String returns the lower-case name of the state ("pending", ...), or
 // "unknown" for an invalid value.
@@ -49,12 +56,14 @@ func (s TaskState) String() string {
 		return "archived"
 	case StateCompleted:
 		return "completed"
+	case StateWaiting:
+		return "waiting"
 	}
 	return "unknown"
 }
 
-// Valid reports whether s is one of the six states.
-func (s TaskState) Valid() bool { return s >= StatePending && s <= StateCompleted }
+// Valid reports whether s is one of the seven states.
+func (s TaskState) Valid() bool { return s >= StatePending && s <= StateWaiting }
 
 // ParseTaskState returns the state named name ("pending", ...).
 func ParseTaskState(name string) (TaskState, bool) {
@@ -126,6 +135,16 @@ type TaskInfo struct {
 	StartedAt      time.Time
 	Server         string
 	LeaseExpiresAt time.Time
+
+	// Steps lists what the task's durable handler stored (tide.Step,
+	// tide.Sleep, tide.WaitSignal) and the signals sent to it
+	// (tide.Client.Signal), in the order they were stored (see StepInfo
+	// for how each shows). GetTask fills it; lists of tasks leave it
+	// empty.
+	Steps []StepInfo
+	// WaitingFor, for a task in StateWaiting, says what it waits for:
+	// "sleep:<name>" or "signal:<name>"; NextProcessAt is until when.
+	WaitingFor string
 }
 
 // MaxAttempts is how many attempts a task's history keeps.
@@ -149,7 +168,9 @@ type QueueInfo struct {
 	// PausedUntil is when a pause made with a duration (PauseQueueFor)
 	// ends; zero when the queue is not paused or paused until unpaused.
 	PausedUntil time.Time
-	// Size is the number of tasks in every state together.
+	// Size is the number of tasks in every state together. Retry also
+	// counts the tasks parked by a durable handler (StateWaiting), which
+	// wait for their time like retry tasks.
 	Size                                                   int
 	Pending, Active, Scheduled, Retry, Archived, Completed int
 	// Processed and Failed count attempts finished today (UTC); Processed

@@ -103,13 +103,13 @@ func Run(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
 		{"Closed", testClosed},
 		{"CloseEndsSubscriptions", testCloseEndsSubscriptions},
 	}
-	for _, tc := range slices.Concat(tests, groupBrokerTests, waitTests, eventTests, flowTests, followTests) {
+	for _, tc := range slices.Concat(tests, groupBrokerTests, waitTests, eventTests, flowTests, followTests, durableTests) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			tc.fn(t, newBroker(t))
 		})
 	}
-	for _, tc := range slices.Concat(adminTests, limitTests, groupTests, wakeTests, promiseTests) {
+	for _, tc := range slices.Concat(adminTests, limitTests, groupTests, wakeTests, promiseTests, durableAdminTests) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			b := newBroker(t)

@@ -97,7 +97,11 @@ func (b *Broker) QueueInfo(ctx context.Context, name string) (*tidetype.QueueInf
 		return st, nil
 	}
 	for _, t := range q.tasks {
-		st.SetCount(t.msg.State, st.Count(t.msg.State)+1)
+		s := t.msg.State
+		if s == tidetype.StateWaiting {
+			s = tidetype.StateRetry // counted with them, as in the Redis broker
+		}
+		st.SetCount(s, st.Count(s)+1)
 		if t.msg.State == tidetype.StatePending && (st.OldestPending.IsZero() || t.msg.NextProcessAt.Before(st.OldestPending)) {
 			st.OldestPending = t.msg.NextProcessAt
 		}
@@ -184,11 +188,14 @@ func (b *Broker) inState(name string, state tidetype.TaskState, n int) ([]*task,
 	switch state {
 	case tidetype.StatePending:
 		ts = q.pendingTasks(n)
-	case tidetype.StateActive, tidetype.StateArchived, tidetype.StateCompleted, tidetype.StateScheduled, tidetype.StateRetry:
+	case tidetype.StateActive, tidetype.StateArchived, tidetype.StateCompleted, tidetype.StateScheduled, tidetype.StateRetry, tidetype.StateWaiting:
 		h := map[tidetype.TaskState]taskHeap{tidetype.StateActive: q.active, tidetype.StateArchived: q.archived,
-			tidetype.StateCompleted: q.completed, tidetype.StateScheduled: q.sched, tidetype.StateRetry: q.sched}[state]
+			tidetype.StateCompleted: q.completed, tidetype.StateScheduled: q.sched, tidetype.StateRetry: q.sched, tidetype.StateWaiting: q.sched}[state]
 		for _, t := range h {
-			if t.msg.State == state {
+			// Waiting tasks lie with the retry tasks (as in the Redis
+			// broker): listing either lists both.
+			if t.msg.State == state || (state == tidetype.StateRetry && t.msg.State == tidetype.StateWaiting) ||
+				(state == tidetype.StateWaiting && t.msg.State == tidetype.StateRetry) {
 				ts = append(ts, t)
 			}
 		}
@@ -212,6 +219,7 @@ func (b *Broker) info(t *task) *tidetype.TaskInfo {
 	if t.msg.State == tidetype.StateActive {
 		m.LeaseExpiresAt = t.key
 	}
+	broker.StepInfos(m, t.dur)
 	return m
 }
 
@@ -290,6 +298,8 @@ func (b *Broker) RunTask(ctx context.Context, name, id string) error {
 func (b *Broker) run(name string, q *queue, t *task) error {
 	switch t.msg.State {
 	case tidetype.StateScheduled, tidetype.StateRetry, tidetype.StateArchived:
+	case tidetype.StateWaiting:
+		t.wakeNow(b.clock.Now())
 	default:
 		return fmt.Errorf("%w: cannot run a task that is %s", broker.ErrTaskState, t.msg.State)
 	}
@@ -316,7 +326,7 @@ func (b *Broker) ArchiveTask(ctx context.Context, name, id string) error {
 
 func (b *Broker) archiveOne(q *queue, t *task) error {
 	switch t.msg.State {
-	case tidetype.StatePending, tidetype.StateScheduled, tidetype.StateRetry:
+	case tidetype.StatePending, tidetype.StateScheduled, tidetype.StateRetry, tidetype.StateWaiting:
 	default:
 		return fmt.Errorf("%w: cannot archive a task that is %s", broker.ErrTaskState, t.msg.State)
 	}
@@ -355,7 +365,7 @@ func (b *Broker) bulk(ctx context.Context, name string, state tidetype.TaskState
 	if err := b.check(ctx); err != nil {
 		return 0, err
 	}
-	if state == tidetype.StateActive || state < tidetype.StatePending || state > tidetype.StateCompleted {
+	if state == tidetype.StateActive || !state.Valid() {
 		return 0, fmt.Errorf("membroker: bulk operation on state %s not allowed", state)
 	}
 	if limit < 1 {
@@ -367,7 +377,7 @@ func (b *Broker) bulk(ctx context.Context, name string, state tidetype.TaskState
 	}
 	var ts []*task
 	for _, t := range q.tasks {
-		if t.msg.State == state && (skip == nil || !skip(t)) {
+		if (t.msg.State == state || (state == tidetype.StateRetry && t.msg.State == tidetype.StateWaiting)) && (skip == nil || !skip(t)) {
 			ts = append(ts, t)
 			if len(ts) == limit {
 				break

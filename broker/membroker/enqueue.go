@@ -68,7 +68,7 @@ func (b *Broker) enqueue(m *tidetype.TaskInfo, now time.Time, replace bool) erro
 		// Replace: a waiting task of the same group keeps its place; any
 		// other is gone, and the new task is a new one.
 		st := t.msg.State
-		waiting := st == tidetype.StatePending || st == tidetype.StateScheduled || st == tidetype.StateRetry
+		waiting := st == tidetype.StatePending || st == tidetype.StateScheduled || st == tidetype.StateRetry || st == tidetype.StateWaiting
 		q.detach(t)
 		q.releaseLock(t)
 		if !waiting || t.msg.Group != m.Group {

@@ -125,7 +125,7 @@ func (b *Broker) followEnd(q *queue, t *task, outcome broker.Outcome, at time.Ti
 }
 
 func (b *Broker) settle(s *broker.Settlement, now time.Time) error {
-	if s.Kind < broker.SettleDone || s.Kind > broker.SettleDefer {
+	if s.Kind < broker.SettleDone || s.Kind > broker.SettlePark {
 		return fmt.Errorf("membroker: task %q: unknown settle kind %d", s.Lease.ID, s.Kind)
 	}
 	q, t, err := b.leased(s.Lease)
@@ -144,7 +144,7 @@ func (b *Broker) settle(s *broker.Settlement, now time.Time) error {
 		b.emit(q, broker.Event{Kind: broker.EventPending, Queue: s.Lease.Queue})
 	}
 	kind, errMsg := s.Kind, s.Err
-	if t.canceled && (kind == broker.SettleRetry || kind == broker.SettleRequeue || kind == broker.SettleDefer) {
+	if t.canceled && (kind == broker.SettleRetry || kind == broker.SettleRequeue || kind == broker.SettleDefer || kind == broker.SettlePark) {
 		kind, errMsg = broker.SettleArchive, canceledErr
 		if s.Err != "" {
 			errMsg += "; last error: " + s.Err
@@ -169,6 +169,8 @@ func (b *Broker) settle(s *broker.Settlement, now time.Time) error {
 		if kind == broker.SettleRetry {
 			b.event(q, t, tidetype.EventRetrying, errMsg)
 		}
+	case broker.SettlePark:
+		b.event(q, t, tidetype.EventRetrying, "tide: waiting for "+s.WaitFor)
 	default: // defer, requeue: it runs again
 		b.event(q, t, tidetype.EventRetrying, errMsg)
 	}
@@ -213,6 +215,8 @@ func (b *Broker) settle(s *broker.Settlement, now time.Time) error {
 		b.trim(q, now)
 	case broker.SettleRequeue:
 		b.pushPending(s.Lease.Queue, q, t, true)
+	case broker.SettlePark:
+		b.park(s.Lease.Queue, q, t, s.WaitFor, msTime(retryAt), now)
 	}
 	return nil
 }

@@ -165,6 +165,10 @@ type task struct {
 	// internal: stored by the broker itself, a follow-up (followEnd);
 	// delivered with broker.Delivery.Internal. Enqueue never sets it.
 	internal bool
+
+	// dur holds the task's durable records (broker.Durable), in the
+	// order stored; see durable.go.
+	dur []broker.StepRecord
 }
 
 // flowFollowup reports whether t is a workflow follow-up: tide's own
@@ -354,7 +358,7 @@ func (q *queue) detach(t *task) {
 		} else {
 			q.unlinkPending(t)
 		}
-	case tidetype.StateScheduled, tidetype.StateRetry:
+	case tidetype.StateScheduled, tidetype.StateRetry, tidetype.StateWaiting:
 		heap.Remove(&q.sched, t.idx)
 	case tidetype.StateActive:
 		heap.Remove(&q.active, t.idx)

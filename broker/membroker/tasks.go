@@ -63,7 +63,7 @@ const deletedErr = "tide: deleted by an operator"
 // deleted is recorded as the event kind.
 func (b *Broker) dropOrFail(qn string, q *queue, t *task, why string, kind tidetype.TaskEventKind) {
 	st := t.msg.State
-	if t.msg.Headers[broker.FlowHeader] == "" || (st != tidetype.StatePending && st != tidetype.StateScheduled && st != tidetype.StateRetry) {
+	if t.msg.Headers[broker.FlowHeader] == "" || (st != tidetype.StatePending && st != tidetype.StateScheduled && st != tidetype.StateRetry && st != tidetype.StateWaiting) {
 		b.event(q, t, kind, "")
 		b.drop(q, t)
 		return

@@ -32,8 +32,8 @@ func stateKey(st tidetype.TaskState) (string, bool) {
 		return "active", true
 	case tidetype.StateScheduled:
 		return "scheduled", true
-	case tidetype.StateRetry:
-		return "retry", true
+	case tidetype.StateRetry, tidetype.StateWaiting:
+		return "retry", true // waiting tasks lie with the retry tasks
 	case tidetype.StateArchived:
 		return "archived", true
 	case tidetype.StateCompleted:
@@ -83,6 +83,9 @@ func (b *Broker) QueueInfo(ctx context.Context, queue string) (*tidetype.QueueIn
 		p := b.partAt(queue, l, i)
 		c := partCmds{sizes: map[tidetype.TaskState]*redis.IntCmd{}}
 		for _, st := range tidetype.States {
+			if st == tidetype.StateWaiting {
+				continue // in the retry zset: counted with the retry tasks
+			}
 			name, _ := stateKey(st)
 			if st == tidetype.StatePending {
 				c.sizes[st] = pipe.LLen(ctx, p.k(name))

@@ -195,7 +195,7 @@ func (b *Broker) Settle(ctx context.Context, ss []broker.Settlement) ([]error, e
 		return nil, err
 	}
 	for _, s := range ss {
-		if s.Kind < broker.SettleDone || s.Kind > broker.SettleDefer {
+		if s.Kind < broker.SettleDone || s.Kind > broker.SettlePark {
 			return nil, fmt.Errorf("tide: redisbroker: settle %s: unknown kind %d", s.Lease.ID, s.Kind)
 		}
 	}
@@ -236,6 +236,8 @@ func (b *Broker) settleCall(p part, ss []broker.Settlement, idx []int) *call {
 				op = "t"
 			}
 			args = append(args, op, id, tok, retryArg(s), at.UnixMilli(), s.Err)
+		case broker.SettlePark:
+			args = append(args, "p", id, tok, retryArg(s), s.WaitFor, "tide: waiting for "+s.WaitFor)
 		default: // broker.SettleRequeue (Settle checked the kinds)
 			args = append(args, "q", id, tok, "", "", "")
 		}

@@ -389,6 +389,7 @@ func (b *Broker) moveCall(ctx context.Context, p part, op string, args ...any) *
 type moved struct {
 	id, rec, result, hist string
 	group                 string // as move.lua's take returns it
+	dur                   string // durable records (broker.Durable), or ''
 	state                 int64
 	score                 float64
 }
@@ -569,15 +570,15 @@ func (b *Broker) movedMeanwhile(ctx context.Context, o part, ids []string) (map[
 }
 
 // parseTaken reads what take and moving return: per task id, status,
-// record, state, score, result, history, group. It returns the taken ones
+// record, state, score, result, history, group, durable records. It returns the taken ones
 // ("ok") and the IDs of those another run has taken ("moving").
 func parseTaken(res []any) ([]moved, map[string]bool, error) {
-	if len(res)%8 != 0 {
+	if len(res)%9 != 0 {
 		return nil, nil, fmt.Errorf("tide: redisbroker: repartition: %d values for taken tasks", len(res))
 	}
 	var out []moved
 	busy := map[string]bool{}
-	for i := 0; i < len(res); i += 8 {
+	for i := 0; i < len(res); i += 9 {
 		if st, _ := res[i+1].(string); st != "ok" {
 			if st == "moving" {
 				id, _ := res[i].(string)
@@ -592,6 +593,7 @@ func parseTaken(res []any) ([]moved, map[string]bool, error) {
 		m.result, _ = res[i+5].(string)
 		m.hist, _ = res[i+6].(string)
 		m.group, _ = res[i+7].(string)
+		m.dur, _ = res[i+8].(string)
 		switch v := res[i+4].(type) {
 		case int64:
 			m.score = float64(v)
@@ -608,7 +610,7 @@ func (b *Broker) place(ctx context.Context, l layout, o part, ms []moved) error 
 	byPart := map[part][]any{}
 	for _, m := range ms {
 		p := b.partOf(o.queue, l, m.id)
-		byPart[p] = append(byPart[p], m.id, m.rec, m.state, int64(m.score), m.result, m.hist, m.group)
+		byPart[p] = append(byPart[p], m.id, m.rec, m.state, int64(m.score), m.result, m.hist, m.group, m.dur)
 	}
 	pipe := b.rdb.Pipeline()
 	for p, args := range byPart {

@@ -44,6 +44,7 @@ func (b *Broker) getTask(ctx context.Context, queue, id string) (*tidetype.TaskI
 		hist := pipe.HGet(ctx, p.k("h"), id)
 		lease := pipe.ZScore(ctx, p.k("active"), id)
 		progress := pipe.HGet(ctx, p.k("pg"), id)
+		steps := pipe.HGet(ctx, p.k("result"), "\x00"+id)
 		_, _ = pipe.Exec(ctx)
 		if err := meta.Err(); err != nil && !errors.Is(err, redis.Nil) {
 			return nil, false, callErr("get task", classify(err))
@@ -72,6 +73,9 @@ func (b *Broker) getTask(ctx context.Context, queue, id string) (*tidetype.TaskI
 		}
 		if h, err := hist.Bytes(); err == nil {
 			t.Attempts = codec.DecodeAttempts(h)
+		}
+		if d, err := steps.Bytes(); err == nil {
+			broker.StepInfos(t, broker.DecodeSteps(d))
 		}
 		if exp, err := lease.Result(); err == nil && t.State == tidetype.StateActive {
 			t.LeaseExpiresAt = time.UnixMilli(int64(exp))

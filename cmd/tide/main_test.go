@@ -153,7 +153,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"tasks", "ls", "bad queue"}, `queue name "bad queue" has invalid character`},
 		{[]string{"tasks", "show", "q"}, "usage: tide tasks show <queue> <id>"},
 		{[]string{"tasks", "delete", "q"}, "give a task ID, or --all --state S"},
-		{[]string{"tasks", "delete", "q", "--all"}, "--state is required (one of pending, scheduled, retry, archived, completed)"},
+		{[]string{"tasks", "delete", "q", "--all"}, "--state is required (one of pending, scheduled, retry, archived, completed, waiting)"},
 		{[]string{"tasks", "delete", "q", "id", "--all", "--state", "pending"}, "give either a task ID or --all, not both"},
 		{[]string{"tasks", "delete", "q", "id", "--state", "pending"}, "--state only goes with --all"},
 		{[]string{"tasks", "delete", "q", "--all", "--state", "active"}, `--state "active": must be one of`},

@@ -14,7 +14,7 @@ import (
 
 var stateNames = map[string]tide.TaskState{
 	"pending": tide.StatePending, "active": tide.StateActive, "scheduled": tide.StateScheduled,
-	"retry": tide.StateRetry, "archived": tide.StateArchived, "completed": tide.StateCompleted,
+	"retry": tide.StateRetry, "archived": tide.StateArchived, "completed": tide.StateCompleted, "waiting": tide.StateWaiting,
 }
 
 // parseState reads --state, accepting only the states in allowed.
@@ -33,7 +33,7 @@ func parseState(cmd *command, s string, allowed ...tide.TaskState) (tide.TaskSta
 	return 0, usagef(cmd, "--state %q: must be one of %s", s, strings.Join(names, ", "))
 }
 
-var allStates = []tide.TaskState{tide.StatePending, tide.StateActive, tide.StateScheduled, tide.StateRetry, tide.StateArchived, tide.StateCompleted}
+var allStates = []tide.TaskState{tide.StatePending, tide.StateActive, tide.StateScheduled, tide.StateRetry, tide.StateArchived, tide.StateCompleted, tide.StateWaiting}
 
 var cmdTasksLs = &command{
 	name: "tasks ls", args: "<queue> [--state S] [--id S] [--type S] [--payload S] [--error S] [--page N] [--size N]", minArgs: 1, maxArgs: 1, redis: true, taskData: true,
@@ -310,7 +310,7 @@ one state. A running task cannot be deleted: cancel it ('tide tasks cancel').
 Examples:
   tide tasks delete orders order-cancel:42
   tide tasks delete orders --all --state archived`,
-	[]tide.TaskState{tide.StatePending, tide.StateScheduled, tide.StateRetry, tide.StateArchived, tide.StateCompleted},
+	[]tide.TaskState{tide.StatePending, tide.StateScheduled, tide.StateRetry, tide.StateArchived, tide.StateCompleted, tide.StateWaiting},
 	(*tide.Inspector).DeleteTask, (*tide.Inspector).DeleteAllTasks)
 
 var cmdTasksRun = bulkCommand("run", "make a scheduled, retry or archived task pending now",
@@ -322,7 +322,7 @@ states. Use it to retry archived tasks after fixing what made them fail.
 Examples:
   tide tasks run orders order-cancel:42
   tide tasks run webhooks --all --state archived`,
-	[]tide.TaskState{tide.StateScheduled, tide.StateRetry, tide.StateArchived},
+	[]tide.TaskState{tide.StateScheduled, tide.StateRetry, tide.StateArchived, tide.StateWaiting},
 	(*tide.Inspector).RunTask, (*tide.Inspector).RunAllTasks)
 
 var cmdTasksArchive = bulkCommand("archive", "archive a pending, scheduled or retry task",
@@ -334,7 +334,7 @@ every task of the queue in one of those states.
 Examples:
   tide tasks archive orders order-cancel:42
   tide tasks archive emails --all --state retry`,
-	[]tide.TaskState{tide.StatePending, tide.StateScheduled, tide.StateRetry},
+	[]tide.TaskState{tide.StatePending, tide.StateScheduled, tide.StateRetry, tide.StateWaiting},
 	(*tide.Inspector).ArchiveTask, (*tide.Inspector).ArchiveAllTasks)
 
 var cmdTasksCancel = &command{

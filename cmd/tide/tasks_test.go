@@ -249,3 +249,35 @@ func TestGroupedTaskFreeIDActions(t *testing.T) {
 		}
 	}
 }
+
+// tasks show prints what a parked durable handler waits for and its steps,
+// and --json carries them; run makes it go on.
+func TestTasksShowDurable(t *testing.T) {
+	e := setup(t)
+	srv := tide.NewServer(e.b, tide.Config{Queues: map[string]int{"q": 1}, ShutdownTimeout: time.Second, Logger: quietLogger()})
+	if err := srv.Start(tide.HandlerFunc(func(ctx context.Context, _ *tide.Task) error {
+		if _, err := tide.Step(ctx, "reserve", func(context.Context) (int, error) { return 3, nil }); err != nil {
+			return err
+		}
+		_, err := tide.WaitSignal[int](ctx, "paid", time.Hour)
+		return err
+	})); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	e.enqueue("order:flow", "{}", tide.Queue("q"), tide.TaskID("o1"))
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ti, err := e.in.GetTaskInfo(context.Background(), "q", "o1")
+		if err == nil && ti.State == tide.StateWaiting {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the task did not park")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	e.tide("tasks", "show", "q", "o1").want(t, exitOK, "State:", "waiting", "Waiting for:", "signal:paid", "Durable steps:", "reserve", "wait:paid")
+	e.tide("tasks", "show", "q", "o1", "--json").want(t, exitOK, `"waiting_for": "signal:paid"`, `"name": "reserve"`)
+	e.tide("tasks", "ls", "q", "--state", "waiting").want(t, exitOK, "o1")
+}

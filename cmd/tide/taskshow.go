@@ -31,10 +31,24 @@ type taskJSON struct {
 	Server           string        `json:"server,omitempty"`
 	LeaseExpiresAt   *time.Time    `json:"lease_expires_at,omitempty"`
 	Attempts         []attemptJSON `json:"attempts"`
+	// WaitingFor and Steps: a durable handler's park and records.
+	WaitingFor string        `json:"waiting_for,omitempty"`
+	Steps      []durStepJSON `json:"steps,omitempty"`
 	// History is the recorded history (--history-dsn), absent without
 	// one; HistoryError says why it could not be read.
 	History      *[]attemptJSON `json:"history,omitempty"`
 	HistoryError string         `json:"history_error,omitempty"`
+}
+
+// durStepJSON is one record of a durable handler (tide.Step, Sleep,
+// WaitSignal, a signal received).
+type durStepJSON struct {
+	Name       string     `json:"name"`
+	State      string     `json:"state"`
+	Size       int        `json:"size"`
+	StartedAt  *time.Time `json:"started_at,omitempty"`
+	FinishedAt *time.Time `json:"finished_at,omitempty"`
+	Error      string     `json:"error,omitempty"`
 }
 
 // attemptJSON is one attempt of a task.
@@ -51,6 +65,10 @@ func toTaskJSON(ti *tide.TaskInfo) *taskJSON {
 		StartedAt: utcPtr(ti.StartedAt), Server: ti.Server, LeaseExpiresAt: utcPtr(ti.LeaseExpiresAt), Attempts: []attemptJSON{}}
 	for _, at := range ti.Attempts {
 		t.Attempts = append(t.Attempts, attemptJSON{utcPtr(at.Started), utcPtr(at.Ended), at.Server, at.Outcome, at.Err})
+	}
+	t.WaitingFor = ti.WaitingFor
+	for _, s := range ti.Steps {
+		t.Steps = append(t.Steps, durStepJSON{s.Name, s.State.String(), s.ResultSize, utcPtr(s.StartedAt), utcPtr(s.FinishedAt), s.Err})
 	}
 	return t
 }
@@ -171,6 +189,9 @@ func runTasksShow(ctx context.Context, a *app, _ *cmdOpts, args []string) error 
 	} else {
 		kv("Next process at", stamp(ti.NextProcessAt, now))
 	}
+	if ti.WaitingFor != "" {
+		kv("Waiting for", escape(ti.WaitingFor)+" (a durable handler, parked until then or its signal)")
+	}
 	kv("Retried", fmt.Sprintf("%d of %d", ti.Retried, ti.MaxRetry))
 	kv("Last failed at", stamp(ti.LastFailedAt, now))
 	kv("Completed at", stamp(ti.CompletedAt, now))
@@ -201,10 +222,24 @@ func runTasksShow(ctx context.Context, a *app, _ *cmdOpts, args []string) error 
 		fmt.Fprintln(a.stdout, "Last error:       -")
 	}
 	printAttempts(a, ti.Attempts, now)
+	printSteps(a, ti.Steps, now)
 	if a.hist != nil {
 		printHistory(a, hist, histErr, now)
 	}
 	return historyFailed(histErr)
+}
+
+// printSteps lists a durable handler's records (none: nothing printed).
+func printSteps(a *app, steps []tide.StepInfo, now time.Time) {
+	if len(steps) == 0 {
+		return
+	}
+	fmt.Fprintln(a.stdout, "Durable steps:")
+	t := newTable(a.stdout)
+	for _, s := range steps {
+		t.row("  "+escape(s.Name), s.State.String(), fmt.Sprintf("%d B", s.ResultSize), stamp(s.FinishedAt, now), orDash(escape(s.Err)))
+	}
+	t.flush()
 }
 
 // historyFailed is the error of 'tasks show' when the task was shown but

@@ -3,7 +3,10 @@
 //
 // With no arguments it runs a scripted demo in process (no Redis needed):
 // three orders are created, one is paid, and once the time limit has passed
-// the other two are cancelled and the stock is back. With -serve it runs the
+// the other two are cancelled and the stock is back; then the same again
+// with the durable version (durable.go): one handler per order that
+// reserves the stock, waits for the "paid" signal and cancels otherwise.
+// With -serve it runs the
 // HTTP service until interrupted. With TIDE_REDIS_ADDR set it keeps its
 // tasks in that Redis instead of in memory.
 package main
@@ -70,8 +73,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	defer closeBroker()
 
 	shop := NewShop(tide.NewClient(b), *cancelAfter, map[string]int{"widget": 10, "gadget": 5}, log)
+	dshop := NewDurableShop(tide.NewClient(b), *cancelAfter, map[string]int{"widget": 10, "gadget": 5})
 	mux := tide.NewServeMux()
 	tide.HandleArgs(mux, shop.HandleCancel)
+	tide.HandleArgs(mux, dshop.HandleOrder)
 	srv := tide.NewServer(b, tide.Config{Logger: log})
 	if err := srv.Start(mux); err != nil {
 		fmt.Fprintln(stderr, "ordercancel:", err)
@@ -82,7 +87,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if *serve {
 		return serveHTTP(ctx, shop, *addr, where, *cancelAfter, stdout, stderr)
 	}
-	return demo(ctx, shop, where, *cancelAfter, stdout, stderr)
+	if code := demo(ctx, shop, where, *cancelAfter, stdout, stderr); code != 0 {
+		return code
+	}
+	if err := durableDemo(ctx, dshop, stdout); err != nil {
+		fmt.Fprintln(stderr, "ordercancel:", err)
+		return 1
+	}
+	fmt.Fprintln(stdout, "durable done")
+	return 0
 }
 
 // openBroker returns a Redis broker when addr is set, else a membroker.

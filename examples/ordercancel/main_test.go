@@ -21,7 +21,8 @@ func TestDemoInMemory(t *testing.T) {
 	if code := run(context.Background(), []string{"-cancel-after", "300ms"}, func(string) string { return "" }, &out, &errs); code != 0 {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errs.String())
 	}
-	for _, want := range []string{"order 1: cancelled", "order 2: paid", "order 3: cancelled", "done"} {
+	for _, want := range []string{"order 1: cancelled", "order 2: paid", "order 3: cancelled", "done",
+		"durable order 1: cancelled", "durable order 2: paid", "durable order 3: cancelled", "durable done"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}

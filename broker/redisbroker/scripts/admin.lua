@@ -21,9 +21,10 @@
 -- for bulk: the number of tasks handled (at most the limit; call again
 -- until 0). Run again, a request answers from the reply cache: a bulk one
 -- with the count of its first run, not with what is left then.
--- 'run' makes a scheduled, retry or archived task pending at the front
+-- 'run' makes a scheduled, retry, waiting or archived task pending at the
+-- front (a waiting one's wait ends now: dur_wake_now)
 -- ('runall' passes over archived workflow steps, looking at most ten times
--- the limit); 'archive' archives a pending, scheduled or retry task (its
+-- the limit); 'archive' archives a pending, scheduled, retry or waiting task (its
 -- unique lock is released); 'deleteall' deletes tasks that are not active,
 -- but archives a workflow step or batch task that has not finished (as
 -- remove.lua's delete does). 'archiveall' and 'deleteall' pass over
@@ -49,6 +50,7 @@ local F = {t = KEYS[1], p = KEYS[2], tag = ARGV[11]}
 
 local function run(id, rec, st)
   redis.call('ZREM', zset_of(st, KEYS), id)
+  if rec_state(rec) == 7 then dur_wake_now(KEYS[7], id, now) end
   redis.call('HSET', KEYS[1], id, rec_patch(rec, 1, nil, nil, now, nil, nil))
   local g, seq = g_of(G, id)
   if g then
@@ -79,7 +81,7 @@ end
 local function remove(id, rec)
   if rec_ok(rec) then release_uniq(rec, KEYS[9], id) end
   redis.call('HDEL', KEYS[1], id)
-  redis.call('HDEL', KEYS[7], id)
+  redis.call('HDEL', KEYS[7], id, dur_field(id))
   redis.call('HDEL', KEYS[12], id)
   redis.call('HDEL', KEYS[19], id)
   if g_forget(G, id) then woke = true end
@@ -109,11 +111,11 @@ if op == 'run' or op == 'archive' then
   if rec_moving(rec) then return answer(-98) end
   local st = rec_state(rec)
   if op == 'run' then
-    if st ~= 3 and st ~= 4 and st ~= 5 then return answer(-st) end
+    if st ~= 3 and st ~= 4 and st ~= 5 and st ~= 7 then return answer(-st) end
     if st == 5 and rec_flow(rec) then return answer(-97) end
     run(id, rec, st)
   else
-    if st ~= 1 and st ~= 3 and st ~= 4 then return answer(-st) end
+    if st ~= 1 and st ~= 3 and st ~= 4 and st ~= 7 then return answer(-st) end
     if rec_flowfu(rec) then return answer(-96) end
     archive(id, rec, st, false)
   end
@@ -181,7 +183,7 @@ while n < limit and skipped < 10 * limit do
   if #ids == 0 then break end
   for _, id in ipairs(ids) do
     local rec = redis.call('HGET', KEYS[1], id)
-    if rec_flowfu(rec) and op ~= 'runall' then
+    if (rec_flowfu(rec) and op ~= 'runall') or (st == 7 and not (rec_ok(rec) and rec_state(rec) == 7)) then
       skipped = skipped + 1
     elseif op == 'deleteall' and st ~= 5 and st ~= 6 and rec_ok(rec) and rec_flow(rec) then
       archive(id, rec, st, false, 'tide: deleted by an operator')
@@ -190,10 +192,10 @@ while n < limit and skipped < 10 * limit do
       redis.call('ZREM', z, id)
       if rec then remove(id, rec) end
       n = n + 1
-    elseif rec_ok(rec) and op == 'runall' and (st == 3 or st == 4 or (st == 5 and not rec_flow(rec))) then
+    elseif rec_ok(rec) and op == 'runall' and (st == 3 or st == 4 or st == 7 or (st == 5 and not rec_flow(rec))) then
       run(id, rec, st)
       n = n + 1
-    elseif rec_ok(rec) and op == 'archiveall' and (st == 3 or st == 4) then
+    elseif rec_ok(rec) and op == 'archiveall' and (st == 3 or st == 4 or st == 7) then
       archive(id, rec, st, false)
       n = n + 1
     else

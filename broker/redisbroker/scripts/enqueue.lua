@@ -61,11 +61,11 @@ local function unplace(id, rec)
     local g, seq = g_of(G, id)
     if g then g_unready(G, g, seq, id) else redis.call('LREM', KEYS[2], 1, id) end
   else
-    local z = ({[3] = KEYS[3], [4] = KEYS[4], [5] = KEYS[11], [6] = KEYS[12]})[st]
+    local z = ({[3] = KEYS[3], [4] = KEYS[4], [5] = KEYS[11], [6] = KEYS[12], [7] = KEYS[4]})[st]
     if z then redis.call('ZREM', z, id) end
   end
   if st == 5 or st == 6 then
-    redis.call('HDEL', KEYS[13], id)
+    redis.call('HDEL', KEYS[13], id, dur_field(id))
     redis.call('HDEL', KEYS[14], id)
     redis.call('HDEL', G.id, id) -- a new task: a new place in its group
   end

@@ -5,7 +5,18 @@
 --   (bit 4), flow (bit 5), moving (bit 6) and cancel (bit 7) flags | 3-10 token
 --   11-12 retried | 13-14 max retry | 15-20 process-at ms | 21-23 body len
 --   24 uniq len | 25.. body | unique key | failure (empty, or failed-at ms (6) .. last error)
--- States: 1 pending, 2 active, 3 scheduled, 4 retry, 5 archived, 6 completed.
+-- States: 1 pending, 2 active, 3 scheduled, 4 retry, 5 archived, 6 completed,
+-- 7 waiting (a parked durable handler; it lies in the retry zset, due when
+-- it wakes, so that forwarding, admin actions and removal treat it as a
+-- retry task).
+--
+-- A task's durable records (broker.Durable) live in the results hash under
+-- the field "\0<id>", which no task ID can be (IDs have no control
+-- characters), so that they go wherever the task's result goes: every
+-- script that deletes a result deletes them (dur_field) too. They are
+-- records one after another, as broker.EncodeSteps writes them: kind (1),
+-- name length (2) and name, started ms (6), finished ms (6), data length (4)
+-- and data.
 --
 -- Every key a script touches is one of its KEYS, all in one partition's hash
 -- slot, so that Redis Cluster refuses the whole call (TRYAGAIN, ASK) while
@@ -250,6 +261,95 @@ local function count_day(stats, day, processed, failed)
   if failed > 0 then redis.call('HINCRBY', stats, 'f:' .. day, failed) end
 end
 
+-- dur_field is the results hash's field of task id's durable records.
+local function dur_field(id) return '\0' .. id end
+
+-- dur_find returns where the record of kind k named name starts and ends in
+-- the durable records d, or nil.
+local function dur_find(d, k, name)
+  local pos = 1
+  while pos + 18 <= #d do
+    local nl = struct.unpack('>I2', d, pos + 1)
+    local e = pos + 18 + nl + struct.unpack('>I4', d, pos + 15 + nl)
+    if string.sub(d, pos, pos) == k and string.sub(d, pos + 3, pos + 2 + nl) == name then return pos, e end
+    pos = e + 1
+  end
+  return nil
+end
+
+-- dur_count returns how many records the durable records d hold.
+local function dur_count(d)
+  local pos, n = 1, 0
+  while pos + 18 <= #d do
+    local nl = struct.unpack('>I2', d, pos + 1)
+    pos = pos + 19 + nl + struct.unpack('>I4', d, pos + 15 + nl)
+    n = n + 1
+  end
+  return n
+end
+
+-- dur_rec returns a record of kind k named name, started and finished at
+-- the given ms, holding data.
+local function dur_rec(k, name, started, finished, data)
+  return k .. struct.pack('>I2', #name) .. name .. struct.pack('>I6>I6>I4', started, finished, #data) .. data
+end
+
+-- dur_finished returns the finished ms of the record at s of d.
+local function dur_finished(d, s)
+  return struct.unpack('>I6', d, s + 9 + struct.unpack('>I2', d, s + 1))
+end
+
+-- dur_name returns the name of the record at s of d.
+local function dur_name(d, s)
+  return string.sub(d, s + 3, s + 2 + struct.unpack('>I2', d, s + 1))
+end
+
+-- dur_set_finished returns d with the finished ms of the record at s set to ms.
+local function dur_set_finished(d, s, ms)
+  local off = s + 9 + struct.unpack('>I2', d, s + 1)
+  return string.sub(d, 1, off - 1) .. struct.pack('>I6', ms) .. string.sub(d, off + 6)
+end
+
+-- dur_park returns d with its parked record ('p': what the task waits for,
+-- and until when) replaced by one for wait, until at (ms).
+local function dur_park(d, wait, at)
+  local pos = 1
+  while pos + 18 <= #d do
+    local nl = struct.unpack('>I2', d, pos + 1)
+    local stop = pos + 18 + nl + struct.unpack('>I4', d, pos + 15 + nl)
+    if string.sub(d, pos, pos) == 'p' then
+      d = string.sub(d, 1, pos - 1) .. string.sub(d, stop + 1)
+      break
+    end
+    pos = stop + 1
+  end
+  return d .. dur_rec('p', wait, 0, at, '')
+end
+
+-- dur_wake_now ends the wait of a parked task now (an operator's run):
+-- the deadline record of what it waits for (its 'p' record names it) is
+-- set to now, so that a sleep replays as over and a signal wait as timed
+-- out. results is the results hash.
+local function dur_wake_now(results, id, now)
+  local f = dur_field(id)
+  local d = redis.call('HGET', results, f)
+  if not d then return end
+  local pos = 1
+  while pos + 18 <= #d do
+    local nl = struct.unpack('>I2', d, pos + 1)
+    local stop = pos + 18 + nl + struct.unpack('>I4', d, pos + 15 + nl)
+    if string.sub(d, pos, pos) == 'p' then
+      local w = dur_name(d, pos)
+      local k, name = 'z', string.sub(w, 7)
+      if string.sub(w, 1, 7) == 'signal:' then k, name = 'd', string.sub(w, 8) end
+      local s = dur_find(d, k, name)
+      if s and dur_finished(d, s) > now then redis.call('HSET', results, f, dur_set_finished(d, s, now)) end
+      return
+    end
+    pos = stop + 1
+  end
+end
+
 -- drop deletes the tasks ids of sorted set z with their records, results,
 -- attempt histories and progress (hash pg); G (groups.lua's keys, or nil
 -- when the partition has no grouped task) loses what it keeps of them.
@@ -257,7 +357,7 @@ local function drop(z, ids, records, results, hist, G, pg)
   for _, id in ipairs(ids) do
     redis.call('ZREM', z, id)
     redis.call('HDEL', records, id)
-    redis.call('HDEL', results, id)
+    redis.call('HDEL', results, id, dur_field(id))
     redis.call('HDEL', hist, id)
     redis.call('HDEL', pg, id)
     if G then g_forget(G, id) end
@@ -343,9 +443,9 @@ local function count_minute(minutes, minute, processed, failed)
 end
 
 -- zset_of names the sorted set holding tasks in state st (nil for pending
--- and active, which live elsewhere); keys are the admin scripts' KEYS.
+-- and active, which live elsewhere; waiting tasks lie in the retry zset); keys are the admin scripts' KEYS.
 local function zset_of(st, keys)
-  if st == 3 then return keys[3] elseif st == 4 then return keys[4]
+  if st == 3 then return keys[3] elseif st == 4 or st == 7 then return keys[4]
   elseif st == 5 then return keys[5] elseif st == 6 then return keys[6] end
   return nil
 end

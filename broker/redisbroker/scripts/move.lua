@@ -126,17 +126,17 @@ if op == 'take' then
   -- ARGV: then ids. Returns a flat array per task: id, status ('ok',
   -- 'busy' active now, 'moving' taken by another run, 'gone'), record,
   -- state, score, result (or ''), attempt history (or ''), group
-  -- (group_field).
+  -- (group_field), durable records (or '').
   local out = {}
   for i = 3, #ARGV do
     local id = ARGV[i]
     local rec = redis.call('HGET', KEYS[1], id)
     if not rec then
-      for _, v in ipairs({id, 'gone', '', 0, 0, '', '', ''}) do out[#out + 1] = v end
+      for _, v in ipairs({id, 'gone', '', 0, 0, '', '', '', ''}) do out[#out + 1] = v end
     elseif rec_ok(rec) and rec_moving(rec) then
-      for _, v in ipairs({id, 'moving', '', 0, 0, '', '', ''}) do out[#out + 1] = v end
+      for _, v in ipairs({id, 'moving', '', 0, 0, '', '', '', ''}) do out[#out + 1] = v end
     elseif rec_ok(rec) and rec_state(rec) == 2 then
-      for _, v in ipairs({id, 'busy', '', 0, 0, '', '', ''}) do out[#out + 1] = v end
+      for _, v in ipairs({id, 'busy', '', 0, 0, '', '', '', ''}) do out[#out + 1] = v end
     else
       local st, score = 5, redis_now()
       if rec_ok(rec) then st = rec_state(rec) end
@@ -157,7 +157,8 @@ if op == 'take' then
       redis.call('ZADD', KEYS[10], score, id)
       local res = redis.call('HGET', KEYS[7], id) or ''
       local h = redis.call('HGET', KEYS[17], id) or ''
-      for _, v in ipairs({id, 'ok', rec, st, score, res, h, group_field(id)}) do out[#out + 1] = v end
+      local dr = redis.call('HGET', KEYS[7], dur_field(id)) or ''
+      for _, v in ipairs({id, 'ok', rec, st, score, res, h, group_field(id), dr}) do out[#out + 1] = v end
     end
   end
   return out
@@ -187,7 +188,7 @@ if op == 'moving' then
     if rec then
       local st = 5
       if rec_ok(rec) then st = rec_state(rec) end
-      for _, v in ipairs({id, 'ok', rec, st, tonumber(ids[i+1]), redis.call('HGET', KEYS[7], id) or '', redis.call('HGET', KEYS[17], id) or '', group_field(id)}) do out[#out + 1] = v end
+      for _, v in ipairs({id, 'ok', rec, st, tonumber(ids[i+1]), redis.call('HGET', KEYS[7], id) or '', redis.call('HGET', KEYS[17], id) or '', group_field(id), redis.call('HGET', KEYS[7], dur_field(id)) or ''}) do out[#out + 1] = v end
     else
       redis.call('ZREM', KEYS[10], id)
     end
@@ -196,9 +197,9 @@ if op == 'moving' then
 end
 
 if op == 'place' then
-  -- ARGV[3] event channel  ARGV[4] partition index, then per task 7:
+  -- ARGV[3] event channel  ARGV[4] partition index, then per task 8:
   -- id, record, state, score, result ('' none), attempt history ('' none),
-  -- group (as take returns it).
+  -- group (as take returns it), durable records ('' none).
   -- Returns one code per task: '1' placed, '0' not (deleted meanwhile, or
   -- placed before).
   local out = {}
@@ -206,8 +207,8 @@ if op == 'place' then
   local before = earliest(KEYS[3], KEYS[4])
   local first_due
   local woke = false
-  for i = 5, #ARGV, 7 do
-    local id, rec, st, score, res, h, g = ARGV[i], ARGV[i+1], tonumber(ARGV[i+2]), tonumber(ARGV[i+3]), ARGV[i+4], ARGV[i+5], ARGV[i+6]
+  for i = 5, #ARGV, 8 do
+    local id, rec, st, score, res, h, g, dr = ARGV[i], ARGV[i+1], tonumber(ARGV[i+2]), tonumber(ARGV[i+3]), ARGV[i+4], ARGV[i+5], ARGV[i+6], ARGV[i+7]
     local seq, holds = nil, false
     if g ~= '' then
       local sep = string.find(g, '\0', 1, true)
@@ -230,10 +231,11 @@ if op == 'place' then
         redis.call('RPUSH', KEYS[2], id)
       else
         redis.call('ZADD', zset_of(st, KEYS), score, id)
-        if (st == 3 or st == 4) and (not first_due or score < first_due) then first_due = score end
+        if (st == 3 or st == 4 or st == 7) and (not first_due or score < first_due) then first_due = score end
       end
       if res ~= '' then redis.call('HSET', KEYS[7], id, res) end
       if h ~= '' then redis.call('HSET', KEYS[17], id, h) end
+      if dr ~= '' then redis.call('HSET', KEYS[7], dur_field(id), dr) end
       out[#out + 1] = '1'
     else
       out[#out + 1] = '0'
@@ -256,7 +258,7 @@ if op == 'finish' then
     local rec = redis.call('HGET', KEYS[1], id)
     if rec and rec_ok(rec) and rec_moving(rec) or rec and not rec_ok(rec) then
       redis.call('HDEL', KEYS[1], id)
-      redis.call('HDEL', KEYS[7], id)
+      redis.call('HDEL', KEYS[7], id, dur_field(id))
       redis.call('HDEL', KEYS[17], id)
       local g = g_of(G, id)
       if g then

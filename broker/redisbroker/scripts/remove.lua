@@ -136,7 +136,7 @@ else
   for k = 3, 6 do redis.call('ZREM', KEYS[k], id) end
 end
 redis.call('HDEL', KEYS[1], id)
-redis.call('HDEL', KEYS[7], id)
+redis.call('HDEL', KEYS[7], id, dur_field(id))
 redis.call('HDEL', KEYS[13], id)
 redis.call('HDEL', KEYS[20], id)
 if g_forget(G, id) then redis.call('PUBLISH', ARGV[6], 'p' .. ARGV[10]) end

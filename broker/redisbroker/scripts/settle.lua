@@ -27,6 +27,12 @@
 --                  processed or failed (the handler asked to wait)
 --   't' throttle:  like defer, and the task's group starts nothing before
 --                  a (tide.ThrottleGroup)
+--   'p' park:      a = wake-at ms (as for 'r'), b = what it waits for
+--                  ('sleep:<name>', 'signal:<name>'): waiting (state 7) in
+--                  the retry zset until a, its durable records noting the
+--                  wait ('p', dur_park); pending at once instead when a has
+--                  come or the signal is stored already. Like defer it
+--                  keeps Retried and counts as neither processed nor failed
 -- Returns a string of one code per settlement: '0' applied, '1' lease lost
 -- (nothing changed), '3' no such task here (gone, or it may be in the old
 -- span of a repartition). A task whose cancellation was recorded is archived as
@@ -102,8 +108,8 @@ for i = 13, #ARGV, 9 do
   elseif not (rec_ok(rec) and rec_state(rec) == 2 and rec_token(rec) == tok) then
     out[#out + 1] = '1'
   else
-    if rec_canceled(rec) and (op == 'r' or op == 'q' or op == 'w' or op == 't') then
-      op, b = 'a', b ~= '' and b or string.format('%d', redis_now())
+    if rec_canceled(rec) and (op == 'r' or op == 'q' or op == 'w' or op == 't' or op == 'p') then
+      op, b = 'a', (b ~= '' and op ~= 'p') and b or string.format('%d', redis_now())
       c = 'tide: task cancelled' .. (c ~= '' and ('; last error: ' .. c) or '')
     end
     left[#left + 1] = id
@@ -117,15 +123,16 @@ for i = 13, #ARGV, 9 do
     local g, seq = nil, nil
     if G and ARGV[i+8] ~= '' then
       g = ARGV[i+8]
-      if op == 'q' or g == '?' then g, seq = g_of(G, id) end -- seq: back to its place
+      if op == 'q' or op == 'p' or g == '?' then g, seq = g_of(G, id) end -- seq: back to its place
     end
-    if op ~= 'q' and op ~= 'w' and op ~= 't' then processed = processed + 1 end
+    if op ~= 'q' and op ~= 'w' and op ~= 't' and op ~= 'p' then processed = processed + 1 end
     if op == 'r' or op == 'a' then failed = failed + 1 end
     if op == 'd' then
       if fu_end(F, E, id, rec, 'c', tonumber(c), nil, now) then followed = true end
       release_uniq(rec, KEYS[9], id)
       redis.call('HDEL', KEYS[1], id)
       gone[#gone + 1] = id -- its result, and history if retried or deferred
+      gone[#gone + 1] = dur_field(id) -- and its durable records
       if progress then redis.call('HDEL', KEYS[22], id) end
       if g then forgot[#forgot + 1] = id end
       w_ended(W, id, 'd' .. string.format('%d', now or 0), now, ARGV[10])
@@ -155,7 +162,20 @@ for i = 13, #ARGV, 9 do
       hist_add(KEYS[13], id, started, tonumber(b), 'a', server, c)
       w_ended(W, id, 'a' .. b, now, ARGV[10])
       finished = finished + 1
-    else -- 'q'
+    elseif op == 'p' then
+      local at, t = time_arg(a), redis_now()
+      local f = dur_field(id)
+      local d = redis.call('HGET', KEYS[7], f) or ''
+      redis.call('HSET', KEYS[7], f, dur_park(d, b, at))
+      if at > t and not (string.sub(b, 1, 7) == 'signal:' and dur_find(d, 's', string.sub(b, 8))) then
+        redis.call('HSET', KEYS[1], id, rec_patch(rec, 7, nil, nil, at, nil, nil))
+        redis.call('ZADD', KEYS[4], at, id)
+        if not first_retry or at < first_retry then first_retry = at end
+      else
+        op = 'q' -- its time came or its signal is here: it runs again now
+      end
+    end
+    if op == 'q' then
       redis.call('HSET', KEYS[1], id, rec_patch(rec, 1, nil, nil, nil, nil, nil))
       if g then
         g_ready(G, g, seq, id)

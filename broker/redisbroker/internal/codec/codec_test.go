@@ -58,7 +58,7 @@ func TestDecodeRejectsCorruptInput(t *testing.T) {
 		"empty":         nil,
 		"short":         good[:10],
 		"bad version":   append([]byte{9}, good[1:]...),
-		"bad state":     append([]byte{Version, 15}, good[2:]...),
+		"bad state":     append([]byte{Version, 8}, good[2:]...), // state 0: 1 to 7 are all states now
 		"body too long": func() []byte { b := bytes.Clone(good); b[offBodyLen], b[offBodyLen+1] = 0xff, 0xff; return b }(),
 		"truncated":     good[:HeaderSize+5],
 	}
