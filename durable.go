@@ -182,16 +182,30 @@ func Step[T any](ctx context.Context, name string, fn func(context.Context) (T, 
 	}
 	typ := typeName[T]()
 	if r, ok := broker.FindStep(recs, broker.StepResult, name); ok {
-		return decodeStep[T](r, typ, name)
+		_, end := observeStep(ctx, name, true)
+		v, err := decodeStep[T](r, typ, name)
+		end(err)
+		return v, err
 	}
 	if n, _ := stepCount(recs); n >= MaxSteps {
 		return zero, fmt.Errorf("%w: Step %q: the task has %d steps (MaxSteps)", ErrStepLimit, name, n)
 	}
 	started := m.b.Now()
-	v, err := fn(ctx)
+	octx, end := observeStep(ctx, name, false)
+	v, err := fn(octx)
 	if err != nil {
+		end(err)
 		return zero, err
 	}
+	v2, err := storeStep(ctx, m, name, typ, started, v)
+	end(err)
+	return v2, err
+}
+
+// storeStep stores v as the result of step name and returns it as decoded
+// from what was stored.
+func storeStep[T any](ctx context.Context, m *taskMeta, name, typ string, started time.Time, v T) (T, error) {
+	var zero T
 	data, err := json.Marshal(v)
 	if err != nil {
 		return zero, fmt.Errorf("%w: Step %q: encode result: %v", ErrNotDurable, name, err)

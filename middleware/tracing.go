@@ -33,7 +33,9 @@ import (
 // error gets the error recorded as an event, the error.type attribute and
 // status Error; a panic that passes through is recorded the same way and then
 // re-raised. The handler's context carries the span, so handlers can start
-// child spans from it.
+// child spans from it. Each tide.Step of a durable handler gets an INTERNAL
+// child span "step <name>" with AttrStepName and AttrStepReplayed, marked
+// failed when fn or the store fails.
 //
 // Options: WithTracerProvider, WithPropagator, WithSpanNameFunc. The returned
 // middleware is safe for concurrent use.
@@ -74,8 +76,31 @@ func Tracing(opts ...OTelOption) tide.MiddlewareFunc {
 				}
 				span.End()
 			}()
-			return next.ProcessTask(ctx, t)
+			return next.ProcessTask(tide.WithStepObserver(ctx, stepSpans(tracer)), t)
 		})
+	}
+}
+
+// AttrStepName is the name of a durable handler's step (tide.Step) on its
+// span; AttrStepReplayed tells that its result came from storage and fn
+// did not run.
+const (
+	AttrStepName     = attribute.Key("messaging.tide.step.name")
+	AttrStepReplayed = attribute.Key("messaging.tide.step.replayed")
+)
+
+// stepSpans is the tide.StepObserver of Tracing: one internal span per
+// durable step, a child of the task's span, named "step <name>".
+func stepSpans(tracer trace.Tracer) tide.StepObserver {
+	return func(ctx context.Context, name string, replayed bool) (context.Context, func(error)) {
+		ctx, span := tracer.Start(ctx, "step "+name, trace.WithSpanKind(trace.SpanKindInternal),
+			trace.WithAttributes(AttrStepName.String(name), AttrStepReplayed.Bool(replayed)))
+		return ctx, func(err error) {
+			if err != nil {
+				recordError(span, err)
+			}
+			span.End()
+		}
 	}
 }
 

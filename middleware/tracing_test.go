@@ -3,6 +3,8 @@ package middleware_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -389,5 +391,68 @@ func TestSpanNameFunc(t *testing.T) {
 	}
 	if n := tr.ended(trace.SpanKindConsumer)[0].Name(); n != "process email:send" {
 		t.Errorf("span name %q", n)
+	}
+}
+
+// Each Step of a durable handler gets a span, a child of the attempt's
+// consumer span: a step that runs fn is not replayed, the same step in the
+// next attempt is, and a failing fn marks its span failed.
+func TestTracingDurableSteps(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	tr := newTracing(t)
+	var attempts atomic.Int32
+	mux := tide.NewServeMux()
+	mux.Use(middleware.Tracing(tr.opts...))
+	mux.HandleFunc("order:flow", func(ctx context.Context, task *tide.Task) error {
+		if _, err := tide.Step(ctx, "reserve", func(ctx context.Context) (int, error) {
+			if !trace.SpanFromContext(ctx).SpanContext().IsValid() {
+				return 0, errors.New("fn runs without a span")
+			}
+			return 7, nil
+		}); err != nil {
+			return err
+		}
+		_, err := tide.Step(ctx, "charge", func(context.Context) (string, error) {
+			if attempts.Add(1) == 1 {
+				return "", errors.New("card declined")
+			}
+			return "ok", nil
+		})
+		return err
+	})
+	e.server(tide.Config{Queues: map[string]int{"orders": 1}, RetryDelayFunc: func(int, error, *tide.Task) time.Duration { return 10 * time.Millisecond }}, mux)
+	if _, err := e.c.Enqueue(context.Background(), tide.NewTask("order:flow", nil), tide.Queue("orders")); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, 15*time.Second, "two consumer spans", func() bool { return len(tr.ended(trace.SpanKindConsumer)) == 2 })
+
+	consumers := tr.ended(trace.SpanKindConsumer)
+	parentOf := map[trace.SpanID]int{consumers[0].SpanContext().SpanID(): 0, consumers[1].SpanContext().SpanID(): 1}
+	type seen struct {
+		attempt  int
+		replayed bool
+		failed   bool
+	}
+	var got []string
+	for _, s := range tr.ended(trace.SpanKindInternal) {
+		a, ok := parentOf[s.Parent().SpanID()]
+		if !ok {
+			t.Errorf("step span %q is not a child of a consumer span", s.Name())
+			continue
+		}
+		name, _ := attrOf(s, middleware.AttrStepName)
+		replayed, _ := attrOf(s, middleware.AttrStepReplayed)
+		got = append(got, fmt.Sprintf("%d %s %s replayed=%v failed=%v", a, s.Name(), name.AsString(), replayed.AsBool(), s.Status().Code == codes.Error))
+	}
+	slices.Sort(got)
+	want := []string{
+		"0 step charge charge replayed=false failed=true",
+		"0 step reserve reserve replayed=false failed=false",
+		"1 step charge charge replayed=false failed=false",
+		"1 step reserve reserve replayed=true failed=false",
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("step spans:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
