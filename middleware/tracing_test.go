@@ -429,11 +429,6 @@ func TestTracingDurableSteps(t *testing.T) {
 
 	consumers := tr.ended(trace.SpanKindConsumer)
 	parentOf := map[trace.SpanID]int{consumers[0].SpanContext().SpanID(): 0, consumers[1].SpanContext().SpanID(): 1}
-	type seen struct {
-		attempt  int
-		replayed bool
-		failed   bool
-	}
 	var got []string
 	for _, s := range tr.ended(trace.SpanKindInternal) {
 		a, ok := parentOf[s.Parent().SpanID()]
