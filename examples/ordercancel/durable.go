@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"strconv"
 	"sync"
 	"time"
@@ -91,11 +92,7 @@ func (s *DurableShop) Get(id int) *Order {
 func (s *DurableShop) Stock() map[string]int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make(map[string]int, len(s.stock))
-	for k, v := range s.stock {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(s.stock)
 }
 
 func (s *DurableShop) set(id int, status string, stockDelta int) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"strconv"
 	"sync"
@@ -131,11 +132,7 @@ func (s *Shop) Get(id int) (*Order, error) {
 func (s *Shop) Stock() map[string]int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make(map[string]int, len(s.stock))
-	for k, v := range s.stock {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(s.stock)
 }
 
 func (s *Shop) copy(o *Order) *Order { c := *o; return &c }
