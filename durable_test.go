@@ -397,7 +397,26 @@ func TestDurableStepFencedAfterLeaseLoss(t *testing.T) {
 			_, err := tide.Step(ctx, "charge", func(context.Context) (string, error) { runs.Add(1); return "B", nil })
 			return err
 		}))
-		ti := awaitTaskState(t, b, "default", "f1", tide.StateCompleted)
+		// A's last Dequeue, held by the gate, may lease the task after A
+		// stopped (as a reply lost at shutdown would): nobody runs that
+		// delivery, its lease is recovered into retry with a back-off, and
+		// the test runs it at once rather than wait for the back-off.
+		var ti *tide.TaskInfo
+		in := tide.NewInspector(b)
+		testwait.Until(t, 20*time.Second, func() error {
+			var err error
+			ti, err = in.GetTaskInfo(context.Background(), "default", "f1")
+			if err != nil {
+				return err
+			}
+			if ti.State == tide.StateRetry {
+				_ = in.RunTask(context.Background(), "default", "f1")
+			}
+			if ti.State != tide.StateCompleted {
+				return fmt.Errorf("task f1 is %s (retried %d, last error %q, next at %v, runs of B %d)", ti.State, ti.Retried, ti.LastErr, ti.NextProcessAt.Format("15:04:05.000"), runs.Load())
+			}
+			return nil
+		})
 		if runs.Load() != 1 || len(ti.Steps) != 1 {
 			t.Fatalf("the next attempt ran fn %d times, steps %+v; want its own run stored", runs.Load(), ti.Steps)
 		}
