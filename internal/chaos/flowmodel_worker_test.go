@@ -32,15 +32,21 @@ var modelQueues = []string{"fm-a", "fm-b", "fm-c"}
 
 // modelServerConfig is the configuration of every server of the model.
 func modelServerConfig(logger *slog.Logger, id string) tide.Config {
+	return serverConfigFor(modelQueues, modelConcurrency, modelLease, modelShutdown, logger, id)
+}
+
+// serverConfigFor is the configuration of a model's server (the flow and
+// the limit model): each queue at priority 1, quick retries.
+func serverConfigFor(queues []string, concurrency int, lease, shutdown time.Duration, logger *slog.Logger, id string) tide.Config {
 	qs := map[string]int{}
-	for _, q := range modelQueues {
+	for _, q := range queues {
 		qs[q] = 1
 	}
 	return tide.Config{
-		Concurrency:     modelConcurrency,
+		Concurrency:     concurrency,
 		Queues:          qs,
-		LeaseDuration:   modelLease,
-		ShutdownTimeout: modelShutdown,
+		LeaseDuration:   lease,
+		ShutdownTimeout: shutdown,
 		RetryDelayFunc:  tide.RetrySchedule(50*time.Millisecond, 100*time.Millisecond, 200*time.Millisecond),
 		Logger:          logger,
 		ServerID:        id,

@@ -34,19 +34,7 @@ const limitOrdered = "lm-o"
 // limitServerConfig is the configuration of every server of the limit
 // model.
 func limitServerConfig(logger *slog.Logger, id string) tide.Config {
-	qs := map[string]int{}
-	for _, q := range limitQueues {
-		qs[q] = 1
-	}
-	return tide.Config{
-		Concurrency:     limitConcurrency,
-		Queues:          qs,
-		LeaseDuration:   limitLease,
-		ShutdownTimeout: limitShutdown,
-		RetryDelayFunc:  tide.RetrySchedule(50*time.Millisecond, 100*time.Millisecond, 200*time.Millisecond),
-		Logger:          logger,
-		ServerID:        id,
-	}
+	return serverConfigFor(limitQueues, limitConcurrency, limitLease, limitShutdown, logger, id)
 }
 
 // An lmPlan is what a limit model task's handler does, carried in its
