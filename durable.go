@@ -55,9 +55,13 @@ const (
 )
 
 // durState is what a handler's context keeps of its task's durable
-// records: loaded on first use, then kept up to date by this attempt's own
-// writes (only the lease holder writes steps). It is safe for concurrent
-// use by the handler's goroutines.
+// records: those the lease brought (broker.Delivery.Steps), or, from a
+// broker that does not bring them, those LoadSteps returns on first use;
+// then kept up to date by this attempt's own writes (only the lease holder
+// writes steps). So a Step replayed costs no broker call and a Step run
+// costs one: the store of its result. A signal stored after the lease was
+// granted is not in them; WaitSignal asks the broker (ResolveWait) before
+// it parks. It is safe for concurrent use by the handler's goroutines.
 type durState struct {
 	mu      sync.Mutex
 	loaded  bool

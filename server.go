@@ -358,7 +358,8 @@ func (s *Server) run(ctx context.Context, d *broker.Delivery) (broker.Settlement
 	t := &Task{typ: m.Type, payload: m.Payload, headers: m.Headers}
 	ctx = withTaskMeta(ctx, &taskMeta{
 		id: m.ID, queue: m.Queue, group: m.Group, retried: m.Retried, maxRetry: m.MaxRetry, due: m.NextProcessAt, b: s.b,
-		lease: d.Lease(), flow: m.Headers[flowHeader], step: m.Headers[stepHeader], dur: &durState{},
+		lease: d.Lease(), flow: m.Headers[flowHeader], step: m.Headers[stepHeader],
+		dur: &durState{loaded: d.StepsLoaded, recs: d.Steps},
 	})
 	if m.Timeout > 0 {
 		var cancel context.CancelFunc

@@ -105,6 +105,16 @@ type Delivery struct {
 	// The mark stays with the task through retries, archiving and an
 	// operator's run.
 	Internal bool
+	// Steps are the task's durable records (see Durable) as the lease
+	// found them, in the order they were stored, and StepsLoaded reports
+	// that the broker filled Steps (nil then means the task has none).
+	// Both shipped brokers fill them in the call that grants the lease, so
+	// that a durable handler replays its steps, or learns that it has none
+	// to replay, without a LoadSteps round trip. A broker or wrapper that
+	// leaves StepsLoaded false makes tide load them with LoadSteps when a
+	// handler first needs them.
+	Steps       []StepRecord
+	StepsLoaded bool
 }
 
 // Lease returns the reference to d's lease.

@@ -28,6 +28,18 @@ func (w *wrapper) openStep(queue, id string, r *broker.StepRecord) error {
 	return nil
 }
 
+// openSteps decrypts the durable records a delivery carries. When one
+// does not decrypt it drops them all (StepsLoaded false): tide then loads
+// them with LoadSteps, whose error tells the handler why.
+func (w *wrapper) openSteps(d *broker.Delivery) {
+	for i := range d.Steps {
+		if err := w.openStep(d.Task.Queue, d.Task.ID, &d.Steps[i]); err != nil {
+			d.Steps, d.StepsLoaded = nil, false
+			return
+		}
+	}
+}
+
 // LoadSteps implements broker.Durable: the records come back decrypted.
 func (w *wrapper) LoadSteps(ctx context.Context, lease broker.LeaseRef) ([]broker.StepRecord, error) {
 	rs, err := w.b.LoadSteps(ctx, lease)

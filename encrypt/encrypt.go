@@ -245,7 +245,10 @@ func (w *wrapper) holder(ctx context.Context, sent, orig *tidetype.TaskInfo) hol
 // stored payload untouched, so that it can be run again once the key is
 // there), and further tasks are dequeued in its place. A delivery's result
 // that does not decrypt is dropped from the delivery (handlers do not see
-// results).
+// results). Its durable records (Delivery.Steps) come back decrypted; when
+// one does not decrypt they are dropped from the delivery, and the
+// handler's first step loads them with LoadSteps, which fails with the
+// reason.
 func (w *wrapper) Dequeue(ctx context.Context, queues []string, n int, lease time.Duration) ([]*broker.Delivery, error) {
 	var out []*broker.Delivery
 	want := n
@@ -264,6 +267,7 @@ func (w *wrapper) Dequeue(ctx context.Context, queues []string, n int, lease tim
 				})
 				continue
 			}
+			w.openSteps(d)
 			out = append(out, d)
 		}
 		if len(bad) > 0 {

@@ -79,6 +79,9 @@ func testStepFenced(t *testing.T, b broker.Broker) {
 	if rs := loadSteps(t, b, d); len(rs) != 0 {
 		t.Fatalf("a new task has records %+v", rs)
 	}
+	if !d.StepsLoaded || len(d.Steps) != 0 {
+		t.Fatalf("a new task's delivery: StepsLoaded %v, Steps %+v; want true and none", d.StepsLoaded, d.Steps)
+	}
 	first := stepRec("charge", `{"ok":true}`)
 	if got := saveStep(t, b, d, first); string(got.Data) != `{"ok":true}` {
 		t.Fatalf("SaveStep returned %q", got.Data)
@@ -112,6 +115,11 @@ func testStepFenced(t *testing.T, b broker.Broker) {
 	rs = loadSteps(t, b, d2)
 	if len(rs) != 1 || rs[0].Name != "charge" {
 		t.Fatalf("after recovery LoadSteps = %+v, want the stored step only", rs)
+	}
+	// The lease brings the records: a replay needs no LoadSteps.
+	if !d2.StepsLoaded || len(d2.Steps) != 1 || d2.Steps[0].Name != "charge" || d2.Steps[0].Kind != broker.StepResult ||
+		string(d2.Steps[0].Data) != `{"ok":true}` || !d2.Steps[0].Started.Equal(rs[0].Started) {
+		t.Fatalf("the redelivery carries StepsLoaded %v, Steps %+v; want the stored step", d2.StepsLoaded, d2.Steps)
 	}
 }
 

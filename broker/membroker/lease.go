@@ -51,7 +51,11 @@ func (b *Broker) Dequeue(ctx context.Context, queues []string, n int, lease time
 			t.msg.State = tidetype.StateActive
 			b.push(&q.active, t, now.Add(lease))
 			b.event(q, t, tidetype.EventStarted, "")
-			out = append(out, &broker.Delivery{Task: clone(&t.msg), Token: t.token, LeaseFor: lease, Internal: t.internal})
+			d := &broker.Delivery{Task: clone(&t.msg), Token: t.token, LeaseFor: lease, Internal: t.internal, StepsLoaded: true}
+			if len(t.dur) > 0 {
+				d.Steps = cloneSteps(t.dur)
+			}
+			out = append(out, d)
 		}
 		if len(out) == n {
 			break

@@ -60,14 +60,15 @@ func (b *Broker) Dequeue(ctx context.Context, queues []string, n int, lease time
 				}
 				continue
 			}
-			if len(res)%2 == 1 {
+			if len(res) == 1 {
 				// The partition wants slots of the queue's limits, or
 				// holds some it is to give away (dequeue.lua).
 				b.kick(q)
 			}
-			for j := 0; j+1 < len(res); j += 2 {
+			for j := 0; j+2 < len(res); j += 3 {
 				id, _ := res[j].(string)
 				rec, _ := res[j+1].(string)
+				dur, _ := res[j+2].(string)
 				t, tok, derr := codec.Decode(q, id, []byte(rec))
 				if derr == nil && t.Type == "" {
 					derr = fmt.Errorf("%w: empty task type", codec.ErrCorrupt)
@@ -77,7 +78,8 @@ func (b *Broker) Dequeue(ctx context.Context, queues []string, n int, lease time
 					b.archiveUndecodable(ctx, p, id, tok, derr)
 					continue
 				}
-				out = append(out, &broker.Delivery{Task: t, Token: tok, LeaseFor: lease, Internal: codec.Internal([]byte(rec))})
+				out = append(out, &broker.Delivery{Task: t, Token: tok, LeaseFor: lease, Internal: codec.Internal([]byte(rec)),
+					Steps: broker.DecodeSteps([]byte(dur)), StepsLoaded: true})
 			}
 		}
 		if len(out) >= n {

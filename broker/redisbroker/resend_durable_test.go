@@ -66,3 +66,40 @@ func TestResentSignalDeliveredOnce(t *testing.T) {
 		t.Fatal("a second signal of the name was accepted")
 	}
 }
+
+// A re-sent Dequeue hands out the durable records of the task it leased,
+// as the first run would have: the handler replays its steps from them.
+func TestResentDequeueBringsSteps(t *testing.T) {
+	t.Parallel()
+	f := newFaulty(t)
+	ctx := context.Background()
+	info, err := f.c.Enqueue(ctx, tide.NewTask("t", nil), tide.Queue("q"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, err := f.b.Dequeue(ctx, []string{"q"}, 1, time.Minute)
+	if err != nil || len(ds) != 1 {
+		t.Fatal(ds, err)
+	}
+	step := broker.StepRecord{Kind: broker.StepResult, Name: "charge", Data: []byte("int\n7")}
+	if _, err := f.b.SaveStep(ctx, ds[0].Lease(), step); err != nil {
+		t.Fatal(err)
+	}
+	retry := broker.Settlement{Lease: ds[0].Lease(), Kind: broker.SettleRetry, RetryAt: time.Now().Add(-time.Second), Err: "again"}
+	if errs, err := f.b.Settle(ctx, []broker.Settlement{retry}); err != nil || errs[0] != nil {
+		t.Fatal(errs, err)
+	}
+	f.proxy.DelayReplies(faultproxy.Commands("EVALSHA"), 500*time.Millisecond, 1)
+	seen := f.proxy.Seen("EVALSHA")
+	ds, err = f.b.Dequeue(ctx, []string{"q"}, 1, time.Minute)
+	if err != nil || len(ds) != 1 || ds[0].Task.ID != info.ID {
+		t.Fatalf("a re-sent Dequeue: %v, %v", ds, err)
+	}
+	if f.proxy.Seen("EVALSHA") < seen+2 {
+		t.Fatal("the dequeue was not sent again")
+	}
+	d := ds[0]
+	if !d.StepsLoaded || len(d.Steps) != 1 || d.Steps[0].Name != "charge" || string(d.Steps[0].Data) != "int\n7" {
+		t.Fatalf("the re-sent Dequeue's delivery: StepsLoaded %v, Steps %+v; want the stored step", d.StepsLoaded, d.Steps)
+	}
+}

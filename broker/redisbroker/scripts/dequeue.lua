@@ -10,8 +10,9 @@
 -- ARGV[8] events stream MAXLEN ('' or '0': no events)
 -- ARGV[9] how long starts are kept, ms (broker.MaxRatePer)
 -- ARGV[10] how many starts are kept at most (broker.MaxQueueRate)
--- Returns a flat array id1, record1, id2, record2, ... of the leased tasks with
--- state set to active and a fresh token each. Pending tasks come first
+-- Returns a flat array id1, record1, records1, id2, record2, records2, ... of
+-- the leased tasks with state set to active and a fresh token each, and
+-- their durable records ('' for none; see dur_with). Pending tasks come first
 -- (oldest first); when fewer than n are pending, scheduled and retry tasks
 -- due by the Redis clock are leased directly, earliest first, without a
 -- detour through the pending list (this is what makes a burst of tasks due at
@@ -78,7 +79,7 @@ if cached then
     out[#out + 1] = f[2]
     out[#out + 1] = f[3]
   end
-  return out
+  return dur_with(KEYS[6], out)
 end
 if redis.call('EXISTS', KEYS[4]) == 1 then return {} end
 local n = tonumber(ARGV[4])
@@ -362,4 +363,4 @@ end
 g_flush(G)
 ev_flush(E)
 req_put(KEYS[11], ARGV[2], string.format('%d:%d:%d', exp, first_tok, #leased / 2), tonumber(ARGV[3]))
-return out
+return dur_with(KEYS[6], out)

@@ -264,6 +264,27 @@ end
 -- dur_field is the results hash's field of task id's durable records.
 local function dur_field(id) return '\0' .. id end
 
+-- dur_with returns the flat array id1, record1, id2, record2, ... as id1,
+-- record1, records1, id2, ...: each task's durable records ('' for none)
+-- after its record, read with an HMGET of the results hash per thousand
+-- tasks (a leased task's records go with its lease: broker.Delivery.Steps).
+local function dur_with(results, pairs)
+  local out = {}
+  for from = 1, #pairs, 2000 do
+    local to = math.min(from + 1999, #pairs)
+    local fs = {}
+    for i = from, to, 2 do fs[#fs + 1] = dur_field(pairs[i]) end
+    local ds = redis.call('HMGET', results, unpack(fs))
+    for j = 1, #fs do
+      local i = from + 2 * (j - 1)
+      out[#out + 1] = pairs[i]
+      out[#out + 1] = pairs[i + 1]
+      out[#out + 1] = ds[j] or ''
+    end
+  end
+  return out
+end
+
 -- dur_find returns where the record of kind k named name starts and ends in
 -- the durable records d, or nil.
 local function dur_find(d, k, name)
