@@ -60,7 +60,11 @@ func BatchWait(d time.Duration) BatchOption {
 // middleware on its own, keeps its own lease (renewed while the batch
 // waits and runs) and settles on its own with the error h returned for it.
 // In h, Task.Context gives a task's own handler context, for GetTaskID,
-// WriteResult and ReportProgress. The context h gets ends when every task's
+// WriteResult and ReportProgress, and for durable calls: Step, Sleep and
+// WaitSignal on a task's context keep that task's records, and a task
+// whose Sleep or WaitSignal suspended it (h returns that error for it) is
+// parked alone while the others settle; on h's own context they fail with
+// ErrNotDurable. The context h gets ends when every task's
 // context has ended (the server shuts down); a task cancelled meanwhile
 // still gets h's result. A panic in h fails every task of the batch with
 // the panic and its stack. When the server shuts down, a batch still
@@ -164,10 +168,15 @@ func (b *gatherer) run(tasks []*Task) (errs []error) {
 	return errs
 }
 
+// batchCtxKey marks a batch handler's own context: it carries the first
+// task's values, but durable calls on it are refused (durableOf), as it
+// stands for no single task.
+type batchCtxKey struct{}
+
 // batchContext returns a context with the values of the first task's
 // context that ends when every task's context has ended.
 func batchContext(tasks []*Task) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(context.WithoutCancel(tasks[0].ctx))
+	ctx, cancel := context.WithCancel(context.WithValue(context.WithoutCancel(tasks[0].ctx), batchCtxKey{}, true))
 	var mu sync.Mutex
 	left := len(tasks)
 	stops := make([]func() bool, len(tasks))

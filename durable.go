@@ -34,7 +34,8 @@ var (
 	// MaxStepBytes; the broker's own bounds also count signals).
 	ErrStepLimit = broker.ErrStepLimit
 	// ErrNotDurable is wrapped by the error of Step, Sleep and WaitSignal
-	// called with a context that is not a handler's, or a bad name,
+	// called with a context that is not a handler's (a batch handler's own
+	// context is not: use each task's Task.Context), or a bad name,
 	// duration or step type.
 	ErrNotDurable = errors.New("tide: not a durable step")
 )
@@ -84,6 +85,9 @@ func durableOf(ctx context.Context, what, name string) (*taskMeta, []broker.Step
 	m, ok := metaFrom(ctx)
 	if !ok || m.dur == nil {
 		return nil, nil, fmt.Errorf("%w: %s %q called outside a handler", ErrNotDurable, what, name)
+	}
+	if ctx.Value(batchCtxKey{}) != nil {
+		return nil, nil, fmt.Errorf("%w: %s %q called with a batch handler's context: use the task's own (Task.Context)", ErrNotDurable, what, name)
 	}
 	if name == "" || len(name) > 200 || strings.ContainsFunc(name, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
 		return nil, nil, fmt.Errorf("%w: %s name %q: empty, over 200 bytes or with a control character", ErrNotDurable, what, name)
@@ -172,9 +176,13 @@ func typeName[T any]() string {
 // the attempt under the task's retry policy, and nothing is stored. Names
 // are unique per task across Step, Sleep and WaitSignal; a name reused
 // with another type T, or by a Sleep or WaitSignal, is an error wrapping
-// ErrNotDurable, as is a ctx that is not a handler's. At most MaxSteps
-// steps and MaxStepBytes of results per task (ErrStepLimit). Step is safe
-// for concurrent use with distinct names.
+// ErrNotDurable, as is a ctx that is not a handler's (in a batch handler,
+// pass the task's Task.Context: the batch's own context is refused). At
+// most MaxSteps steps and MaxStepBytes of results per task (ErrStepLimit).
+// Step is safe for concurrent use with distinct names.
+//
+// Cost: a step replayed makes no broker call (the records came with the
+// attempt's lease) and a step run makes one, the store of its result.
 func Step[T any](ctx context.Context, name string, fn func(context.Context) (T, error)) (T, error) {
 	var zero T
 	m, recs, err := durableOf(ctx, "Step", name)
