@@ -41,14 +41,20 @@ type Admin interface {
 
 	// ListTasks returns up to limit tasks of queue in state, skipping offset:
 	// pending oldest first, scheduled and retry by due time, archived and
-	// completed by time, active by lease expiry.
+	// completed by time, active by lease expiry. Retry and waiting tasks
+	// lie together: listing either state lists both, by due time, a
+	// waiting one with TaskInfo.WaitingFor and Steps (SearchTasks keeps
+	// one state only).
 	ListTasks(ctx context.Context, queue string, state tidetype.TaskState, offset, limit int) ([]*tidetype.TaskInfo, error)
 
 	// SearchTasks reads the tasks of queue in state from offset, in the
 	// order of ListTasks, and returns up to limit that match f, with the
 	// offset to continue from (-1 when the state holds no more). A call
 	// looks at a bounded number of tasks, so it may return fewer than limit
-	// with a next offset: call again.
+	// with a next offset: call again. Unlike ListTasks, which lists the
+	// retry and waiting tasks together (they lie together, by due time),
+	// it returns only tasks in state: a search of StateWaiting lists the
+	// parked tasks alone, with TaskInfo.WaitingFor.
 	SearchTasks(ctx context.Context, queue string, state tidetype.TaskState, f tidetype.TaskFilter, offset, limit int) (tasks []*tidetype.TaskInfo, next int, err error)
 
 	// Series returns one point per minute from since (at most three hours

@@ -32,6 +32,7 @@ var durableAdminTests = []struct {
 }{
 	{"DurableRunParked", testRunParked},
 	{"DurableParkFreesGroupSlot", testParkFreesGroupSlot},
+	{"DurableListWaiting", testListWaiting},
 }
 
 // probeDurable skips the test when b has no Durable part.
@@ -400,5 +401,41 @@ func testParkFreesGroupSlot(t *testing.T, b broker.Broker, a broker.Admin) {
 	}
 	if d3 := dequeueOne(t, b, "q", time.Minute); d3.Task.ID != d.Task.ID {
 		t.Fatalf("woke %q, want %q", d3.Task.ID, d.Task.ID)
+	}
+}
+
+// testListWaiting: retry and waiting tasks are listed together, a waiting
+// one with what it waits for; a search keeps one state only.
+func testListWaiting(t *testing.T, b broker.Broker, a broker.Admin) {
+	probeDurable(t, b)
+	ctx := t.Context()
+	enqueue(t, b, newMsg("q", "w"), newMsg("q", "r"))
+	at := msTrunc(b.Now().Add(time.Hour))
+	for _, d := range dequeue(t, b, []string{"q"}, 2, time.Minute) {
+		if d.Task.ID == "w" {
+			settleOK(t, b, parkOf(d, "signal:paid", at))
+		} else {
+			settleOK(t, b, retryOf(d, at.Add(time.Minute), "boom"))
+		}
+	}
+	for _, st := range []tidetype.TaskState{tidetype.StateRetry, tidetype.StateWaiting} {
+		ts, err := a.ListTasks(ctx, "q", st, 0, 10)
+		if err != nil || len(ts) != 2 {
+			t.Fatalf("ListTasks(%v) = %d tasks, %v; want the retry and the waiting task", st, len(ts), err)
+		}
+		for _, ti := range ts {
+			if ti.ID == "w" && (ti.State != tidetype.StateWaiting || ti.WaitingFor != "signal:paid") {
+				t.Fatalf("ListTasks(%v): the parked task is %v waiting for %q", st, ti.State, ti.WaitingFor)
+			}
+		}
+	}
+	for st, want := range map[tidetype.TaskState]string{tidetype.StateWaiting: "w", tidetype.StateRetry: "r"} {
+		ts, _, err := a.SearchTasks(ctx, "q", st, tidetype.TaskFilter{}, 0, 10)
+		if err != nil || len(ts) != 1 || ts[0].ID != want || ts[0].State != st {
+			t.Fatalf("SearchTasks(%v) = %+v, %v; want %s alone", st, ts, err, want)
+		}
+		if st == tidetype.StateWaiting && (ts[0].WaitingFor != "signal:paid" || !sameTime(ts[0].NextProcessAt, at)) {
+			t.Fatalf("SearchTasks(waiting): waiting for %q until %v, want signal:paid until %v", ts[0].WaitingFor, ts[0].NextProcessAt, at)
+		}
 	}
 }

@@ -239,7 +239,9 @@ func (b *Broker) SearchTasks(ctx context.Context, name string, state tidetype.Ta
 	}
 	var out []*tidetype.TaskInfo
 	for i := offset; i < len(ts); i++ {
-		if m := b.info(ts[i]); f.Match(m) {
+		// Retry and waiting tasks lie together: a search of either keeps
+		// its own state only.
+		if m := b.info(ts[i]); f.Match(m) && m.State == state {
 			out = append(out, m)
 			if len(out) == limit {
 				return out, i + 1, nil

@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/broker/redisbroker/internal/codec"
 	"github.com/tidequeue/tide/tidetype"
 )
@@ -114,12 +115,21 @@ func (b *Broker) page(ctx context.Context, queue string, l layout, state tidetyp
 	results := make([]*redis.StringCmd, len(refs))
 	hists := make([]*redis.StringCmd, len(refs))
 	progs := make([]*redis.StringCmd, len(refs))
+	// Retry and waiting tasks lie together: their durable records say
+	// what a waiting one waits for (TaskInfo.WaitingFor, Steps).
+	var durs []*redis.StringCmd
+	if name == "retry" {
+		durs = make([]*redis.StringCmd, len(refs))
+	}
 	for i, r := range refs {
 		k := b.partAt(queue, l, r.part)
 		recs[i] = pipe.HGet(ctx, k.k("t"), r.id)
 		results[i] = pipe.HGet(ctx, k.k("result"), r.id)
 		hists[i] = pipe.HGet(ctx, k.k("h"), r.id)
 		progs[i] = pipe.HGet(ctx, k.k("pg"), r.id)
+		if durs != nil {
+			durs[i] = pipe.HGet(ctx, k.k("result"), "\x00"+r.id)
+		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, 0, callErr("list tasks", classify(err))
@@ -142,6 +152,11 @@ func (b *Broker) page(ctx context.Context, queue string, l layout, state tidetyp
 		}
 		if p, ok := decodeProgress(progs[i].Val()); ok {
 			m.Progress = p
+		}
+		if durs != nil {
+			if d, err := durs[i].Bytes(); err == nil {
+				broker.StepInfos(m, broker.DecodeSteps(d))
+			}
 		}
 		if state == tidetype.StateActive {
 			m.LeaseExpiresAt = time.UnixMilli(int64(r.score))
@@ -181,7 +196,9 @@ func (b *Broker) SearchTasks(ctx context.Context, queue string, state tidetype.T
 			return out, -1, nil
 		}
 		for j, t := range ts {
-			if f.Match(t) {
+			// Retry and waiting tasks lie together: a search of either
+			// keeps its own state only.
+			if f.Match(t) && (t.State == state || (state != tidetype.StateRetry && state != tidetype.StateWaiting)) {
 				out = append(out, t)
 				if len(out) == limit {
 					// Continue after this one next time: positions and
