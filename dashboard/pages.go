@@ -15,7 +15,7 @@ import (
 
 // states lists the task states in the order of the queue page's tabs.
 var states = []tide.TaskState{tide.StatePending, tide.StateActive, tide.StateScheduled,
-	tide.StateRetry, tide.StateArchived, tide.StateCompleted}
+	tide.StateRetry, tide.StateWaiting, tide.StateArchived, tide.StateCompleted}
 
 func parseState(s string) (tide.TaskState, bool) {
 	for _, st := range states {
@@ -26,9 +26,12 @@ func parseState(s string) (tide.TaskState, bool) {
 	return 0, false
 }
 
-// countOf returns qi's size of state st.
+// countOf returns qi's size of state st; -1 for StateWaiting, which
+// QueueInfo counts with the retry tasks.
 func countOf(qi *tide.QueueInfo, st tide.TaskState) int {
 	switch st {
+	case tide.StateWaiting:
+		return -1
 	case tide.StatePending:
 		return qi.Pending
 	case tide.StateActive:

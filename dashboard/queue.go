@@ -43,6 +43,12 @@ type queueData struct {
 	// Search is the filter; Searching is set when any term is.
 	Search    tide.TaskFilter
 	Searching bool
+	// Cursor is set when the page goes on from Offset rather than by page
+	// number: a search, and the retry and waiting tabs (the two states lie
+	// together and are counted together; each tab lists its own).
+	Cursor bool
+	// ShowWaiting: the waiting tab's column of what each task waits for.
+	ShowWaiting bool
 	Offset    int    // where this search page started
 	ClearURL  string // the state's tab without the filter
 	// Overdue is set when scheduled or retry tasks are past due and no
@@ -57,9 +63,10 @@ type queueData struct {
 
 type stateTab struct {
 	State   tide.TaskState
-	Count   int
+	Count   int // -1: not counted on its own (waiting)
 	Current bool
 	URL     string
+	Title   string
 }
 
 type pageSize struct {
@@ -94,6 +101,7 @@ func whenOf(t *tide.TaskInfo) time.Time {
 var whenLabels = map[tide.TaskState]string{
 	tide.StatePending: "Due", tide.StateActive: "Started", tide.StateScheduled: "Runs",
 	tide.StateRetry: "Next retry", tide.StateArchived: "Failed", tide.StateCompleted: "Completed",
+	tide.StateWaiting: "Until",
 }
 
 // selectActions are the actions on selected tasks in state st.
@@ -156,7 +164,10 @@ func (h *handler) queuePage(w http.ResponseWriter, r *http.Request) {
 		Searching: filter != (tide.TaskFilter{}),
 		LiveURL:   "/api/live?" + url.Values{"q": {queue}}.Encode(),
 	}
-	if d.Searching {
+	// Waiting tasks lie with the retry tasks: a search, which keeps one
+	// state, lists either alone.
+	d.Cursor = d.Searching || st == tide.StateWaiting || st == tide.StateRetry
+	if d.Cursor {
 		d.Offset = intParam(r, "from", 0, 0, maxSearchOffset)
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
@@ -168,7 +179,7 @@ func (h *handler) queuePage(w http.ResponseWriter, r *http.Request) {
 	}
 	var tasks []*tide.TaskInfo
 	next := -1
-	if d.Searching {
+	if d.Cursor {
 		tasks, next, err = h.search(ctx, queue, st, filter, d.Offset, d.Size)
 	} else {
 		tasks, err = h.in.ListTasks(ctx, queue, st, d.Page, d.Size)
@@ -216,15 +227,22 @@ func (h *handler) queuePage(w http.ResponseWriter, r *http.Request) {
 		return "/queue?" + v.Encode()
 	}
 	for _, s := range states {
-		d.Tabs = append(d.Tabs, stateTab{State: s, Count: countOf(qi, s), Current: s == st, URL: link(s, 1, d.Size, d.Days, d.Searching, 0)})
+		tab := stateTab{State: s, Count: countOf(qi, s), Current: s == st, URL: link(s, 1, d.Size, d.Days, d.Searching, 0)}
+		switch s {
+		case tide.StateRetry:
+			tab.Title = "The count includes the waiting tasks; the list shows the retry tasks alone"
+		case tide.StateWaiting:
+			tab.Title = "Tasks parked by a durable handler (Sleep, WaitSignal), counted with the retry tasks"
+		}
+		d.Tabs = append(d.Tabs, tab)
 	}
 	for _, n := range []int{20, 50, 100} {
-		d.PageSizes = append(d.PageSizes, pageSize{N: n, URL: link(st, 1, n, d.Days, d.Searching, d.Offset), Current: n == d.Size})
+		d.PageSizes = append(d.PageSizes, pageSize{N: n, URL: link(st, 1, n, d.Days, d.Cursor, d.Offset), Current: n == d.Size})
 	}
 	d.Count = countOf(qi, st)
 	d.Pages = max(1, (d.Count+d.Size-1)/d.Size)
 	d.ClearURL = link(st, 1, d.Size, d.Days, false, 0)
-	if d.Searching {
+	if d.Cursor {
 		if d.Offset > 0 {
 			d.PrevURL = link(st, 1, d.Size, d.Days, true, 0)
 		}
@@ -249,7 +267,8 @@ func (h *handler) queuePage(w http.ResponseWriter, r *http.Request) {
 	d.WhenLabel = whenLabels[st]
 	d.ShowWhen = true
 	d.ShowRunning = st == tide.StateActive
-	d.ShowErrors = st != tide.StatePending && st != tide.StateScheduled && st != tide.StateCompleted
+	d.ShowErrors = st != tide.StatePending && st != tide.StateScheduled && st != tide.StateCompleted && st != tide.StateWaiting
+	d.ShowWaiting = st == tide.StateWaiting
 	for _, t := range tasks {
 		row := taskRow{TaskInfo: t, Preview: preview(t.Payload), ErrPreview: previewText(t.LastErr),
 			ServerText: previewText(t.Server), When: whenOf(t), Actions: taskActions(t.State)}
@@ -259,7 +278,10 @@ func (h *handler) queuePage(w http.ResponseWriter, r *http.Request) {
 		d.Tasks = append(d.Tasks, row)
 	}
 	d.Bulk = bulkActions(st)
-	if d.Count == 0 {
+	if d.Count == 0 || st == tide.StateWaiting {
+		// A bulk action on the waiting state would also take the retry
+		// tasks that lie with them: the waiting ones are acted on one by
+		// one, or selected.
 		d.Bulk = nil
 	}
 	if len(d.Tasks) > 0 {

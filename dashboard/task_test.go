@@ -210,3 +210,42 @@ func TestTaskPageDurable(t *testing.T) {
 		t.Errorf("actions of a waiting task: %s", got)
 	}
 }
+
+// Parked tasks have a tab of their own, which says what each waits for
+// and until when; the retry tab lists the retry tasks alone.
+func TestQueueWaitingTab(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, testToken)
+	e.startServer(tide.Config{Queues: map[string]int{"jobs": 1},
+		RetryDelayFunc: func(int, error, *tide.Task) time.Duration { return time.Hour }}, func(ctx context.Context, task *tide.Task) error {
+		if task.Type() == "boom" {
+			return errors.New("boom")
+		}
+		_, err := tide.WaitSignal[int](ctx, "paid", time.Hour)
+		return err
+	})
+	parked := e.enqueue("order:flow", nil, tide.Queue("jobs"))
+	failed := e.enqueue("boom", nil, tide.Queue("jobs"))
+	in := tide.NewInspector(e.b)
+	testwait.For(t, 20*time.Second, "one task to park and one to wait for its retry", func() bool {
+		p, err1 := in.GetTaskInfo(context.Background(), "jobs", parked.ID)
+		f, err2 := in.GetTaskInfo(context.Background(), "jobs", failed.ID)
+		return err1 == nil && err2 == nil && p.State == tide.StateWaiting && f.State == tide.StateRetry
+	})
+	resp, body := e.get("/queue?q=jobs&state=waiting")
+	wantStatus(t, resp, body, http.StatusOK)
+	checkNoRaw(t, "waiting tab", body)
+	for _, want := range []string{`data-state="waiting"`, `<th>Waiting for</th>`, `<th>Until</th>`,
+		`data-task-id="` + parked.ID + `"`, `<td class="waiting-for"><code>signal:paid</code></td>`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("waiting tab lacks %s:\n%s", want, body)
+		}
+	}
+	if strings.Contains(body, `data-task-id="`+failed.ID+`"`) {
+		t.Errorf("the waiting tab lists the retry task %s", failed.ID)
+	}
+	_, body = e.get("/queue?q=jobs&state=retry")
+	if !strings.Contains(body, `data-task-id="`+failed.ID+`"`) || strings.Contains(body, `data-task-id="`+parked.ID+`"`) {
+		t.Errorf("the retry tab should list %s alone:\n%s", failed.ID, body)
+	}
+}
