@@ -49,8 +49,8 @@ type queueData struct {
 	Cursor bool
 	// ShowWaiting: the waiting tab's column of what each task waits for.
 	ShowWaiting bool
-	Offset    int    // where this search page started
-	ClearURL  string // the state's tab without the filter
+	Offset      int    // where this search page started
+	ClearURL    string // the state's tab without the filter
 	// Overdue is set when scheduled or retry tasks are past due and no
 	// live server serves the queue.
 	Overdue bool

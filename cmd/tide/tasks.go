@@ -39,7 +39,7 @@ var cmdTasksLs = &command{
 	name: "tasks ls", args: "<queue> [--state S] [--id S] [--type S] [--payload S] [--error S] [--page N] [--size N]", minArgs: 1, maxArgs: 1, redis: true, taskData: true,
 	summary: "list the tasks of a queue in one state, or search them",
 	flags: func(fs *flag.FlagSet, o *cmdOpts) {
-		fs.StringVar(&o.state, "state", "pending", "`state` to list: pending, active, scheduled, retry, archived or completed")
+		fs.StringVar(&o.state, "state", "pending", "`state` to list: pending, active, scheduled, retry, waiting, archived or completed")
 		fs.IntVar(&o.page, "page", 1, "page `N` to show, from 1")
 		fs.IntVar(&o.size, "size", 20, "`N` tasks per page, 1 to 1000")
 		fs.StringVar(&o.filter.ID, "id", "", "only tasks whose ID contains `text`")
@@ -56,6 +56,12 @@ out. Payloads are not shown; use 'tide tasks show' (or --json, which
 includes them with the attempts). Control characters in IDs, types and
 errors are escaped (ESC as \x1b; see 'tide tasks show --help').
 
+Waiting tasks (parked by a durable handler in Sleep or WaitSignal) are
+listed with what each waits for and until when. They lie with the retry
+tasks and 'tide queues' counts them as retry; --state retry and --state
+waiting each list their own, a search through the two (so, like a search,
+a page past the first reads the pages before it).
+
 --id, --type, --payload and --error search instead: only tasks whose ID,
 type, payload or last error contain the text (case matters) are listed;
 several filters must all match. --page and --size then count matching
@@ -68,6 +74,7 @@ Examples:
   tide tasks ls orders
   tide tasks ls orders --state retry
   tide tasks ls orders --state active           # started when, on which server
+  tide tasks ls orders --state waiting          # parked durable handlers: what for, until when
   tide tasks ls orders --state archived --page 2 --size 100
   tide tasks ls orders --state archived --error timeout --type order:
   tide tasks ls orders --payload '"customer_id":42'
@@ -105,7 +112,8 @@ func runTasksLs(ctx context.Context, a *app, o *cmdOpts, args []string) error {
 	var err error
 	more := false
 	searching := o.filter != (tide.TaskFilter{})
-	if searching {
+	// Retry and waiting tasks lie together; a search keeps one state.
+	if searching || st == tide.StateRetry || st == tide.StateWaiting {
 		ts, more, err = a.search(ctx, queue, st, o.filter, (o.page-1)*o.size, o.size)
 		if err != nil {
 			return fmt.Errorf("tide: search %s tasks of %s: %w", st, queue, err)
@@ -138,7 +146,13 @@ func runTasksLs(ctx context.Context, a *app, o *cmdOpts, args []string) error {
 		return nil
 	}
 	now := time.Now()
-	if st == tide.StateActive {
+	if st == tide.StateWaiting {
+		t := newTable(a.stdout, "ID", "TYPE", "WAITING FOR", "UNTIL", "RETRIED")
+		for _, ti := range ts {
+			t.row(ti.ID, ti.Type, orDash(ti.WaitingFor), when(ti.NextProcessAt, now), fmt.Sprintf("%d/%d", ti.Retried, ti.MaxRetry))
+		}
+		t.flush()
+	} else if st == tide.StateActive {
 		t := newTable(a.stdout, "ID", "TYPE", "RETRIED", "STARTED", "SERVER", "LEASE EXPIRES", "LAST ERROR")
 		for _, ti := range ts {
 			t.row(ti.ID, ti.Type, fmt.Sprintf("%d/%d", ti.Retried, ti.MaxRetry), when(ti.StartedAt, now), orDash(ti.Server),

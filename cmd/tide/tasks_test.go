@@ -255,7 +255,10 @@ func TestGroupedTaskFreeIDActions(t *testing.T) {
 func TestTasksShowDurable(t *testing.T) {
 	e := setup(t)
 	srv := tide.NewServer(e.b, tide.Config{Queues: map[string]int{"q": 1}, ShutdownTimeout: time.Second, Logger: quietLogger()})
-	if err := srv.Start(tide.HandlerFunc(func(ctx context.Context, _ *tide.Task) error {
+	if err := srv.Start(tide.HandlerFunc(func(ctx context.Context, task *tide.Task) error {
+		if task.Type() == "boom" {
+			return errors.New("boom")
+		}
 		if _, err := tide.Step(ctx, "reserve", func(context.Context) (int, error) { return 3, nil }); err != nil {
 			return err
 		}
@@ -266,10 +269,12 @@ func TestTasksShowDurable(t *testing.T) {
 	}
 	defer srv.Shutdown()
 	e.enqueue("order:flow", "{}", tide.Queue("q"), tide.TaskID("o1"))
+	e.enqueue("boom", "{}", tide.Queue("q"), tide.TaskID("r1"))
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		ti, err := e.in.GetTaskInfo(context.Background(), "q", "o1")
-		if err == nil && ti.State == tide.StateWaiting {
+		r, err2 := e.in.GetTaskInfo(context.Background(), "q", "r1")
+		if err == nil && ti.State == tide.StateWaiting && err2 == nil && r.State == tide.StateRetry {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -279,5 +284,16 @@ func TestTasksShowDurable(t *testing.T) {
 	}
 	e.tide("tasks", "show", "q", "o1").want(t, exitOK, "State:", "waiting", "Waiting for:", "signal:paid", "Durable steps:", "reserve", "wait:paid")
 	e.tide("tasks", "show", "q", "o1", "--json").want(t, exitOK, `"waiting_for": "signal:paid"`, `"name": "reserve"`)
-	e.tide("tasks", "ls", "q", "--state", "waiting").want(t, exitOK, "o1")
+	// The waiting and the retry tasks lie together; each state lists its
+	// own, the waiting ones with what they wait for.
+	w := e.tide("tasks", "ls", "q", "--state", "waiting")
+	w.want(t, exitOK, "o1", "WAITING FOR", "signal:paid", "UNTIL")
+	if strings.Contains(w.stdout, "r1") {
+		t.Errorf("--state waiting lists the retry task:\n%s", w.stdout)
+	}
+	r := e.tide("tasks", "ls", "q", "--state", "retry")
+	r.want(t, exitOK, "r1")
+	if strings.Contains(r.stdout, "o1") {
+		t.Errorf("--state retry lists the waiting task:\n%s", r.stdout)
+	}
 }
