@@ -212,13 +212,18 @@ if op == 'cap' then
   -- ARGV[8] partition index  ARGV[9..11] c, r and ct as the caller read
   -- them ('' missing)  ARGV[12] the limits version it computed with: when
   -- any of these changed since, the cap was computed from a state that is
-  -- gone and nothing is written (returns 0). Wakes idle servers when a
-  -- higher cap leaves room for tasks that wait.
+  -- gone and nothing is written (returns 0). ARGV[13] '1': a hold (ct 0
+  -- while the bank is in concurrency debt), written unless the version
+  -- changed, whatever the slots became since they were read: a hold only
+  -- stops starts. Wakes idle servers when a higher cap leaves room for
+  -- tasks that wait.
   local bad = layout_error(KEYS[5], ARGV[2])
   if bad then return bad end
   local seen = redis.call('HMGET', L, 'c', 'r', 'ct', 'v')
   seen[4] = seen[4] or '0'
-  for i = 1, 4 do
+  local from = 1
+  if ARGV[13] == '1' then from = 4 end
+  for i = from, 4 do
     if (seen[i] or '') ~= ARGV[8 + i] then return 0 end
   end
   local old = num('ct')
