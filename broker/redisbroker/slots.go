@@ -301,10 +301,12 @@ type capSet struct {
 // towards each partition's fair holding of each limit.
 //
 // A bank in concurrency debt (a lowered limit: the partitions hold more
-// slots than the limit) is paid with free slots only, every free slot of
-// every partition first, and until it is paid every partition is held (a
-// cap of 0): none starts a task, and the slots its tasks free go to the
-// bank. Taking slots that running tasks use would not do: the tasks over
+// slots than the limit), or running tasks that no slot covers (a limit
+// switched on: the partitions hold none of the new era), are paid for with
+// free slots only, every free slot of every partition and the bank's: the
+// bank's debt first, then slots to cover the running tasks. Until all is
+// paid every partition is held (a cap of 0): none starts a task, and the
+// slots its tasks free go where they are owed. Taking slots that running tasks use would not do: the tasks over
 // the new limit run on, and a partition that kept a free slot would start
 // one more. So the tasks running at once never exceed the lowered limit
 // after a start, only the tasks that ran before it keep running above it.
@@ -391,7 +393,18 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (gives map[*slotNode][]
 				caps[n] = capSet{hasCt: true, ct: 0}
 			}
 		}
-		inDebt := kind == 'c' && held(bank) < 0
+		// Running tasks no slot covers: those of a partition when the
+		// limit was switched on (a new era: it holds none), or left by a
+		// version that took used slots for the bank's debt.
+		over := map[*slotNode]int64{}
+		if kind == 'c' {
+			for _, n := range append(old, cur...) {
+				if n.active > n.c {
+					over[n] = n.active - n.c
+				}
+			}
+		}
+		inDebt := kind == 'c' && (held(bank) < 0 || len(over) > 0)
 		if inDebt {
 			debt = true
 			for _, n := range append(old, cur...) {
@@ -422,6 +435,13 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (gives map[*slotNode][]
 			needs = append(needs, need{bank, -held(bank)})
 		}
 		var wants []need
+		for _, n := range append(old, cur...) {
+			if k := over[n]; k > 0 {
+				// Slots go to cover running tasks first: when they end,
+				// the slots they free are seen and moved on.
+				needs = append(needs, need{n, k})
+			}
+		}
 		for _, n := range cur {
 			if inDebt {
 				break // held: nothing for them until the debt is paid

@@ -381,15 +381,26 @@ func TestRebalanceLeavesDeletedQueueDeleted(t *testing.T) {
 	}
 }
 
-// A lowered Concurrency starts nothing anywhere while the tasks already
-// running are at or over the new limit: partition 1 runs two tasks and
-// partition 0, first in the rebalance's order, holds a free slot with tasks
-// waiting when the limit goes from 3 to 1. Taking partition 1's used slots
-// for the bank's debt while partition 0 kept its free one let 3 run under
-// 1. Then the limit holds while the running tasks end one by one, and the
-// waiting ones start, one at a time, once they have.
+// A lowered Concurrency, or one set where there was none, starts nothing
+// anywhere while the tasks already running are at or over the new limit:
+// partition 1 runs two tasks and partition 0, first in the rebalance's
+// order, has tasks waiting (and, under the old limit 3, a free slot) when
+// the limit becomes 1. Taking partition 1's used slots for the bank's debt
+// while partition 0 kept its free one let 3 run under 1; so did giving
+// partition 0 a slot of a limit switched on while partition 1's tasks ran
+// on none. Then the limit holds while the running tasks end one by one,
+// and the waiting ones start, one at a time, once they have.
 func TestSlotsLoweredLimitStartsNothingOver(t *testing.T) {
 	t.Parallel()
+	for _, from := range []int{3, 0} {
+		t.Run(fmt.Sprintf("from%d", from), func(t *testing.T) {
+			t.Parallel()
+			testLoweredLimit(t, from)
+		})
+	}
+}
+
+func testLoweredLimit(t *testing.T, from int) {
 	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
 	const q, parts = "lowered", 2
 	b := slotBroker(t, addr, prefix, parts)
@@ -404,7 +415,7 @@ func TestSlotsLoweredLimitStartsNothingOver(t *testing.T) {
 		return ids
 	}
 	fillQueue(t, b, q, idsIn(1, 2, "run"))
-	if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Concurrency: 3}); err != nil {
+	if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Concurrency: from}); err != nil {
 		t.Fatal(err)
 	}
 	// A worker of its own, closed before the limit changes, so that no
@@ -421,13 +432,15 @@ func TestSlotsLoweredLimitStartsNothingOver(t *testing.T) {
 	})
 	_ = w.Close()
 	fillQueue(t, b, q, idsIn(0, 3, "wait"))
-	if err := b.rebalance(ctx, q); err != nil {
-		t.Fatal(err)
-	}
 	l, _ := b.layoutOf(ctx, q)
 	ns := b.slotNodes(q, l)
-	if c, _ := b.rdb.HGet(ctx, ns[1].p.k("lim"), "c").Int(); c < 1 {
-		t.Fatalf("partition 0 holds %d slots with 3 tasks waiting under Concurrency 3 and 2 running elsewhere, want 1", c)
+	if from > 0 {
+		if err := b.rebalance(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+		if c, _ := b.rdb.HGet(ctx, ns[1].p.k("lim"), "c").Int(); c < 1 {
+			t.Fatalf("partition 0 holds %d slots with 3 tasks waiting under Concurrency 3 and 2 running elsewhere, want 1", c)
+		}
 	}
 
 	o := slotBroker(t, addr, prefix, parts)
