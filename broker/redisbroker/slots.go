@@ -293,7 +293,7 @@ type capSet struct {
 	cs, rs bool
 	// hold is a cap of 0 while the bank is in concurrency debt: written
 	// first, and whatever the partition's slots became since they were
-	// read (see planSlots).
+	// read (slots.lua "hold"; see planSlots).
 	hold bool
 }
 
@@ -587,14 +587,6 @@ func (b *Broker) execute(ctx context.Context, queue string, v int64, ns []*slotN
 		srcs = append(srcs, n)
 	}
 	nGive := len(calls)
-	capCall := func(n *slotNode, c capSet) *call {
-		ct := ""
-		if c.hasCt {
-			ct = strconv.FormatInt(c.ct, 10)
-		}
-		return b.slotCall(queue, n, "cap", ct, flag(c.cs), flag(c.rs), n.p.channel, n.p.idx,
-			field(n.hasC, n.c), field(n.hasR, n.r), field(n.hasCt, n.ct), v, flag(c.hold))
-	}
 	var holds []*call
 	for _, n := range ns {
 		c, ok := caps[n]
@@ -602,10 +594,15 @@ func (b *Broker) execute(ctx context.Context, queue string, v int64, ns []*slotN
 			continue
 		}
 		if c.hold {
-			holds = append(holds, capCall(n, c))
+			holds = append(holds, b.slotCall(queue, n, "hold", v))
 			continue
 		}
-		calls = append(calls, capCall(n, c))
+		ct := ""
+		if c.hasCt {
+			ct = strconv.FormatInt(c.ct, 10)
+		}
+		calls = append(calls, b.slotCall(queue, n, "cap", ct, flag(c.cs), flag(c.rs), n.p.channel, n.p.idx,
+			field(n.hasC, n.c), field(n.hasR, n.r), field(n.hasCt, n.ct), v))
 	}
 	// Holds go first: no partition starts a task on a free slot while the
 	// gives are on their way.

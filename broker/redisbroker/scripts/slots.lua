@@ -207,23 +207,32 @@ if op == 'clear' then
   return 1
 end
 
+if op == 'hold' then
+  -- ARGV[4] the limits version the caller computed with. Holds the
+  -- partition while the bank is in concurrency debt (see slots.go,
+  -- planSlots): ct 0 (it starts nothing; a settle that frees a slot wakes
+  -- servers, whose dequeue asks for a rebalance) and cs. Written whatever
+  -- the slots became since the caller read them, as a hold only stops
+  -- starts; not when the limits changed since (returns 0).
+  local bad = layout_error(KEYS[5], ARGV[2])
+  if bad then return bad end
+  if (redis.call('HGET', L, 'v') or '0') ~= ARGV[4] then return 0 end
+  redis.call('HSET', L, 'ct', 0, 'cs', '1')
+  return 1
+end
+
 if op == 'cap' then
   -- ARGV[4] ct ('' none)  ARGV[5] cs  ARGV[6] rs  ARGV[7] event channel
   -- ARGV[8] partition index  ARGV[9..11] c, r and ct as the caller read
   -- them ('' missing)  ARGV[12] the limits version it computed with: when
   -- any of these changed since, the cap was computed from a state that is
-  -- gone and nothing is written (returns 0). ARGV[13] '1': a hold (ct 0
-  -- while the bank is in concurrency debt), written unless the version
-  -- changed, whatever the slots became since they were read: a hold only
-  -- stops starts. Wakes idle servers when a higher cap leaves room for
-  -- tasks that wait.
+  -- gone and nothing is written (returns 0). Wakes idle servers when a
+  -- higher cap leaves room for tasks that wait.
   local bad = layout_error(KEYS[5], ARGV[2])
   if bad then return bad end
   local seen = redis.call('HMGET', L, 'c', 'r', 'ct', 'v')
   seen[4] = seen[4] or '0'
-  local from = 1
-  if ARGV[13] == '1' then from = 4 end
-  for i = from, 4 do
+  for i = 1, 4 do
     if (seen[i] or '') ~= ARGV[8 + i] then return 0 end
   end
   local old = num('ct')
