@@ -272,9 +272,9 @@ func (b *Broker) rebalance(ctx context.Context, queue string) error {
 		if err != nil || !debt || replanned {
 			return err
 		}
-		// A plan that paid the bank's concurrency debt with free slots
-		// held every partition: plan again, so that the slots go where
-		// tasks wait at once if the debt is paid now.
+		// A plan that paid a concurrency debt held every partition: plan
+		// again, so that the slots go where tasks wait at once if the
+		// debt is paid now.
 		replanned = true
 	}
 }
@@ -306,11 +306,12 @@ type capSet struct {
 // free slots only, every free slot of every partition and the bank's: the
 // bank's debt first, then slots to cover the running tasks. Until all is
 // paid every partition is held (a cap of 0): none starts a task, and the
-// slots its tasks free go where they are owed. Taking slots that running tasks use would not do: the tasks over
-// the new limit run on, and a partition that kept a free slot would start
-// one more. So the tasks running at once never exceed the lowered limit
-// after a start, only the tasks that ran before it keep running above it.
-// debt reports such a plan; the rebalance plans again after it.
+// slots its tasks free go where they are owed. Taking slots that running
+// tasks use would not do: the tasks over the new limit run on, and a
+// partition that kept a free slot would start one more. So the tasks
+// running at once never exceed the lowered limit after a start, only the
+// tasks that ran before it keep running above it. debt reports such a
+// plan; the rebalance plans again after it.
 func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (gives map[*slotNode][]give, caps map[*slotNode]capSet, debt bool) {
 	gives = map[*slotNode][]give{}
 	caps = map[*slotNode]capSet{}
