@@ -224,6 +224,14 @@ func testGroupLimitsChange(t *testing.T, b broker.Broker, a broker.Admin) {
 	setLimits(t, a, q, tidetype.QueueLimits{})
 	count("without limits", 1)
 	settleOK(t, b, outcomeOf(first, broker.SettleDone))
+	// A queue no longer ordered runs the tasks of a group whose place a
+	// task waiting to be retried held.
+	enqueue(t, b, gmsgs(q, "c", "C", 2)...)
+	setLimits(t, a, q, tidetype.QueueLimits{Ordered: true})
+	settleOK(t, b, retryOf(count("C ordered", 1)[0], time.Now().Add(time.Hour), "boom"))
+	count("C ordered, its first task waiting in retry", 0)
+	setLimits(t, a, q, tidetype.QueueLimits{})
+	settleOK(t, b, outcomeOf(count("C no longer ordered, its first task waiting in retry", 1)[0], broker.SettleDone))
 
 	// A group rate counts the starts made before it changed.
 	enqueue(t, b, gmsgs(q, "b", "B", 4)...)

@@ -61,7 +61,10 @@ func validTask(t *tidetype.TaskInfo) error {
 // sent together, in a second round trip once about half the recent
 // concurrent callers wait, or when the first returns. A call whose context
 // ends while it waits returns the context's error; its tasks may still have
-// been stored, as with any timeout.
+// been stored, as with any timeout. Tasks that a script refused because
+// their queue's layout changed since this process read it (a repartition
+// by another process; the script stored nothing) are sent again, once,
+// with the layout read anew.
 func (b *Broker) Enqueue(ctx context.Context, tasks []*tidetype.TaskInfo, opts broker.EnqueueOptions) ([]error, error) {
 	if err := b.check(); err != nil {
 		return nil, err
@@ -74,14 +77,46 @@ func (b *Broker) Enqueue(ctx context.Context, tasks []*tidetype.TaskInfo, opts b
 	if len(tasks) == 0 {
 		return nil, nil
 	}
-	items := make([]item, len(tasks))
 	errs := make([]error, len(tasks))
+	own := make([]bool, len(tasks))
+	todo := make([]int, len(tasks))
 	for i, t := range tasks {
-		l, err := b.layoutOf(ctx, t.Queue)
-		if err != nil {
+		own[i], todo[i] = t.ID == "", i
+	}
+	for attempt := 0; ; attempt++ {
+		if err := b.enqueueSome(ctx, tasks, own, todo, opts, errs); err != nil {
 			return nil, err
 		}
-		it := item{t: t, lay: l, own: t.ID == "", replace: opts.Replace && t.ID != "", watch: opts.Watch}
+		var again []int
+		for _, i := range todo {
+			if errors.Is(errs[i], broker.ErrLayout) {
+				again = append(again, i)
+			}
+		}
+		if len(again) == 0 || attempt > 0 {
+			return errs, nil
+		}
+		todo = again
+	}
+}
+
+// enqueueSome enqueues the tasks at indexes todo, writing their outcomes
+// into errs; own tells the tasks whose IDs the broker draws (again, on a
+// second attempt: the layout may differ).
+func (b *Broker) enqueueSome(ctx context.Context, tasks []*tidetype.TaskInfo, own []bool, todo []int, opts broker.EnqueueOptions, errs []error) error {
+	var send []item
+	var at []int
+	for _, i := range todo {
+		t := tasks[i]
+		l, err := b.layoutOf(ctx, t.Queue)
+		if err != nil {
+			return err
+		}
+		if own[i] {
+			t.ID = ""
+		}
+		it := item{t: t, lay: l, own: own[i], replace: opts.Replace && !own[i], watch: opts.Watch}
+		errs[i] = nil
 		switch {
 		case broker.FreeGroupID(t.ID, t.Group) && l.old != nil:
 			errs[i] = fmt.Errorf("%w: queue %q is being repartitioned to %d partitions; task ID %q of group %q must hold the group as its tag, e.g. %q",
@@ -96,17 +131,12 @@ func (b *Broker) Enqueue(ctx context.Context, tasks []*tidetype.TaskInfo, opts b
 		case it.own:
 			t.ID = b.drawID(t, l)
 		}
-		items[i] = it
-	}
-	var send []item
-	var at []int
-	for i, it := range items {
 		if errs[i] == nil {
 			send, at = append(send, it), append(at, i)
 		}
 	}
 	if len(send) == 0 {
-		return errs, nil
+		return nil
 	}
 	var got []error
 	var err error
@@ -118,12 +148,12 @@ func (b *Broker) Enqueue(ctx context.Context, tasks []*tidetype.TaskInfo, opts b
 		got, err = b.coalesce.enqueue(ctx, send)
 	}
 	if err != nil {
-		return nil, err
+		return err
 	}
 	for j, i := range at {
 		errs[i] = got[j]
 	}
-	return errs, nil
+	return nil
 }
 
 // drawID returns a new ID for t. A grouped task's ID carries the group as

@@ -63,5 +63,10 @@ func (b *Broker) Maintain(ctx context.Context, req broker.MaintainRequest) (brok
 	if res[8] >= 0 {
 		out.NextLeaseIn = time.Duration(res[8]) * time.Millisecond
 	}
+	if out.Recovered > 0 && !req.Release {
+		// Recovered leases free slots, which a partition held while a
+		// lowered Concurrency is paid for cannot use: they go to the bank.
+		b.kick(req.Queue)
+	}
 	return out, nil
 }

@@ -111,3 +111,32 @@ func TestStaleLayoutIsRefusedByTheScripts(t *testing.T) {
 		t.Fatalf("after the refusal: %d partitions, %v; want the recorded 2", n, err)
 	}
 }
+
+// An Enqueue routed with a layout that a repartition changed since (by
+// another process) is refused by the scripts, which store nothing; the
+// broker then learns the new layout and sends the refused tasks again, so
+// the caller sees its tasks stored, not ErrUnavailable.
+func TestEnqueueAcrossARepartition(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	b := e.b
+	if errs, err := b.Enqueue(ctx, []*tidetype.TaskInfo{pendingTask("a")}, broker.EnqueueOptions{}); err != nil || errs[0] != nil {
+		t.Fatal(errs, err)
+	}
+	other := redisbroker.New(e.rdb, redisbroker.WithPrefix(e.prefix))
+	t.Cleanup(func() { _ = other.Close() })
+	if err := other.Repartition(ctx, "q", 3, nil); err != nil {
+		t.Fatalf("Repartition: %v", err)
+	}
+	for _, id := range []string{"b", ""} {
+		task := pendingTask(id)
+		errs, err := b.Enqueue(ctx, []*tidetype.TaskInfo{task}, broker.EnqueueOptions{})
+		if err != nil || errs[0] != nil {
+			t.Fatalf("Enqueue of %q after another process repartitioned the queue: %v %v", id, errs, err)
+		}
+		if _, err := other.GetTask(ctx, "q", task.ID); err != nil {
+			t.Fatalf("GetTask(%s): %v", task.ID, err)
+		}
+	}
+}

@@ -118,11 +118,12 @@
 //     applied it.
 //
 // Invariant: for each limit, the slots held by the nodes plus the parts of
-// outstanding records not yet applied add up to the limit, and no partition
-// runs more tasks than the slots it holds (started more in the last period
-// than its tokens), but for the tasks running when a limit was lowered. So
-// the tasks running at once over all partitions are never more than the
-// limit, at every moment. Proof sketch: give moves slots from the node into
+// outstanding records not yet applied add up to the limit (the bank's
+// count may be negative after a decrease, below), and no partition runs
+// more tasks than the slots it holds (started more in the last period than
+// its tokens). So the tasks running at once over all partitions are never
+// more than the limit, at every moment, but for the tasks that were
+// running when it was lowered. Proof sketch: give moves slots from the node into
 // its record (the sum is unchanged) and takes only free slots, so the
 // source still covers its running tasks; apply moves a part from the record
 // into the destination, once: records of a source are numbered upwards and
@@ -146,10 +147,23 @@
 //
 // A change of limit is one step on the bank together with the limits record
 // (limits.lua): a raise adds the difference to the bank; a decrease puts the
-// bank in debt, and the next rebalance takes slots back from the
-// partitions, free ones first, then ones running tasks use (the partition
-// then starts nothing until enough of them end). Until that rebalance,
-// which SetQueueLimits runs before it returns, the old limit holds. A limit
+// bank in debt: the partitions hold more slots than the limit, their
+// running tasks may use them all, and a partition with a free slot could
+// start one more. So the next rebalance holds every partition (a cap of 0,
+// written whatever its slots became since they were read, before any
+// transfer) and takes every free slot to the bank; until the debt is paid
+// no partition starts a task, and each slot a task frees goes to the bank
+// (a settle in a held partition wakes servers, whose dequeue asks for the
+// rebalance; so does a recovered lease). Slots running tasks use are never
+// taken: a partition that kept a free slot while another ran over its
+// slots would start a task above the new limit. Once paid, the rebalance
+// plans again and the holds give way to the usual caps. A limit switched
+// on while tasks run is the same: their partitions hold no slots of the new
+// era, so the bank's slots (and free ones) first go to cover them, and
+// every partition is held while any running task is not covered. So after a
+// decrease the tasks running at once go down to the new limit before any
+// starts, and stay within it. Until that first rebalance, which
+// SetQueueLimits runs before it returns, the old limit holds. A limit
 // switched on begins a new era (the limits version): the bank holds the
 // whole limit, each partition starts with no slots of that era, and parts of
 // records of another era count for nothing. Slots recorded before the bank

@@ -247,6 +247,7 @@ func (b *Broker) rebalance(ctx context.Context, queue string) error {
 	if err != nil || !ok || (lim.Concurrency == 0 && lim.Rate.Limit == 0) {
 		return err
 	}
+	replanned := false
 	for attempt := 0; ; attempt++ {
 		l, known, err := b.knownLayout(ctx, queue)
 		if err != nil || !known {
@@ -266,8 +267,15 @@ func (b *Broker) rebalance(ctx context.Context, queue string) error {
 			}
 			continue
 		}
-		gives, caps := planSlots(ns, lim)
-		return b.execute(ctx, queue, v, ns, gives, caps)
+		gives, caps, debt := planSlots(ns, lim)
+		err = b.execute(ctx, queue, v, ns, gives, caps)
+		if err != nil || !debt || replanned {
+			return err
+		}
+		// A plan that paid a concurrency debt held every partition: plan
+		// again, so that the slots go where tasks wait at once if the
+		// debt is paid now.
+		replanned = true
 	}
 }
 
@@ -283,13 +291,30 @@ type capSet struct {
 	ct     int64
 	hasCt  bool
 	cs, rs bool
+	// hold is a cap of 0 while the bank is in concurrency debt: written
+	// first, and whatever the partition's slots became since they were
+	// read (slots.lua "hold"; see planSlots).
+	hold bool
 }
 
 // planSlots computes the transfers and caps that bring ns (the bank first)
 // towards each partition's fair holding of each limit.
-func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (map[*slotNode][]give, map[*slotNode]capSet) {
-	gives := map[*slotNode][]give{}
-	caps := map[*slotNode]capSet{}
+//
+// A bank in concurrency debt (a lowered limit: the partitions hold more
+// slots than the limit), or running tasks that no slot covers (a limit
+// switched on: the partitions hold none of the new era), are paid for with
+// free slots only, every free slot of every partition and the bank's: the
+// bank's debt first, then slots to cover the running tasks. Until all is
+// paid every partition is held (a cap of 0): none starts a task, and the
+// slots its tasks free go where they are owed. Taking slots that running
+// tasks use would not do: the tasks over the new limit run on, and a
+// partition that kept a free slot would start one more. So the tasks
+// running at once never exceed the lowered limit after a start, only the
+// tasks that ran before it keep running above it. debt reports such a
+// plan; the rebalance plans again after it.
+func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (gives map[*slotNode][]give, caps map[*slotNode]capSet, debt bool) {
+	gives = map[*slotNode][]give{}
+	caps = map[*slotNode]capSet{}
 	bank := ns[0]
 	add := func(src, dst *slotNode, dc, dr int64, force bool) {
 		for i, g := range gives[src] {
@@ -369,6 +394,24 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (map[*slotNode][]give, 
 				caps[n] = capSet{hasCt: true, ct: 0}
 			}
 		}
+		// Running tasks no slot covers: those of a partition when the
+		// limit was switched on (a new era: it holds none), or left by a
+		// version that took used slots for the bank's debt.
+		over := map[*slotNode]int64{}
+		if kind == 'c' {
+			for _, n := range append(old, cur...) {
+				if n.active > n.c {
+					over[n] = n.active - n.c
+				}
+			}
+		}
+		inDebt := kind == 'c' && (held(bank) < 0 || len(over) > 0)
+		if inDebt {
+			debt = true
+			for _, n := range append(old, cur...) {
+				caps[n] = capSet{hasCt: true, ct: 0, cs: true, hold: true}
+			}
+		}
 		// What each node can give without force, and what it should get.
 		left := map[*slotNode]int64{}
 		supply := func(n *slotNode) int64 {
@@ -378,6 +421,9 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (map[*slotNode][]give, 
 			s := held(n) - fair[n]
 			if kind == 'c' {
 				s = min(s, n.c-n.active)
+				if inDebt {
+					s = n.c - n.active // every free slot, fair or not
+				}
 			}
 			return max(s, 0)
 		}
@@ -390,7 +436,17 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (map[*slotNode][]give, 
 			needs = append(needs, need{bank, -held(bank)})
 		}
 		var wants []need
+		for _, n := range append(old, cur...) {
+			if k := over[n]; k > 0 {
+				// Slots go to cover running tasks first: when they end,
+				// the slots they free are seen and moved on.
+				needs = append(needs, need{n, k})
+			}
+		}
 		for _, n := range cur {
+			if inDebt {
+				break // held: nothing for them until the debt is paid
+			}
 			if k := fair[n] - held(n); k > 0 {
 				wants = append(wants, need{n, k})
 			}
@@ -419,10 +475,11 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (map[*slotNode][]give, 
 				}
 			}
 		}
-		// A bank in debt (a lowered limit) takes slots back even where
-		// tasks use them: those partitions start nothing until they are
-		// under their slots again.
-		if len(needs) > 0 && needs[0].n == bank && needs[0].k > 0 {
+		// A bank in rate debt (a lowered Rate) takes tokens back even
+		// where starts in the period use them: they go with their ages
+		// and count where they go. (Concurrency debt is paid with free
+		// slots only, above.)
+		if kind != 'c' && len(needs) > 0 && needs[0].n == bank && needs[0].k > 0 {
 			k := needs[0].k
 			given := func(n *slotNode) int64 {
 				var g int64
@@ -458,7 +515,7 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (map[*slotNode][]give, 
 			}
 		}
 	}
-	return gives, caps
+	return gives, caps, debt
 }
 
 // waterfill shares total among demands d: when they add up to no more than
@@ -531,9 +588,14 @@ func (b *Broker) execute(ctx context.Context, queue string, v int64, ns []*slotN
 		srcs = append(srcs, n)
 	}
 	nGive := len(calls)
+	var holds []*call
 	for _, n := range ns {
 		c, ok := caps[n]
 		if !ok || n.bank || (c.hasCt == n.hasCt && (!c.hasCt || c.ct == n.ct) && c.cs == n.cs && c.rs == n.rs) {
+			continue
+		}
+		if c.hold {
+			holds = append(holds, b.slotCall(queue, n, "hold", v))
 			continue
 		}
 		ct := ""
@@ -543,20 +605,24 @@ func (b *Broker) execute(ctx context.Context, queue string, v int64, ns []*slotN
 		calls = append(calls, b.slotCall(queue, n, "cap", ct, flag(c.cs), flag(c.rs), n.p.channel, n.p.idx,
 			field(n.hasC, n.c), field(n.hasR, n.r), field(n.hasCt, n.ct), v))
 	}
+	// Holds go first: no partition starts a task on a free slot while the
+	// gives are on their way.
+	calls = append(holds, calls...)
 	if len(calls) == 0 {
 		return nil
 	}
 	b.run(ctx, calls)
 	var firstErr error
 	var ts []transfer
-	for i, c := range calls {
+	for j, c := range calls {
 		if c.err != nil {
 			if firstErr == nil {
 				firstErr = callErr("rebalance "+queue, c.err)
 			}
 			continue
 		}
-		if i >= nGive {
+		i := j - len(holds) // the give's index in srcs
+		if i < 0 || i >= nGive {
 			continue
 		}
 		v, err := c.cmd.Slice()

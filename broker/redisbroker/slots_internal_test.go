@@ -380,3 +380,112 @@ func TestRebalanceLeavesDeletedQueueDeleted(t *testing.T) {
 		t.Fatalf("QueueLimits = %+v, %v; want %+v", got, err, lim)
 	}
 }
+
+// A lowered Concurrency, or one set where there was none, starts nothing
+// anywhere while the tasks already running are at or over the new limit:
+// partition 1 runs two tasks and partition 0, first in the rebalance's
+// order, has tasks waiting (and, under the old limit 3, a free slot) when
+// the limit becomes 1. Taking partition 1's used slots for the bank's debt
+// while partition 0 kept its free one let 3 run under 1; so did giving
+// partition 0 a slot of a limit switched on while partition 1's tasks ran
+// on none. Then the limit holds while the running tasks end one by one,
+// and the waiting ones start, one at a time, once they have.
+func TestSlotsLoweredLimitStartsNothingOver(t *testing.T) {
+	t.Parallel()
+	for _, from := range []int{3, 0} {
+		t.Run(fmt.Sprintf("from%d", from), func(t *testing.T) {
+			t.Parallel()
+			testLoweredLimit(t, from)
+		})
+	}
+}
+
+func testLoweredLimit(t *testing.T, from int) {
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	const q, parts = "lowered", 2
+	b := slotBroker(t, addr, prefix, parts)
+	ctx := context.Background()
+	idsIn := func(p, n int, tag string) []string {
+		var ids []string
+		for i := 0; len(ids) < n; i++ {
+			if id := fmt.Sprint(tag, i); broker.Partition(id, parts) == p {
+				ids = append(ids, id)
+			}
+		}
+		return ids
+	}
+	fillQueue(t, b, q, idsIn(1, 2, "run"))
+	if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Concurrency: from}); err != nil {
+		t.Fatal(err)
+	}
+	// A worker of its own, closed before the limit changes, so that no
+	// rebalance it asked for runs in the background afterwards.
+	w := New(redistest.Client(t, addr), WithPrefix(prefix), WithPartitions(parts))
+	var running []*broker.Delivery
+	testwait.For(t, 10*time.Second, "partition 1's two tasks to start", func() bool {
+		ds, err := w.Dequeue(ctx, []string{q}, 10, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		running = append(running, ds...)
+		return len(running) >= 2
+	})
+	_ = w.Close()
+	fillQueue(t, b, q, idsIn(0, 3, "wait"))
+	l, _ := b.layoutOf(ctx, q)
+	ns := b.slotNodes(q, l)
+	if from > 0 {
+		if err := b.rebalance(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+		if c, _ := b.rdb.HGet(ctx, ns[1].p.k("lim"), "c").Int(); c < 1 {
+			t.Fatalf("partition 0 holds %d slots with 3 tasks waiting under Concurrency 3 and 2 running elsewhere, want 1", c)
+		}
+	}
+
+	o := slotBroker(t, addr, prefix, parts)
+	if err := o.SetQueueLimits(ctx, q, tidetype.QueueLimits{Concurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	startsNothing := func(when string) {
+		t.Helper()
+		for range 3 {
+			if err := o.rebalance(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+			ds, err := o.Dequeue(ctx, []string{q}, 10, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(ds) > 0 {
+				t.Fatalf("%s: %s started under Concurrency 1", when, ds[0].Task.ID)
+			}
+		}
+	}
+	startsNothing("2 running")
+	if _, err := o.Settle(ctx, []broker.Settlement{{Lease: running[0].Lease(), Kind: broker.SettleDone}}); err != nil {
+		t.Fatal(err)
+	}
+	startsNothing("1 running")
+	if _, err := o.Settle(ctx, []broker.Settlement{{Lease: running[1].Lease(), Kind: broker.SettleDone}}); err != nil {
+		t.Fatal(err)
+	}
+	var next *broker.Delivery
+	testwait.For(t, 10*time.Second, "a waiting task to start once none runs", func() bool {
+		ds, err := o.Dequeue(ctx, []string{q}, 10, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ds) > 1 {
+			t.Fatalf("%d tasks started at once under Concurrency 1", len(ds))
+		}
+		if len(ds) == 1 {
+			next = ds[0]
+		}
+		return next != nil
+	})
+	startsNothing("the next task running")
+	if c, _ := slotTotals(t, o, q); c != 1 {
+		t.Fatalf("the nodes hold %d slots, want the limit 1", c)
+	}
+}

@@ -53,12 +53,18 @@ set('gr', gr)
 set('gper', gr ~= '0' and gper or nil)
 if ord ~= '1' and redis.call('HGET', KEYS[1], 'ord') == '1' then
   -- No longer ordered: forget which task holds each group's place (the
-  -- settle of a group's task only looks for one while ordered).
+  -- settle of a group's task only looks for one while ordered); the groups
+  -- that waited for a holder (one waiting to be retried) get a turn again
+  -- with the others below.
   local cursor = '0'
   repeat
     local r = redis.call('HSCAN', KEYS[7], cursor, 'MATCH', 'h:*', 'COUNT', 1000)
     cursor = r[1]
-    for j = 1, #r[2], 2 do redis.call('HDEL', KEYS[7], r[2][j]) end
+    for j = 1, #r[2], 2 do
+      redis.call('HDEL', KEYS[7], r[2][j])
+      local g = string.sub(r[2][j], 3)
+      if not redis.call('ZSCORE', KEYS[8], g) then redis.call('ZADD', KEYS[6], 'NX', 0, g) end
+    end
   until cursor == '0'
 end
 set('ord', ord)

@@ -207,6 +207,20 @@ if op == 'clear' then
   return 1
 end
 
+if op == 'hold' then
+  -- ARGV[4] the limits version the caller computed with. Holds the
+  -- partition while the bank is in concurrency debt (see slots.go,
+  -- planSlots): ct 0 (it starts nothing; a settle that frees a slot wakes
+  -- servers, whose dequeue asks for a rebalance) and cs. Written whatever
+  -- the slots became since the caller read them, as a hold only stops
+  -- starts; not when the limits changed since (returns 0).
+  local bad = layout_error(KEYS[5], ARGV[2])
+  if bad then return bad end
+  if (redis.call('HGET', L, 'v') or '0') ~= ARGV[4] then return 0 end
+  redis.call('HSET', L, 'ct', 0, 'cs', '1')
+  return 1
+end
+
 if op == 'cap' then
   -- ARGV[4] ct ('' none)  ARGV[5] cs  ARGV[6] rs  ARGV[7] event channel
   -- ARGV[8] partition index  ARGV[9..11] c, r and ct as the caller read
