@@ -266,9 +266,93 @@ func (b *Broker) rebalance(ctx context.Context, queue string) error {
 			}
 			continue
 		}
+		if err := b.dropUnbacked(ctx, queue, ns, lim); err != nil {
+			return err
+		}
 		gives, caps := planSlots(ns, lim)
 		return b.execute(ctx, queue, v, ns, gives, caps)
 	}
+}
+
+// tokenNode reports whether n is a partition that holds rate tokens of the
+// bank's era: one whose starts count against the queue's Rate.
+func tokenNode(n, bank *slotNode) bool {
+	return !n.bank && n.meta != "" && n.meta != "retired" && n.hasR && n.re == bank.re
+}
+
+// forgetBatch is the most starts one forget call names.
+const forgetBatch = 1000
+
+// dropUnbacked keeps the starts the partitions count in the Rate's period
+// within the Rate's limit. More starts than tokens in a period happen when a
+// rate is switched on or its period lengthened after them (they count: see
+// the package documentation, "Limits"): then no token is free, and the
+// excess starts, the oldest of the whole queue, are forgotten. That keeps
+// every partition's starts under its tokens (planSlots gives each the
+// tokens its starts use first), and is safe: no task starts until a start
+// in the period leaves it, and the forgotten ones, older than every start
+// counted, have left by then.
+func (b *Broker) dropUnbacked(ctx context.Context, queue string, ns []*slotNode, lim tidetype.QueueLimits) error {
+	bank := ns[0]
+	total := int64(lim.Rate.Limit)
+	if total <= 0 || !bank.hasR {
+		return nil
+	}
+	var sum int64
+	var with []*slotNode
+	for _, n := range ns[1:] {
+		if tokenNode(n, bank) && n.used > 0 {
+			sum += n.used
+			with = append(with, n)
+		}
+	}
+	excess := sum - total
+	if excess <= 0 {
+		return nil
+	}
+	calls := make([]*call, len(with))
+	for i, n := range with {
+		calls[i] = b.slotCall(queue, n, "oldest", min(excess, n.used))
+	}
+	if err := b.runAll(ctx, "rebalance "+queue, calls); err != nil {
+		return err
+	}
+	type start struct {
+		n      *slotNode
+		member string
+		age    int64
+	}
+	var all []start
+	for i, n := range with {
+		v, err := calls[i].cmd.StringSlice()
+		if err != nil || len(v)%2 != 0 {
+			return callErr("rebalance "+queue, fmt.Errorf("unexpected oldest reply %v (%v)", calls[i].cmd.Val(), err))
+		}
+		for j := 0; j < len(v); j += 2 {
+			age, err := strconv.ParseInt(v[j+1], 10, 64)
+			if err != nil {
+				return callErr("rebalance "+queue, fmt.Errorf("unexpected oldest reply %v", v))
+			}
+			all = append(all, start{n, v[j], age})
+		}
+	}
+	slices.SortStableFunc(all, func(a, b start) int { return int(b.age - a.age) })
+	all = all[:min(int64(len(all)), excess)]
+	byNode := map[*slotNode][]any{}
+	for _, s := range all {
+		byNode[s.n] = append(byNode[s.n], s.member)
+	}
+	var forgets []*call
+	for _, n := range with {
+		ms := byNode[n]
+		n.used -= int64(len(ms))
+		for len(ms) > 0 {
+			k := min(len(ms), forgetBatch)
+			forgets = append(forgets, b.slotCall(queue, n, "forget", ms[:k]...))
+			ms = ms[k:]
+		}
+	}
+	return b.runAll(ctx, "rebalance "+queue, forgets)
 }
 
 // give is one source's part of a plan: what it gives to whom.
@@ -351,7 +435,14 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (map[*slotNode][]give, 
 				d[i] = n.waiting
 			}
 		}
-		h, contended, level := waterfill(total, d)
+		var h []int64
+		var contended bool
+		var level []bool
+		if kind == 'c' {
+			h, contended, level = waterfill(total, d)
+		} else {
+			h, contended, level = shareTokens(total, cur, old, d)
+		}
 		fair := map[*slotNode]int64{}
 		for i, n := range cur {
 			fair[n] = h[i]
@@ -367,6 +458,11 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (map[*slotNode][]give, 
 			fair[n] = 0
 			if kind == 'c' {
 				caps[n] = capSet{hasCt: true, ct: 0}
+			} else {
+				// An old partition keeps the tokens its starts in the
+				// period use (releaseSlots gives them away with their
+				// ages before it is retired) and gives the free ones.
+				fair[n] = max(n.used, 0)
 			}
 		}
 		// What each node can give without force, and what it should get.
@@ -390,7 +486,7 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (map[*slotNode][]give, 
 			needs = append(needs, need{bank, -held(bank)})
 		}
 		var wants []need
-		for _, n := range cur {
+		for _, n := range append(cur, old...) {
 			if k := fair[n] - held(n); k > 0 {
 				wants = append(wants, need{n, k})
 			}
@@ -459,6 +555,47 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (map[*slotNode][]give, 
 		}
 	}
 	return gives, caps
+}
+
+// shareTokens shares a Rate's total tokens among the current partitions
+// cur, whose demands are d (their waiting tasks). A token used by a start
+// still in its period is used wherever that start was made: each partition
+// keeps first the tokens its starts in the period use (n.used, which counts
+// also starts no token backs: those made before the rate was switched on or
+// its period lengthened, and those whose token went to pay a lowered
+// limit's debt), and only the tokens no such start uses are shared by
+// demand. So no partition holds a free token while another has more starts
+// in its period than tokens, and the starts of any period over all
+// partitions stay within total. The old span's partitions keep the tokens
+// their starts use, so those count against the free tokens too.
+// Returns the fair holdings, whether the free tokens are contended, and
+// which partitions are held at the sharing level (they would use more).
+func shareTokens(total int64, cur, old []*slotNode, d []int64) (h []int64, contended bool, level []bool) {
+	for _, n := range old {
+		total -= max(n.used, 0)
+	}
+	total = max(total, 0)
+	u := make([]int64, len(cur))
+	var inUse int64
+	for i, n := range cur {
+		u[i] = max(n.used, 0)
+		inUse += u[i]
+	}
+	if inUse >= total {
+		// No token is free: each keeps what its starts use, as far as the
+		// total goes; every partition with tasks waiting would use more.
+		h, _, _ = waterfill(total, u)
+		level = make([]bool, len(cur))
+		for i := range cur {
+			level[i] = d[i] > 0
+		}
+		return h, true, level
+	}
+	h, contended, level = waterfill(total-inUse, d)
+	for i := range h {
+		h[i] += u[i]
+	}
+	return h, contended, level
 }
 
 // waterfill shares total among demands d: when they add up to no more than

@@ -94,6 +94,29 @@ if op == 'state' then
     redis.call('ZCARD', KEYS[3]), waiting(now, tonumber(ARGV[4])), u, f[7] or '', f[8] or ''}
 end
 
+if op == 'oldest' then
+  -- ARGV[4] k. Returns member, age (ms) of the k oldest starts in the
+  -- rate's period, oldest first (none without a rate).
+  local per = num('per')
+  if not part or not per then return {} end
+  local now = redis_now()
+  local zs = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. string.format('%d', now - per), '+inf', 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[4]))
+  local out = {}
+  for j = 1, #zs, 2 do
+    out[#out + 1] = zs[j]
+    out[#out + 1] = string.format('%d', math.max(now - tonumber(zs[j + 1]), 0))
+  end
+  return out
+end
+
+if op == 'forget' then
+  -- ARGV[4..] members of the starts zset: starts no token backs, the
+  -- oldest of the queue's period (see Broker.dropUnbacked), are no longer
+  -- counted. By member, so a call sent twice forgets nothing more.
+  if not part or not alive() or #ARGV < 4 then return 0 end
+  return redis.call('ZREM', KEYS[2], unpack(ARGV, 4))
+end
+
 if op == 'give' then
   -- ARGV[4] this node's ID, then quadruples: destination ID, concurrency
   -- slots, rate tokens, '1' to give the slots even if tasks use them (only
@@ -101,7 +124,7 @@ if op == 'give' then
   -- the node can: free concurrency slots (held, not used by a running
   -- task), rate tokens (free ones first, then used ones, each with the age
   -- of the start that used it, which counts at the destination as it did
-  -- here). Returns {'ok', record}, {'none', ''} when nothing could be
+  -- here; used ones given to the bank leave their starts here). Returns {'ok', record}, {'none', ''} when nothing could be
   -- given, or {'busy', record} when a record is outstanding (complete it
   -- first; it may be this very call's, sent twice).
   if part then
@@ -138,9 +161,13 @@ if op == 'give' then
       local fromfree = math.min(dr, freer)
       freer = freer - fromfree
       local n = dr - fromfree
-      if n > 0 and part then
+      if n > 0 and part and ARGV[i] ~= 'B' then
         -- the oldest starts still in the window: the tokens they use go
-        -- with their ages
+        -- with their ages. Tokens that pay the bank's debt (a lowered
+        -- limit) leave their starts here: the starts were made all the
+        -- same, so this partition starts nothing more until they are out
+        -- of the period, and the bank, which keeps no starts, gets no
+        -- token it could give out again while its start is in the period.
         local zs = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. string.format('%d', now - num('per')), '+inf', 'WITHSCORES', 'LIMIT', 0, n)
         for j = 1, #zs, 2 do
           redis.call('ZREM', KEYS[2], zs[j])

@@ -1,0 +1,127 @@
+package redisbroker
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/tidetype"
+)
+
+// idsIn returns n task IDs of partition p of parts, named after prefix.
+func idsIn(prefix string, p, parts, n int) []string {
+	var ids []string
+	for i := 0; len(ids) < n; i++ {
+		if id := fmt.Sprint(prefix, i); broker.Partition(id, parts) == p {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// leaseAll rebalances queue and leases what it can, rounds times, and
+// returns how many tasks it leased.
+func leaseAll(t *testing.T, b *Broker, queue string, rounds int) int {
+	t.Helper()
+	ctx := context.Background()
+	n := 0
+	for range rounds {
+		if err := b.rebalance(ctx, queue); err != nil {
+			t.Fatal(err)
+		}
+		ds, err := b.Dequeue(ctx, []string{queue}, 50, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += len(ds)
+	}
+	return n
+}
+
+// ageStarts makes the starts partition i of queue recorded d older, as if
+// d had passed for them.
+func ageStarts(t *testing.T, b *Broker, queue string, i int, d time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	l, err := b.layoutOf(ctx, queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := b.partAt(queue, l, i).k("starts")
+	zs, err := b.rdb.ZRangeWithScores(ctx, key, 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, z := range zs {
+		if err := b.rdb.ZAddXX(ctx, key, redis.Z{Member: z.Member, Score: z.Score - float64(d.Milliseconds())}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// A Rate switched on counts the starts made before it in every partition:
+// six tasks started in partition 0 without a rate leave no room under a
+// Rate of 5 per minute, so the tasks waiting in partition 1 do not start
+// on tokens the queue's other partition has used already.
+func TestRateSwitchedOnCountsEveryPartitionsStarts(t *testing.T) {
+	t.Parallel()
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	b := slotBroker(t, addr, prefix, 2)
+	ctx := context.Background()
+	const q = "rate-on"
+	fillQueue(t, b, q, idsIn("a", 0, 2, 6))
+	if n := leaseAll(t, b, q, 1); n != 6 {
+		t.Fatalf("leased %d tasks without limits, want 6", n)
+	}
+	fillQueue(t, b, q, idsIn("b", 1, 2, 5))
+	if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 5, Per: time.Minute}}); err != nil {
+		t.Fatal(err)
+	}
+	if n := leaseAll(t, b, q, 5); n != 0 {
+		t.Fatalf("%d tasks started after 6 starts in the minute, under a Rate of 5 per minute", n)
+	}
+	if _, r := slotTotals(t, b, q); r != 5 {
+		t.Fatalf("the nodes hold %d rate tokens, want 5", r)
+	}
+}
+
+// A lowered Rate keeps counting the starts of the period in every
+// partition: 10 starts under 10 per minute, 5 in each partition (those of
+// partition 0 40 seconds older), then the limit is lowered to 8. Once
+// partition 0's starts have left the minute, partition 1's 5 are still in
+// it, so 3 tasks may start, not the 4 tokens partition 0 would hold if the
+// lowered limit had been taken from both partitions' starts alike.
+func TestRateLoweredCountsEveryPartitionsStarts(t *testing.T) {
+	t.Parallel()
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	b := slotBroker(t, addr, prefix, 2)
+	ctx := context.Background()
+	const q = "rate-lowered"
+	if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 10, Per: time.Minute}}); err != nil {
+		t.Fatal(err)
+	}
+	fillQueue(t, b, q, append(idsIn("a", 0, 2, 5), idsIn("b", 1, 2, 5)...))
+	if n := leaseAll(t, b, q, 5); n != 10 {
+		t.Fatalf("leased %d tasks under 10 per minute, want 10", n)
+	}
+	ageStarts(t, b, q, 0, 50*time.Second)
+	ageStarts(t, b, q, 1, 10*time.Second)
+	if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 8, Per: time.Minute}}); err != nil {
+		t.Fatal(err)
+	}
+	// 11 seconds later: partition 0's starts are out of the minute.
+	ageStarts(t, b, q, 0, 11*time.Second)
+	ageStarts(t, b, q, 1, 11*time.Second)
+	fillQueue(t, b, q, append(idsIn("c", 0, 2, 5), idsIn("d", 1, 2, 5)...))
+	if n := leaseAll(t, b, q, 5); n != 3 {
+		t.Fatalf("%d tasks started with 5 starts in the minute under a Rate of 8 per minute, want 3", n)
+	}
+	if _, r := slotTotals(t, b, q); r != 8 {
+		t.Fatalf("the nodes hold %d rate tokens, want 8", r)
+	}
+}
