@@ -10,6 +10,7 @@ import (
 
 	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/internal/testwait"
 	"github.com/tidequeue/tide/tidetype"
 )
 
@@ -123,5 +124,73 @@ func TestRateLoweredCountsEveryPartitionsStarts(t *testing.T) {
 	}
 	if _, r := slotTotals(t, b, q); r != 8 {
 		t.Fatalf("the nodes hold %d rate tokens, want 8", r)
+	}
+}
+
+// advance makes d pass for queue's rate windows: every partition's starts
+// and the moments its rate share goes stale (field ru) move d back.
+func advance(t *testing.T, b *Broker, queue string, parts int, d time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	l, err := b.layoutOf(ctx, queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range parts {
+		ageStarts(t, b, queue, i, d)
+		key := b.partAt(queue, l, i).k("lim")
+		ru, err := b.rdb.HGet(ctx, key, "ru").Int64()
+		if err == redis.Nil {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.rdb.HSet(ctx, key, "ru", ru-d.Milliseconds()).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Rate tokens follow the backlog also when a partition holds its fair
+// share: partitions 0 and 1 share 10 tokens a minute, 5 each, while 20
+// tasks wait in 0 and 5 in 1. When partition 1's starts have left the
+// minute its 5 tokens are free, and nothing waits there: partition 0,
+// refused for want of tokens, asks for them again and gets them, without
+// a rebalance from anywhere else (the servers' sweep, seconds later).
+func TestRateTokensFollowBacklogFromFairShare(t *testing.T) {
+	t.Parallel()
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	b := slotBroker(t, addr, prefix, 2)
+	ctx := context.Background()
+	const q = "rate-fair"
+	if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 10, Per: time.Minute}}); err != nil {
+		t.Fatal(err)
+	}
+	fillQueue(t, b, q, append(idsIn("a", 0, 2, 20), idsIn("b", 1, 2, 5)...))
+	if n := leaseAll(t, b, q, 5); n != 10 {
+		t.Fatalf("leased %d tasks under 10 per minute, want 10", n)
+	}
+	ageStarts(t, b, q, 1, 30*time.Second)
+	if err := b.rebalance(ctx, q); err != nil {
+		t.Fatal(err)
+	}
+	advance(t, b, q, 2, 31*time.Second)
+	leased := 0
+	testwait.For(t, 10*time.Second, "partition 0 to start tasks on partition 1's free tokens", func() bool {
+		ds, err := b.Dequeue(ctx, []string{q}, 50, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leased += len(ds)
+		return leased >= 5
+	})
+	time.Sleep(50 * time.Millisecond)
+	ds, err := b.Dequeue(ctx, []string{q}, 50, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if leased += len(ds); leased != 5 {
+		t.Fatalf("%d tasks started with 5 starts in the minute under a Rate of 10 per minute, want 5", leased)
 	}
 }

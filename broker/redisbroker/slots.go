@@ -40,6 +40,9 @@ type slotNode struct {
 	xo         string
 
 	active, waiting, used int64
+	// frees is the ms until the oldest start in the rate's period leaves
+	// it (-1: no start in the period).
+	frees int64
 }
 
 // nodeID is partition p's tag after "<queue>:" ("3", "3@2"), the name a
@@ -97,7 +100,7 @@ func (b *Broker) readSlots(ctx context.Context, queue string, ns []*slotNode, li
 	}
 	for i, n := range ns {
 		v, err := calls[i].cmd.Slice()
-		if err != nil || len(v) != 12 {
+		if err != nil || len(v) != 13 {
 			return callErr("rebalance "+queue, fmt.Errorf("unexpected state reply %v (%v)", calls[i].cmd.Val(), err))
 		}
 		str := func(j int) string { s, _ := v[j].(string); return s }
@@ -120,6 +123,10 @@ func (b *Broker) readSlots(ctx context.Context, queue string, ns []*slotNode, li
 		n.xo = str(6)
 		n.active, n.waiting, n.used = i64(7), i64(8), i64(9)
 		n.cs, n.rs = str(10) == "1", str(11) == "1"
+		n.frees = -1
+		if str(12) != "" {
+			n.frees = i64(12)
+		}
 	}
 	return nil
 }
@@ -367,6 +374,9 @@ type capSet struct {
 	ct     int64
 	hasCt  bool
 	cs, rs bool
+	// ru is, with rs, the ms after which rs is stale: the first moment a
+	// rate token held anywhere becomes free (-1: none is in use).
+	ru int64
 }
 
 // planSlots computes the transfers and caps that bring ns (the bank first)
@@ -443,6 +453,15 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (map[*slotNode][]give, 
 		} else {
 			h, contended, level = shareTokens(total, cur, old, d)
 		}
+		// The first moment a token in use becomes free: a partition held
+		// at its share asks again from then on, as the token may free
+		// where no task wants it (the sweep would find it, seconds later).
+		frees := int64(-1)
+		for _, n := range append(cur, old...) {
+			if n.frees >= 0 && (frees < 0 || n.frees < frees) {
+				frees = n.frees
+			}
+		}
 		fair := map[*slotNode]int64{}
 		for i, n := range cur {
 			fair[n] = h[i]
@@ -451,6 +470,10 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (map[*slotNode][]give, 
 				cs.hasCt, cs.ct, cs.cs = contended, h[i], contended && level[i]
 			} else {
 				cs.rs = contended && level[i]
+				cs.ru = -1
+				if cs.rs {
+					cs.ru = frees
+				}
 			}
 			caps[n] = cs
 		}
@@ -670,7 +693,9 @@ func (b *Broker) execute(ctx context.Context, queue string, v int64, ns []*slotN
 	nGive := len(calls)
 	for _, n := range ns {
 		c, ok := caps[n]
-		if !ok || n.bank || (c.hasCt == n.hasCt && (!c.hasCt || c.ct == n.ct) && c.cs == n.cs && c.rs == n.rs) {
+		// A partition held at its rate share gets its cap again with each
+		// plan: the moment its share is stale moves on.
+		if !ok || n.bank || (c.hasCt == n.hasCt && (!c.hasCt || c.ct == n.ct) && c.cs == n.cs && c.rs == n.rs && (!c.rs || c.ru < 0)) {
 			continue
 		}
 		ct := ""
@@ -678,7 +703,7 @@ func (b *Broker) execute(ctx context.Context, queue string, v int64, ns []*slotN
 			ct = strconv.FormatInt(c.ct, 10)
 		}
 		calls = append(calls, b.slotCall(queue, n, "cap", ct, flag(c.cs), flag(c.rs), n.p.channel, n.p.idx,
-			field(n.hasC, n.c), field(n.hasR, n.r), field(n.hasCt, n.ct), v))
+			field(n.hasC, n.c), field(n.hasR, n.r), field(n.hasCt, n.ct), v, field(c.rs && c.ru >= 0, c.ru)))
 	}
 	if len(calls) == 0 {
 		return nil

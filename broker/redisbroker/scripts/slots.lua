@@ -26,7 +26,8 @@
 -- concurrency limit, no r: no rate limit), per (rate period ms), ct (the
 -- most tasks to run at once: a cap under c while other partitions want
 -- slots), cs and rs ('1': the partition holds its fair share of a limit it
--- would use more of, so wanting more is no news), xs, xo, xi:<source>.
+-- would use more of, so wanting more is no news), ru (until when rs holds:
+-- a token elsewhere may be free from then on), xs, xo, xi:<source>.
 local part = ARGV[1] == 'p'
 local L = KEYS[1]
 local op = ARGV[3]
@@ -81,17 +82,26 @@ end
 
 if op == 'state' then
   -- ARGV[4] the most waiting tasks worth counting. Returns meta, c, ce, r,
-  -- re, ct, xo, active, waiting, used, cs, rs ('' for a missing field).
+  -- re, ct, xo, active, waiting, used, cs, rs, and the ms until the oldest
+  -- start in the rate's period leaves it ('' for a missing field, or no
+  -- such start).
   local f = redis.call('HMGET', L, 'c', 'ce', 'r', 're', 'ct', 'xo', 'cs', 'rs')
   if not part then
-    return {'bank', f[1] or '', f[2] or '0', f[3] or '', f[4] or '0', '', f[6] or '', 0, 0, 0, '', ''}
+    return {'bank', f[1] or '', f[2] or '0', f[3] or '', f[4] or '0', '', f[6] or '', 0, 0, 0, '', '', ''}
   end
   local meta = redis.call('GET', KEYS[5]) or ''
   local now = redis_now()
-  local u = 0
-  if f[3] then u = used(now) end
+  local u, frees = 0, ''
+  if f[3] then
+    u = used(now)
+    local per = num('per')
+    if u > 0 and per then
+      local first = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. string.format('%d', now - per), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+      if first[2] then frees = string.format('%d', math.max(tonumber(first[2]) + per - now, 0)) end
+    end
+  end
   return {meta, f[1] or '', f[2] or '0', f[3] or '', f[4] or '0', f[5] or '', f[6] or '',
-    redis.call('ZCARD', KEYS[3]), waiting(now, tonumber(ARGV[4])), u, f[7] or '', f[8] or ''}
+    redis.call('ZCARD', KEYS[3]), waiting(now, tonumber(ARGV[4])), u, f[7] or '', f[8] or '', frees}
 end
 
 if op == 'oldest' then
@@ -239,8 +249,12 @@ if op == 'cap' then
   -- ARGV[8] partition index  ARGV[9..11] c, r and ct as the caller read
   -- them ('' missing)  ARGV[12] the limits version it computed with: when
   -- any of these changed since, the cap was computed from a state that is
-  -- gone and nothing is written (returns 0). Wakes idle servers when a
-  -- higher cap leaves room for tasks that wait.
+  -- gone and nothing is written (returns 0)  ARGV[13] with rs, the ms from
+  -- now after which rs is stale ('' never): a rate token of the queue
+  -- becomes free then, maybe where no task wants it, so a dequeue refused
+  -- for want of tokens after that asks for a rebalance again (field ru,
+  -- the Redis time). Wakes idle servers when a higher cap leaves room for
+  -- tasks that wait.
   local bad = layout_error(KEYS[5], ARGV[2])
   if bad then return bad end
   local seen = redis.call('HMGET', L, 'c', 'r', 'ct', 'v')
@@ -252,6 +266,11 @@ if op == 'cap' then
   if ARGV[4] == '' then redis.call('HDEL', L, 'ct') else redis.call('HSET', L, 'ct', ARGV[4]) end
   for _, kv in ipairs({{'cs', ARGV[5]}, {'rs', ARGV[6]}}) do
     if kv[2] == '1' then redis.call('HSET', L, kv[1], '1') else redis.call('HDEL', L, kv[1]) end
+  end
+  if ARGV[6] == '1' and (ARGV[13] or '') ~= '' then
+    redis.call('HSET', L, 'ru', string.format('%d', redis_now() + tonumber(ARGV[13])))
+  else
+    redis.call('HDEL', L, 'ru')
   end
   local new = tonumber(ARGV[4])
   if old and (not new or new > old) and waiting(redis_now(), 1) > 0 then
