@@ -194,3 +194,36 @@ func TestRateTokensFollowBacklogFromFairShare(t *testing.T) {
 		t.Fatalf("%d tasks started with 5 starts in the minute under a Rate of 10 per minute, want 5", leased)
 	}
 }
+
+// A repartition keeps the starts of the old partitions: six tasks started
+// in a queue of one partition without a rate, which is then repartitioned
+// to two, leave no room under a Rate of 5 per minute set afterwards.
+func TestRepartitionKeepsStartsForALaterRate(t *testing.T) {
+	t.Parallel()
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	b := slotBroker(t, addr, prefix, 1)
+	ctx := context.Background()
+	const q = "rate-repart"
+	fillQueue(t, b, q, idsIn("a", 0, 1, 6))
+	ds, err := b.Dequeue(ctx, []string{q}, 10, time.Minute)
+	if err != nil || len(ds) != 6 {
+		t.Fatalf("Dequeue = %d tasks, %v; want 6", len(ds), err)
+	}
+	var ss []broker.Settlement
+	for _, d := range ds {
+		ss = append(ss, broker.Settlement{Lease: d.Lease(), Kind: broker.SettleDone, Task: d.Task})
+	}
+	if errs, err := b.Settle(ctx, ss); err != nil || errs[0] != nil {
+		t.Fatalf("Settle = %v, %v", errs, err)
+	}
+	if err := b.Repartition(ctx, q, 2, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 5, Per: time.Minute}}); err != nil {
+		t.Fatal(err)
+	}
+	fillQueue(t, b, q, append(idsIn("b", 0, 2, 3), idsIn("c", 1, 2, 3)...))
+	if n := leaseAll(t, b, q, 5); n != 0 {
+		t.Fatalf("%d tasks started after 6 starts in the minute, under a Rate of 5 per minute", n)
+	}
+}

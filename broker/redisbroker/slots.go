@@ -797,21 +797,55 @@ func (b *Broker) releaseSlots(ctx context.Context, l layout, o part) error {
 		if !src.hasR {
 			r = 0
 		}
+		dest := ns[1+(o.idx-l.cur.n)%l.cur.n]
 		if c == 0 && r == 0 {
-			return nil
+			return b.copyStarts(ctx, queue, src, dest)
 		}
 		gs := []give{}
 		if c > 0 {
 			gs = append(gs, give{dest: ns[0], dc: c})
 		}
 		if r > 0 {
-			gs = append(gs, give{dest: ns[1+(o.idx-l.cur.n)%l.cur.n], dr: r})
+			gs = append(gs, give{dest: dest, dr: r})
 		}
 		if err := b.execute(ctx, queue, 0, ns, map[*slotNode][]give{src: gs}, nil); err != nil {
 			return err
 		}
 	}
 	return fmt.Errorf("%w: repartition %s: the slots of an old partition would not move; run the repartition again", broker.ErrUnavailable, queue)
+}
+
+// copyStarts copies the starts old partition src keeps (those no token
+// carried away: all of them under no rate) to partition dest of the new
+// span, with their ages, so that a rate set or lengthened after the
+// repartition counts them as it would have in src (see the package
+// documentation, "Limits"). src holds no task and starts nothing more.
+func (b *Broker) copyStarts(ctx context.Context, queue string, src, dest *slotNode) error {
+	keep := broker.MaxRatePer.Milliseconds()
+	for off := 0; off < broker.MaxQueueRate; off += forgetBatch {
+		rd := b.slotCall(queue, src, "starts", keep, off, forgetBatch)
+		if err := b.runAll(ctx, "repartition "+queue, []*call{rd}); err != nil {
+			return err
+		}
+		v, err := rd.cmd.StringSlice()
+		if err != nil || len(v)%2 != 0 {
+			return callErr("repartition "+queue, fmt.Errorf("unexpected starts reply %v (%v)", rd.cmd.Val(), err))
+		}
+		if len(v) == 0 {
+			return nil
+		}
+		args := []any{src.id, keep}
+		for _, x := range v {
+			args = append(args, x)
+		}
+		if err := b.runAll(ctx, "repartition "+queue, []*call{b.slotCall(queue, dest, "adopt", args...)}); err != nil {
+			return err
+		}
+		if len(v) < 2*forgetBatch {
+			return nil
+		}
+	}
+	return nil
 }
 
 // rebalancing is a process's state of the rebalances of one queue that

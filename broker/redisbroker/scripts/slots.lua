@@ -127,6 +127,40 @@ if op == 'forget' then
   return redis.call('ZREM', KEYS[2], unpack(ARGV, 4))
 end
 
+if op == 'starts' then
+  -- ARGV[4] how long starts are kept, ms  ARGV[5] offset  ARGV[6] count.
+  -- Returns member, age (ms) of the starts kept, newest first, from offset
+  -- on: those a repartition copies from an old partition (Broker.copyStarts).
+  if not part then return {} end
+  local now = redis_now()
+  local zs = redis.call('ZREVRANGEBYSCORE', KEYS[2], '+inf', '(' .. string.format('%d', now - tonumber(ARGV[4])), 'WITHSCORES', 'LIMIT', tonumber(ARGV[5]), tonumber(ARGV[6]))
+  local out = {}
+  for j = 1, #zs, 2 do
+    out[#out + 1] = zs[j]
+    out[#out + 1] = string.format('%d', math.max(now - tonumber(zs[j + 1]), 0))
+  end
+  return out
+end
+
+if op == 'adopt' then
+  -- ARGV[4] source ID  ARGV[5] how long starts are kept, ms, then pairs
+  -- member, age: starts of an old partition of a repartition, entered here
+  -- with their ages (later than they were read: they count at least as
+  -- long as there) under names of their own, so a copy sent twice counts
+  -- once.
+  if not part or not alive() then return 0 end
+  local now = redis_now()
+  local zs = {}
+  for i = 6, #ARGV - 1, 2 do
+    zs[#zs + 1] = string.format('%d', now - tonumber(ARGV[i + 1]))
+    zs[#zs + 1] = 'o' .. ARGV[4] .. '.' .. ARGV[i]
+  end
+  if #zs == 0 then return 0 end
+  redis.call('ZADD', KEYS[2], unpack(zs))
+  if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[5]) then redis.call('PEXPIRE', KEYS[2], ARGV[5]) end
+  return #zs / 2
+end
+
 if op == 'give' then
   -- ARGV[4] this node's ID, then quadruples: destination ID, concurrency
   -- slots, rate tokens, '1' to give the slots even if tasks use them (only
