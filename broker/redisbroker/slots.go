@@ -305,15 +305,23 @@ func (b *Broker) dropUnbacked(ctx context.Context, queue string, ns []*slotNode,
 	if total <= 0 || !bank.hasR {
 		return nil
 	}
-	var sum int64
+	// The tokens the nodes hold add up to the latest limit (a lowered one
+	// leaves the bank in debt): with a limit raised since lim was read,
+	// they tell the larger one. Forgetting too few is safe (planSlots then
+	// leaves no token free); too many is not.
+	var sum, tokens int64 = 0, bank.r
 	var with []*slotNode
 	for _, n := range ns[1:] {
-		if tokenNode(n, bank) && n.used > 0 {
+		if !tokenNode(n, bank) {
+			continue
+		}
+		tokens += n.r
+		if n.used > 0 {
 			sum += n.used
 			with = append(with, n)
 		}
 	}
-	excess := sum - total
+	excess := sum - max(total, tokens)
 	if excess <= 0 {
 		return nil
 	}
