@@ -227,3 +227,37 @@ func TestRepartitionKeepsStartsForALaterRate(t *testing.T) {
 		t.Fatalf("%d tasks started after 6 starts in the minute, under a Rate of 5 per minute", n)
 	}
 }
+
+// A rate switched on reaches the partitions one by one (SetQueueLimits
+// records it, then tells each partition); a rebalance that runs in between
+// counts the starts of the partitions not told yet: partition 0, told,
+// gets no token while partition 1's six starts fill the minute's five.
+func TestRateSwitchedOnCountsPartitionsNotToldYet(t *testing.T) {
+	t.Parallel()
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	b := slotBroker(t, addr, prefix, 2)
+	ctx := context.Background()
+	const q = "rate-half"
+	fillQueue(t, b, q, idsIn("a", 1, 2, 6))
+	if n := leaseAll(t, b, q, 1); n != 6 {
+		t.Fatalf("leased %d tasks without limits, want 6", n)
+	}
+	fillQueue(t, b, q, idsIn("b", 0, 2, 5))
+	lim := tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 5, Per: time.Minute}}
+	res, err := b.s.limits.Run(ctx, b.rdb, []string{b.limitsKey(), b.bankKey(q)}, q, "0:5:60000:0:0:0:0").Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, _ := res[0].(int64)
+	re, _ := res[2].(string)
+	l, err := b.layoutOf(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.runAll(ctx, "share", []*call{b.shareCall(b.partAt(q, l, 0), v, "", re, lim.Rate.Per, groupLimits(lim, false))}); err != nil {
+		t.Fatal(err)
+	}
+	if n := leaseAll(t, b, q, 3); n != 0 {
+		t.Fatalf("%d tasks started after 6 starts in the minute, under a Rate of 5 per minute", n)
+	}
+}

@@ -91,9 +91,13 @@ func (b *Broker) readSlots(ctx context.Context, queue string, ns []*slotNode, li
 		return callErr("rebalance "+queue, classify(err))
 	}
 	most := int64(max(lim.Concurrency, lim.Rate.Limit))
+	per := ""
+	if lim.Rate.Limit > 0 {
+		per = strconv.FormatInt(lim.Rate.Per.Milliseconds(), 10)
+	}
 	calls := make([]*call, len(ns))
 	for i, n := range ns {
-		calls[i] = b.slotCall(queue, n, "state", most)
+		calls[i] = b.slotCall(queue, n, "state", most, per)
 	}
 	if err := b.runAll(ctx, "rebalance "+queue, calls); err != nil {
 		return err
@@ -282,9 +286,16 @@ func (b *Broker) rebalance(ctx context.Context, queue string) error {
 }
 
 // tokenNode reports whether n is a partition that holds rate tokens of the
-// bank's era: one whose starts count against the queue's Rate.
+// bank's era.
 func tokenNode(n, bank *slotNode) bool {
-	return !n.bank && n.meta != "" && n.meta != "retired" && n.hasR && n.re == bank.re
+	return liveNode(n) && n.hasR && n.re == bank.re
+}
+
+// liveNode reports whether n is a partition that is not retired: its
+// starts count against the queue's Rate, whether it holds tokens of the
+// rate yet or not (a rate switched on reaches the partitions one by one).
+func liveNode(n *slotNode) bool {
+	return !n.bank && n.meta != "" && n.meta != "retired"
 }
 
 // forgetBatch is the most starts one forget call names.
@@ -312,10 +323,12 @@ func (b *Broker) dropUnbacked(ctx context.Context, queue string, ns []*slotNode,
 	var sum, tokens int64 = 0, bank.r
 	var with []*slotNode
 	for _, n := range ns[1:] {
-		if !tokenNode(n, bank) {
+		if !liveNode(n) {
 			continue
 		}
-		tokens += n.r
+		if tokenNode(n, bank) {
+			tokens += n.r
+		}
 		if n.used > 0 {
 			sum += n.used
 			with = append(with, n)
@@ -327,7 +340,7 @@ func (b *Broker) dropUnbacked(ctx context.Context, queue string, ns []*slotNode,
 	}
 	calls := make([]*call, len(with))
 	for i, n := range with {
-		calls[i] = b.slotCall(queue, n, "oldest", min(excess, n.used))
+		calls[i] = b.slotCall(queue, n, "oldest", min(excess, n.used), lim.Rate.Per.Milliseconds())
 	}
 	if err := b.runAll(ctx, "rebalance "+queue, calls); err != nil {
 		return err
@@ -433,9 +446,13 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (map[*slotNode][]give, 
 			return n.hasR && n.re == bank.re
 		}
 		var cur, old []*slotNode
+		var elsewhere int64 // starts in the period of partitions not taking part
 		for _, n := range ns[1:] {
 			switch {
 			case !in(n):
+				if kind == 'r' && liveNode(n) {
+					elsewhere += max(n.used, 0)
+				}
 			case n.old:
 				old = append(old, n)
 			default:
@@ -459,7 +476,7 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (map[*slotNode][]give, 
 		if kind == 'c' {
 			h, contended, level = waterfill(total, d)
 		} else {
-			h, contended, level = shareTokens(total, cur, old, d)
+			h, contended, level = shareTokens(total, cur, old, elsewhere, d)
 		}
 		// The first moment a token in use becomes free: a partition held
 		// at its share asks again from then on, as the token may free
@@ -598,10 +615,13 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (map[*slotNode][]give, 
 // demand. So no partition holds a free token while another has more starts
 // in its period than tokens, and the starts of any period over all
 // partitions stay within total. The old span's partitions keep the tokens
-// their starts use, so those count against the free tokens too.
+// their starts use, so those count against the free tokens too, as do the
+// starts elsewhere: those of partitions that hold no tokens of the rate
+// yet (a rate switched on reaches them one by one).
 // Returns the fair holdings, whether the free tokens are contended, and
 // which partitions are held at the sharing level (they would use more).
-func shareTokens(total int64, cur, old []*slotNode, d []int64) (h []int64, contended bool, level []bool) {
+func shareTokens(total int64, cur, old []*slotNode, elsewhere int64, d []int64) (h []int64, contended bool, level []bool) {
+	total -= elsewhere
 	for _, n := range old {
 		total -= max(n.used, 0)
 	}

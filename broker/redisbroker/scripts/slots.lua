@@ -68,8 +68,8 @@ end
 -- used counts the rate tokens used in the last period (starts still in the
 -- window). Older starts stay: dequeue.lua keeps every start for the longest
 -- period a rate may have, so that a rate changed later counts them.
-local function used(now)
-  local per = num('per')
+local function used(now, per)
+  per = per or num('per')
   if not per then return 0 end
   return redis.call('ZCOUNT', KEYS[2], '(' .. string.format('%d', now - per), '+inf')
 end
@@ -81,10 +81,12 @@ local function keep_starts(per)
 end
 
 if op == 'state' then
-  -- ARGV[4] the most waiting tasks worth counting. Returns meta, c, ce, r,
-  -- re, ct, xo, active, waiting, used, cs, rs, and the ms until the oldest
-  -- start in the rate's period leaves it ('' for a missing field, or no
-  -- such start).
+  -- ARGV[4] the most waiting tasks worth counting  ARGV[5] the queue's
+  -- rate period, ms ('' none): starts are counted in it also where the
+  -- partition has no tokens of the rate yet (it was switched on, and this
+  -- partition not told yet). Returns meta, c, ce, r, re, ct, xo, active,
+  -- waiting, used, cs, rs, and the ms until the oldest start in the
+  -- period leaves it ('' for a missing field, or no such start).
   local f = redis.call('HMGET', L, 'c', 'ce', 'r', 're', 'ct', 'xo', 'cs', 'rs')
   if not part then
     return {'bank', f[1] or '', f[2] or '0', f[3] or '', f[4] or '0', '', f[6] or '', 0, 0, 0, '', '', ''}
@@ -92,10 +94,10 @@ if op == 'state' then
   local meta = redis.call('GET', KEYS[5]) or ''
   local now = redis_now()
   local u, frees = 0, ''
-  if f[3] then
-    u = used(now)
-    local per = num('per')
-    if u > 0 and per then
+  local per = tonumber(ARGV[5] or '') or (f[3] and num('per'))
+  if per then
+    u = used(now, per)
+    if u > 0 then
       local first = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. string.format('%d', now - per), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
       if first[2] then frees = string.format('%d', math.max(tonumber(first[2]) + per - now, 0)) end
     end
@@ -105,9 +107,9 @@ if op == 'state' then
 end
 
 if op == 'oldest' then
-  -- ARGV[4] k. Returns member, age (ms) of the k oldest starts in the
-  -- rate's period, oldest first (none without a rate).
-  local per = num('per')
+  -- ARGV[4] k  ARGV[5] the rate's period, ms. Returns member, age (ms) of
+  -- the k oldest starts in the period, oldest first.
+  local per = tonumber(ARGV[5])
   if not part or not per then return {} end
   local now = redis_now()
   local zs = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. string.format('%d', now - per), '+inf', 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[4]))
