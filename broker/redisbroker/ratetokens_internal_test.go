@@ -261,3 +261,45 @@ func TestRateSwitchedOnCountsPartitionsNotToldYet(t *testing.T) {
 		t.Fatalf("%d tasks started after 6 starts in the minute, under a Rate of 5 per minute", n)
 	}
 }
+
+// Rate tokens go where tasks can start on them: under Concurrency 2 and a
+// Rate of 10 a minute over two partitions, partition 0 runs a long task on
+// its one slot, so its tasks waiting cannot start; partition 1, whose
+// tasks end at once, gets the tokens partition 0 would hold idle.
+func TestRateTokensGoWhereSlotsAre(t *testing.T) {
+	t.Parallel()
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	b := slotBroker(t, addr, prefix, 2)
+	ctx := context.Background()
+	const q = "rate-slots"
+	if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Concurrency: 2, Rate: tidetype.Rate{Limit: 10, Per: time.Minute}}); err != nil {
+		t.Fatal(err)
+	}
+	fillQueue(t, b, q, append(idsIn("a", 0, 2, 5), idsIn("b", 1, 2, 20)...))
+	started := map[int]int{}
+	for range 40 {
+		if err := b.rebalance(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+		ds, err := b.Dequeue(ctx, []string{q}, 10, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ss []broker.Settlement
+		for _, d := range ds {
+			p := broker.Partition(d.Task.ID, 2)
+			started[p]++
+			if p == 1 { // partition 0's task runs on
+				ss = append(ss, broker.Settlement{Lease: d.Lease(), Kind: broker.SettleDone, Task: d.Task})
+			}
+		}
+		if len(ss) > 0 {
+			if _, err := b.Settle(ctx, ss); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if started[0] != 1 || started[1] != 9 {
+		t.Fatalf("started %d tasks in partition 0 and %d in partition 1, want 1 (its slot busy) and 9 (the rest of the 10 tokens)", started[0], started[1])
+	}
+}

@@ -418,6 +418,9 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (map[*slotNode][]give, 
 	}
 	// Each resource in turn: the partitions of the bank's era take part,
 	// the current span's by their demand, the old span's to give all away.
+	// A partition's concurrency share as planned bounds the tasks it could
+	// start on rate tokens: tokens it could not use go where slots are.
+	cshare := map[*slotNode]int64{}
 	for _, kind := range []byte{'c', 'r'} {
 		var total int64
 		switch kind {
@@ -468,6 +471,9 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (map[*slotNode][]give, 
 				d[i] = n.active + n.waiting
 			} else {
 				d[i] = n.waiting
+				if c, ok := cshare[n]; ok {
+					d[i] = min(d[i], max(c-n.active, 0))
+				}
 			}
 		}
 		var h []int64
@@ -490,6 +496,9 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (map[*slotNode][]give, 
 		fair := map[*slotNode]int64{}
 		for i, n := range cur {
 			fair[n] = h[i]
+			if kind == 'c' {
+				cshare[n] = h[i]
+			}
 			cs := caps[n]
 			if kind == 'c' {
 				cs.hasCt, cs.ct, cs.cs = contended, h[i], contended && level[i]
