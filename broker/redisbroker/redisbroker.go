@@ -157,7 +157,8 @@
 //
 // Rebalancing (slots.go) follows the backlog. It reads every node, takes
 // each partition's demand (running plus waiting tasks for Concurrency,
-// waiting tasks for Rate), shares the limit out max-min fairly (a partition
+// waiting tasks for Rate, no more than its concurrency share leaves room
+// to start), shares the limit out max-min fairly (a partition
 // gets its demand, or the level that shares the limit when demands exceed
 // it; spare slots are spread evenly), and moves slots from the bank and
 // from partitions above their share to those below. For Rate, each
@@ -166,7 +167,8 @@
 // the period than tokens (a rate switched on or lengthened counts the
 // starts made before; a token that pays a lowered limit's debt leaves its
 // start where it was made), and a token free elsewhere would then be used
-// twice in a period. When the partitions' starts in the period are more
+// twice in a period (the starts of partitions a rate switched on has not
+// reached yet count too). When the partitions' starts in the period are more
 // than the limit, no token is free, and the rebalance forgets the excess
 // starts, the oldest of the whole queue: nothing starts until a start in
 // the period leaves it, and by then the forgotten ones, older than every
