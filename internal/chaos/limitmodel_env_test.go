@@ -33,7 +33,7 @@ func TestLimitModel(t *testing.T) {
 	if os.Getenv("TIDE_LIMITMODEL_REDIS") == "" {
 		t.Skip("run on demand with TIDE_LIMITMODEL_REDIS=1: on Redis the model still finds open bugs " +
 			"(a Concurrency set while a cut-off server's leases are recovered was exceeded, 3 running under 1, " +
-			"in 2 of 4 runs of the default seed; waits over a second with Rate room on seeds 2 and 5); see docs/guide.md")
+			"in 2 of 4 runs of the default seed; Ordered tasks left waiting in some runs); see docs/guide.md")
 	}
 	dir := runDir(t, "limitmodel-")
 	rs := redistest.StartIn(t, dir)
