@@ -318,7 +318,9 @@ type QueueLimits struct {
 	// Rate is the most tasks of the queue that start in any period of
 	// Rate.Per, counted over all servers; the zero Rate means no limit.
 	// Like Concurrency it is the queue's, whatever its partition count. A
-	// task waiting for its turn stays pending: waiting uses no retry.
+	// task waiting for its turn stays pending: waiting uses no retry. A
+	// Rate set, raised, lowered or lengthened counts the starts made before
+	// the change within its period.
 	Rate Rate
 
 	// GroupConcurrency is the most tasks of one group (tide.Group) that run
@@ -328,6 +330,10 @@ type QueueLimits struct {
 
 	// GroupRate is the most tasks of one group that start in any period of
 	// GroupRate.Per (a sliding window); the zero Rate means no limit.
+	// Unlike Rate, a GroupRate set anew or given a longer Per counts only
+	// the starts made after the change (a group's starts are kept only
+	// while the queue has a GroupRate, and only within its Per); changing
+	// its Limit, or shortening its Per, keeps counting.
 	GroupRate Rate
 
 	// Ordered makes every group a sequence: its tasks start one at a time,

@@ -171,16 +171,33 @@
 //
 // Rebalancing (slots.go) follows the backlog. It reads every node, takes
 // each partition's demand (running plus waiting tasks for Concurrency,
-// waiting tasks for Rate), shares the limit out max-min fairly (a partition
+// waiting tasks for Rate, no more than its concurrency share leaves room
+// to start), shares the limit out max-min fairly (a partition
 // gets its demand, or the level that shares the limit when demands exceed
 // it; spare slots are spread evenly), and moves slots from the bank and
-// from partitions above their share to those below. While demands exceed
+// from partitions above their share to those below. For Rate, each
+// partition first keeps the tokens its starts in the period use, and only
+// the free rest is shared by demand: a partition may hold more starts in
+// the period than tokens (a rate switched on or lengthened counts the
+// starts made before; a token that pays a lowered limit's debt leaves its
+// start where it was made), and a token free elsewhere would then be used
+// twice in a period (the starts of partitions a rate switched on has not
+// reached yet count too). When the partitions' starts in the period are more
+// than the limit, no token is free, and the rebalance forgets the excess
+// starts, the oldest of the whole queue: nothing starts until a start in
+// the period leaves it, and by then the forgotten ones, older than every
+// start counted, have left too; so no partition holds fewer tokens than
+// starts, and the starts of any period over all partitions stay within the
+// limit. While demands exceed
 // the limit, each partition gets a cap (ct) at its share, so that one that
 // holds more stops reusing the slots its tasks free and gives them away.
 // The caps are hints: a stale one can slow the flow of slots, never exceed a
 // limit. A dequeue that starts nothing for want of slots while tasks wait
-// (unless the partition has its fair share: fields cs, rs), or that finds
-// free slots over its cap, asks its process for a rebalance, which runs in
+// (unless the partition has its fair share: fields cs, rs; for rs only
+// until ru, the moment the first token in use anywhere becomes free, maybe
+// where no task wants it, which a refused dequeue also announces to the
+// servers), or that finds free slots over its cap, asks its process for a
+// rebalance, which runs in
 // the background, at most one per queue and process at a time and every
 // 20ms; a settlement that frees slots over a cap wakes servers to find
 // them; a partition that gets slots while tasks wait wakes servers too.
@@ -191,10 +208,12 @@
 // partitions start with no slots; the old ones get a cap of 0 (under a
 // Concurrency), so they start nothing more and give their slots to the new
 // ones as their tasks finish (under a Rate alone their tokens go as the new
-// partitions want them); before an old partition is retired it gives away all
-// it holds (tokens in use with their ages). The limits hold over both sets
-// of partitions together throughout, and any limit fits any partition
-// count.
+// partitions want them; those its starts in the period use stay until
+// then); before an old partition is retired it gives away all it holds
+// (tokens in use with their ages), and its other starts are copied with
+// their ages to a new partition, so that a rate set later counts them. The
+// limits hold over both sets of partitions together throughout, and any
+// limit fits any partition count.
 //
 // Starts are recorded with a rate or without, for the longest period a rate
 // may have (broker.MaxRatePer; at most the newest broker.MaxQueueRate of

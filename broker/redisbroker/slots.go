@@ -40,6 +40,9 @@ type slotNode struct {
 	xo         string
 
 	active, waiting, used int64
+	// frees is the ms until the oldest start in the rate's period leaves
+	// it (-1: no start in the period).
+	frees int64
 }
 
 // nodeID is partition p's tag after "<queue>:" ("3", "3@2"), the name a
@@ -88,16 +91,20 @@ func (b *Broker) readSlots(ctx context.Context, queue string, ns []*slotNode, li
 		return callErr("rebalance "+queue, classify(err))
 	}
 	most := int64(max(lim.Concurrency, lim.Rate.Limit))
+	per := ""
+	if lim.Rate.Limit > 0 {
+		per = strconv.FormatInt(lim.Rate.Per.Milliseconds(), 10)
+	}
 	calls := make([]*call, len(ns))
 	for i, n := range ns {
-		calls[i] = b.slotCall(queue, n, "state", most)
+		calls[i] = b.slotCall(queue, n, "state", most, per)
 	}
 	if err := b.runAll(ctx, "rebalance "+queue, calls); err != nil {
 		return err
 	}
 	for i, n := range ns {
 		v, err := calls[i].cmd.Slice()
-		if err != nil || len(v) != 12 {
+		if err != nil || len(v) != 13 {
 			return callErr("rebalance "+queue, fmt.Errorf("unexpected state reply %v (%v)", calls[i].cmd.Val(), err))
 		}
 		str := func(j int) string { s, _ := v[j].(string); return s }
@@ -120,6 +127,10 @@ func (b *Broker) readSlots(ctx context.Context, queue string, ns []*slotNode, li
 		n.xo = str(6)
 		n.active, n.waiting, n.used = i64(7), i64(8), i64(9)
 		n.cs, n.rs = str(10) == "1", str(11) == "1"
+		n.frees = -1
+		if str(12) != "" {
+			n.frees = i64(12)
+		}
 	}
 	return nil
 }
@@ -267,6 +278,9 @@ func (b *Broker) rebalance(ctx context.Context, queue string) error {
 			}
 			continue
 		}
+		if err := b.dropUnbacked(ctx, queue, ns, lim); err != nil {
+			return err
+		}
 		gives, caps, debt := planSlots(ns, lim)
 		err = b.execute(ctx, queue, v, ns, gives, caps)
 		if err != nil || !debt || replanned {
@@ -277,6 +291,104 @@ func (b *Broker) rebalance(ctx context.Context, queue string) error {
 		// debt is paid now.
 		replanned = true
 	}
+}
+
+// tokenNode reports whether n is a partition that holds rate tokens of the
+// bank's era.
+func tokenNode(n, bank *slotNode) bool {
+	return liveNode(n) && n.hasR && n.re == bank.re
+}
+
+// liveNode reports whether n is a partition that is not retired: its
+// starts count against the queue's Rate, whether it holds tokens of the
+// rate yet or not (a rate switched on reaches the partitions one by one).
+func liveNode(n *slotNode) bool {
+	return !n.bank && n.meta != "" && n.meta != "retired"
+}
+
+// forgetBatch is the most starts one forget call names.
+const forgetBatch = 1000
+
+// dropUnbacked keeps the starts the partitions count in the Rate's period
+// within the Rate's limit. More starts than tokens in a period happen when a
+// rate is switched on or its period lengthened after them (they count: see
+// the package documentation, "Limits"): then no token is free, and the
+// excess starts, the oldest of the whole queue, are forgotten. That keeps
+// every partition's starts under its tokens (planSlots gives each the
+// tokens its starts use first), and is safe: no task starts until a start
+// in the period leaves it, and the forgotten ones, older than every start
+// counted, have left by then.
+func (b *Broker) dropUnbacked(ctx context.Context, queue string, ns []*slotNode, lim tidetype.QueueLimits) error {
+	bank := ns[0]
+	total := int64(lim.Rate.Limit)
+	if total <= 0 || !bank.hasR {
+		return nil
+	}
+	// The tokens the nodes hold add up to the latest limit (a lowered one
+	// leaves the bank in debt): with a limit raised since lim was read,
+	// they tell the larger one. Forgetting too few is safe (planSlots then
+	// leaves no token free); too many is not.
+	var sum, tokens int64 = 0, bank.r
+	var with []*slotNode
+	for _, n := range ns[1:] {
+		if !liveNode(n) {
+			continue
+		}
+		if tokenNode(n, bank) {
+			tokens += n.r
+		}
+		if n.used > 0 {
+			sum += n.used
+			with = append(with, n)
+		}
+	}
+	excess := sum - max(total, tokens)
+	if excess <= 0 {
+		return nil
+	}
+	calls := make([]*call, len(with))
+	for i, n := range with {
+		calls[i] = b.slotCall(queue, n, "oldest", min(excess, n.used), lim.Rate.Per.Milliseconds())
+	}
+	if err := b.runAll(ctx, "rebalance "+queue, calls); err != nil {
+		return err
+	}
+	type start struct {
+		n      *slotNode
+		member string
+		age    int64
+	}
+	var all []start
+	for i, n := range with {
+		v, err := calls[i].cmd.StringSlice()
+		if err != nil || len(v)%2 != 0 {
+			return callErr("rebalance "+queue, fmt.Errorf("unexpected oldest reply %v (%v)", calls[i].cmd.Val(), err))
+		}
+		for j := 0; j < len(v); j += 2 {
+			age, err := strconv.ParseInt(v[j+1], 10, 64)
+			if err != nil {
+				return callErr("rebalance "+queue, fmt.Errorf("unexpected oldest reply %v", v))
+			}
+			all = append(all, start{n, v[j], age})
+		}
+	}
+	slices.SortStableFunc(all, func(a, b start) int { return int(b.age - a.age) })
+	all = all[:min(int64(len(all)), excess)]
+	byNode := map[*slotNode][]any{}
+	for _, s := range all {
+		byNode[s.n] = append(byNode[s.n], s.member)
+	}
+	var forgets []*call
+	for _, n := range with {
+		ms := byNode[n]
+		n.used -= int64(len(ms))
+		for len(ms) > 0 {
+			k := min(len(ms), forgetBatch)
+			forgets = append(forgets, b.slotCall(queue, n, "forget", ms[:k]...))
+			ms = ms[k:]
+		}
+	}
+	return b.runAll(ctx, "rebalance "+queue, forgets)
 }
 
 // give is one source's part of a plan: what it gives to whom.
@@ -291,10 +403,8 @@ type capSet struct {
 	ct     int64
 	hasCt  bool
 	cs, rs bool
-	// hold is a cap of 0 while the bank is in concurrency debt: written
-	// first, and whatever the partition's slots became since they were
-	// read (slots.lua "hold"; see planSlots).
-	hold bool
+	hold   bool
+	ru     int64
 }
 
 // planSlots computes the transfers and caps that bring ns (the bank first)
@@ -328,6 +438,9 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (gives map[*slotNode][]
 	}
 	// Each resource in turn: the partitions of the bank's era take part,
 	// the current span's by their demand, the old span's to give all away.
+	// A partition's concurrency share as planned bounds the tasks it could
+	// start on rate tokens: tokens it could not use go where slots are.
+	cshare := map[*slotNode]int64{}
 	for _, kind := range []byte{'c', 'r'} {
 		var total int64
 		switch kind {
@@ -356,9 +469,13 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (gives map[*slotNode][]
 			return n.hasR && n.re == bank.re
 		}
 		var cur, old []*slotNode
+		var elsewhere int64 // starts in the period of partitions not taking part
 		for _, n := range ns[1:] {
 			switch {
 			case !in(n):
+				if kind == 'r' && liveNode(n) {
+					elsewhere += max(n.used, 0)
+				}
 			case n.old:
 				old = append(old, n)
 			default:
@@ -374,17 +491,43 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (gives map[*slotNode][]
 				d[i] = n.active + n.waiting
 			} else {
 				d[i] = n.waiting
+				if c, ok := cshare[n]; ok {
+					d[i] = min(d[i], max(c-n.active, 0))
+				}
 			}
 		}
-		h, contended, level := waterfill(total, d)
+		var h []int64
+		var contended bool
+		var level []bool
+		if kind == 'c' {
+			h, contended, level = waterfill(total, d)
+		} else {
+			h, contended, level = shareTokens(total, cur, old, elsewhere, d)
+		}
+		// The first moment a token in use becomes free: a partition held
+		// at its share asks again from then on, as the token may free
+		// where no task wants it (the sweep would find it, seconds later).
+		frees := int64(-1)
+		for _, n := range append(cur, old...) {
+			if n.frees >= 0 && (frees < 0 || n.frees < frees) {
+				frees = n.frees
+			}
+		}
 		fair := map[*slotNode]int64{}
 		for i, n := range cur {
 			fair[n] = h[i]
+			if kind == 'c' {
+				cshare[n] = h[i]
+			}
 			cs := caps[n]
 			if kind == 'c' {
 				cs.hasCt, cs.ct, cs.cs = contended, h[i], contended && level[i]
 			} else {
 				cs.rs = contended && level[i]
+				cs.ru = -1
+				if cs.rs {
+					cs.ru = frees
+				}
 			}
 			caps[n] = cs
 		}
@@ -392,6 +535,11 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (gives map[*slotNode][]
 			fair[n] = 0
 			if kind == 'c' {
 				caps[n] = capSet{hasCt: true, ct: 0}
+			} else {
+				// An old partition keeps the tokens its starts in the
+				// period use (releaseSlots gives them away with their
+				// ages before it is retired) and gives the free ones.
+				fair[n] = max(n.used, 0)
 			}
 		}
 		// Running tasks no slot covers: those of a partition when the
@@ -438,14 +586,12 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (gives map[*slotNode][]
 		var wants []need
 		for _, n := range append(old, cur...) {
 			if k := over[n]; k > 0 {
-				// Slots go to cover running tasks first: when they end,
-				// the slots they free are seen and moved on.
 				needs = append(needs, need{n, k})
 			}
 		}
-		for _, n := range cur {
+		for _, n := range append(cur, old...) {
 			if inDebt {
-				break // held: nothing for them until the debt is paid
+				break
 			}
 			if k := fair[n] - held(n); k > 0 {
 				wants = append(wants, need{n, k})
@@ -516,6 +662,50 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (gives map[*slotNode][]
 		}
 	}
 	return gives, caps, debt
+}
+
+// shareTokens shares a Rate's total tokens among the current partitions
+// cur, whose demands are d (their waiting tasks). A token used by a start
+// still in its period is used wherever that start was made: each partition
+// keeps first the tokens its starts in the period use (n.used, which counts
+// also starts no token backs: those made before the rate was switched on or
+// its period lengthened, and those whose token went to pay a lowered
+// limit's debt), and only the tokens no such start uses are shared by
+// demand. So no partition holds a free token while another has more starts
+// in its period than tokens, and the starts of any period over all
+// partitions stay within total. The old span's partitions keep the tokens
+// their starts use, so those count against the free tokens too, as do the
+// starts elsewhere: those of partitions that hold no tokens of the rate
+// yet (a rate switched on reaches them one by one).
+// Returns the fair holdings, whether the free tokens are contended, and
+// which partitions are held at the sharing level (they would use more).
+func shareTokens(total int64, cur, old []*slotNode, elsewhere int64, d []int64) (h []int64, contended bool, level []bool) {
+	total -= elsewhere
+	for _, n := range old {
+		total -= max(n.used, 0)
+	}
+	total = max(total, 0)
+	u := make([]int64, len(cur))
+	var inUse int64
+	for i, n := range cur {
+		u[i] = max(n.used, 0)
+		inUse += u[i]
+	}
+	if inUse >= total {
+		// No token is free: each keeps what its starts use, as far as the
+		// total goes; every partition with tasks waiting would use more.
+		h, _, _ = waterfill(total, u)
+		level = make([]bool, len(cur))
+		for i := range cur {
+			level[i] = d[i] > 0
+		}
+		return h, true, level
+	}
+	h, contended, level = waterfill(total-inUse, d)
+	for i := range h {
+		h[i] += u[i]
+	}
+	return h, contended, level
 }
 
 // waterfill shares total among demands d: when they add up to no more than
@@ -591,7 +781,9 @@ func (b *Broker) execute(ctx context.Context, queue string, v int64, ns []*slotN
 	var holds []*call
 	for _, n := range ns {
 		c, ok := caps[n]
-		if !ok || n.bank || (c.hasCt == n.hasCt && (!c.hasCt || c.ct == n.ct) && c.cs == n.cs && c.rs == n.rs) {
+		// A partition held at its rate share gets its cap again with each
+		// plan: the moment its share is stale moves on.
+		if !ok || n.bank || (c.hasCt == n.hasCt && (!c.hasCt || c.ct == n.ct) && c.cs == n.cs && c.rs == n.rs && (!c.rs || c.ru < 0)) {
 			continue
 		}
 		if c.hold {
@@ -603,7 +795,7 @@ func (b *Broker) execute(ctx context.Context, queue string, v int64, ns []*slotN
 			ct = strconv.FormatInt(c.ct, 10)
 		}
 		calls = append(calls, b.slotCall(queue, n, "cap", ct, flag(c.cs), flag(c.rs), n.p.channel, n.p.idx,
-			field(n.hasC, n.c), field(n.hasR, n.r), field(n.hasCt, n.ct), v))
+			field(n.hasC, n.c), field(n.hasR, n.r), field(n.hasCt, n.ct), v, field(c.rs && c.ru >= 0, c.ru)))
 	}
 	// Holds go first: no partition starts a task on a free slot while the
 	// gives are on their way.
@@ -701,21 +893,55 @@ func (b *Broker) releaseSlots(ctx context.Context, l layout, o part) error {
 		if !src.hasR {
 			r = 0
 		}
+		dest := ns[1+(o.idx-l.cur.n)%l.cur.n]
 		if c == 0 && r == 0 {
-			return nil
+			return b.copyStarts(ctx, queue, src, dest)
 		}
 		gs := []give{}
 		if c > 0 {
 			gs = append(gs, give{dest: ns[0], dc: c})
 		}
 		if r > 0 {
-			gs = append(gs, give{dest: ns[1+(o.idx-l.cur.n)%l.cur.n], dr: r})
+			gs = append(gs, give{dest: dest, dr: r})
 		}
 		if err := b.execute(ctx, queue, 0, ns, map[*slotNode][]give{src: gs}, nil); err != nil {
 			return err
 		}
 	}
 	return fmt.Errorf("%w: repartition %s: the slots of an old partition would not move; run the repartition again", broker.ErrUnavailable, queue)
+}
+
+// copyStarts copies the starts old partition src keeps (those no token
+// carried away: all of them under no rate) to partition dest of the new
+// span, with their ages, so that a rate set or lengthened after the
+// repartition counts them as it would have in src (see the package
+// documentation, "Limits"). src holds no task and starts nothing more.
+func (b *Broker) copyStarts(ctx context.Context, queue string, src, dest *slotNode) error {
+	keep := broker.MaxRatePer.Milliseconds()
+	for off := 0; off < broker.MaxQueueRate; off += forgetBatch {
+		rd := b.slotCall(queue, src, "starts", keep, off, forgetBatch)
+		if err := b.runAll(ctx, "repartition "+queue, []*call{rd}); err != nil {
+			return err
+		}
+		v, err := rd.cmd.StringSlice()
+		if err != nil || len(v)%2 != 0 {
+			return callErr("repartition "+queue, fmt.Errorf("unexpected starts reply %v (%v)", rd.cmd.Val(), err))
+		}
+		if len(v) == 0 {
+			return nil
+		}
+		args := []any{src.id, keep}
+		for _, x := range v {
+			args = append(args, x)
+		}
+		if err := b.runAll(ctx, "repartition "+queue, []*call{b.slotCall(queue, dest, "adopt", args...)}); err != nil {
+			return err
+		}
+		if len(v) < 2*forgetBatch {
+			return nil
+		}
+	}
+	return nil
 }
 
 // rebalancing is a process's state of the rebalances of one queue that

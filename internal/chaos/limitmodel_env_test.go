@@ -32,8 +32,8 @@ import (
 func TestLimitModel(t *testing.T) {
 	if os.Getenv("TIDE_LIMITMODEL_REDIS") == "" {
 		t.Skip("run on demand with TIDE_LIMITMODEL_REDIS=1: on Redis the model still finds open bugs " +
-			"(waits over a second while the queue's Rate has room, on the default seed and seeds 2 and 5; " +
-			"a Rate window over by one); see docs/guide.md")
+			"(Ordered tasks left waiting in some runs of seeds 1 and 2; SetQueueLimits during a repartition's " +
+			"retire phase refused); see docs/guide.md")
 	}
 	dir := runDir(t, "limitmodel-")
 	rs := redistest.StartIn(t, dir)

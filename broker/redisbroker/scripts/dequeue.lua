@@ -33,7 +33,10 @@
 -- changed later counts the starts made in its period before the change. A
 -- call refused for want of slots while tasks wait, or that leaves free
 -- slots unused under a cap, returns {'!'} alone: the caller rebalances the
--- queue's slots.
+-- queue's slots. A partition that holds its fair share (cs, rs) does not
+-- ask, but for rate tokens only until ru, when a token in use somewhere
+-- becomes free (maybe where nothing waits): a call refused after that asks
+-- again, and one refused before announces ru too.
 -- When the partition holds grouped tasks, due scheduled and retry tasks are
 -- not leased directly but made ready by Maintain (grouped ones join their
 -- group), and the groups with ready tasks are served round-robin, one task per turn, the ungrouped tasks
@@ -83,7 +86,7 @@ if cached then
 end
 if redis.call('EXISTS', KEYS[4]) == 1 then return {} end
 local n = tonumber(ARGV[4])
-local lim = redis.call('HMGET', KEYS[12], 'c', 'r', 'per', 'gc', 'gr', 'gper', 'ord', 'gh', 'ct', 'cs', 'rs')
+local lim = redis.call('HMGET', KEYS[12], 'c', 'r', 'per', 'gc', 'gr', 'gper', 'ord', 'gh', 'ct', 'cs', 'rs', 'ru')
 -- want is the reply of a call that starts nothing for want of slots: {'!'}
 -- asks the caller to rebalance the queue's slots (slots.lua) when tasks
 -- wait here and the partition may get more (fair is not '1'), else nothing.
@@ -124,13 +127,21 @@ if lim[2] then
     -- Room opens when the start that leaves the last one too many has
     -- left the window.
     local first = redis.call('ZRANGEBYSCORE', KEYS[13], since, '+inf', 'WITHSCORES', 'LIMIT', made - tonumber(lim[2]), 1)
-    local at = string.format('%d', (tonumber(first[2]) or now) + per)
+    local at = (tonumber(first[2]) or now) + per
+    -- Held at its fair share of the tokens (rs), the partition asks for
+    -- more again once a token of the queue may have become free elsewhere
+    -- (ru), and until then has servers come back at that moment.
+    local fair, ru = lim[11], tonumber(lim[12] or '')
+    if fair == '1' and ru then
+      if ru <= now then fair = nil elseif ru < at then at = ru end
+    end
+    at = string.format('%d', at)
     if (redis.call('LLEN', KEYS[2]) > 0 or redis.call('EXISTS', KEYS[14]) == 1) and redis.call('HGET', KEYS[12], 'w') ~= at then
       redis.call('HSET', KEYS[12], 'w', at)
       redis.call('PUBLISH', ARGV[6], 'p' .. ARGV[7] .. ':' .. at)
     end
     if redis.call('EXISTS', KEYS[14]) == 1 then release_held(g_keys(14), now) end
-    return want(lim[11])
+    return want(fair)
   end
   if room < n then n = room end
 end

@@ -1,6 +1,6 @@
 -- share.lua: set one partition's settings of its queue's limits.
 -- KEYS[1] limits hash of the partition (v: version; c, ce, r, re, ct, cs,
---         rs, xs, xo, xi:*: its slots, see slots.lua; per: rate period ms;
+--         rs, ru, xs, xo, xi:*: its slots, see slots.lua; per: rate period ms;
 --         w: last announced rate wake-up)
 -- KEYS[2] pending list  KEYS[3] active zset  KEYS[4] layout meta
 -- KEYS[5] starts zset (start ms of the tasks started in the last period)
@@ -35,11 +35,11 @@ elseif not held[1] or (held[2] or '0') ~= ARGV[3] then
   redis.call('HDEL', KEYS[1], 'ct', 'cs')
 end
 if ARGV[6] == '' then
-  redis.call('HDEL', KEYS[1], 'r', 're', 'rs', 'per', 'w')
+  redis.call('HDEL', KEYS[1], 'r', 're', 'rs', 'ru', 'per', 'w')
 else
   if not held[3] or (held[4] or '0') ~= ARGV[6] then
     redis.call('HSET', KEYS[1], 'r', 0, 're', ARGV[6])
-    redis.call('HDEL', KEYS[1], 'rs')
+    redis.call('HDEL', KEYS[1], 'rs', 'ru')
   end
   redis.call('HSET', KEYS[1], 'per', ARGV[7])
   redis.call('HDEL', KEYS[1], 'w')

@@ -26,7 +26,8 @@
 -- concurrency limit, no r: no rate limit), per (rate period ms), ct (the
 -- most tasks to run at once: a cap under c while other partitions want
 -- slots), cs and rs ('1': the partition holds its fair share of a limit it
--- would use more of, so wanting more is no news), xs, xo, xi:<source>.
+-- would use more of, so wanting more is no news), ru (until when rs holds:
+-- a token elsewhere may be free from then on), xs, xo, xi:<source>.
 local part = ARGV[1] == 'p'
 local L = KEYS[1]
 local op = ARGV[3]
@@ -67,8 +68,8 @@ end
 -- used counts the rate tokens used in the last period (starts still in the
 -- window). Older starts stay: dequeue.lua keeps every start for the longest
 -- period a rate may have, so that a rate changed later counts them.
-local function used(now)
-  local per = num('per')
+local function used(now, per)
+  per = per or num('per')
   if not per then return 0 end
   return redis.call('ZCOUNT', KEYS[2], '(' .. string.format('%d', now - per), '+inf')
 end
@@ -80,18 +81,86 @@ local function keep_starts(per)
 end
 
 if op == 'state' then
-  -- ARGV[4] the most waiting tasks worth counting. Returns meta, c, ce, r,
-  -- re, ct, xo, active, waiting, used, cs, rs ('' for a missing field).
+  -- ARGV[4] the most waiting tasks worth counting  ARGV[5] the queue's
+  -- rate period, ms ('' none): starts are counted in it also where the
+  -- partition has no tokens of the rate yet (it was switched on, and this
+  -- partition not told yet). Returns meta, c, ce, r, re, ct, xo, active,
+  -- waiting, used, cs, rs, and the ms until the oldest start in the
+  -- period leaves it ('' for a missing field, or no such start).
   local f = redis.call('HMGET', L, 'c', 'ce', 'r', 're', 'ct', 'xo', 'cs', 'rs')
   if not part then
-    return {'bank', f[1] or '', f[2] or '0', f[3] or '', f[4] or '0', '', f[6] or '', 0, 0, 0, '', ''}
+    return {'bank', f[1] or '', f[2] or '0', f[3] or '', f[4] or '0', '', f[6] or '', 0, 0, 0, '', '', ''}
   end
   local meta = redis.call('GET', KEYS[5]) or ''
   local now = redis_now()
-  local u = 0
-  if f[3] then u = used(now) end
+  local u, frees = 0, ''
+  local per = tonumber(ARGV[5] or '') or (f[3] and num('per'))
+  if per then
+    u = used(now, per)
+    if u > 0 then
+      local first = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. string.format('%d', now - per), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+      if first[2] then frees = string.format('%d', math.max(tonumber(first[2]) + per - now, 0)) end
+    end
+  end
   return {meta, f[1] or '', f[2] or '0', f[3] or '', f[4] or '0', f[5] or '', f[6] or '',
-    redis.call('ZCARD', KEYS[3]), waiting(now, tonumber(ARGV[4])), u, f[7] or '', f[8] or ''}
+    redis.call('ZCARD', KEYS[3]), waiting(now, tonumber(ARGV[4])), u, f[7] or '', f[8] or '', frees}
+end
+
+if op == 'oldest' then
+  -- ARGV[4] k  ARGV[5] the rate's period, ms. Returns member, age (ms) of
+  -- the k oldest starts in the period, oldest first.
+  local per = tonumber(ARGV[5])
+  if not part or not per then return {} end
+  local now = redis_now()
+  local zs = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. string.format('%d', now - per), '+inf', 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[4]))
+  local out = {}
+  for j = 1, #zs, 2 do
+    out[#out + 1] = zs[j]
+    out[#out + 1] = string.format('%d', math.max(now - tonumber(zs[j + 1]), 0))
+  end
+  return out
+end
+
+if op == 'forget' then
+  -- ARGV[4..] members of the starts zset: starts no token backs, the
+  -- oldest of the queue's period (see Broker.dropUnbacked), are no longer
+  -- counted. By member, so a call sent twice forgets nothing more.
+  if not part or not alive() or #ARGV < 4 then return 0 end
+  return redis.call('ZREM', KEYS[2], unpack(ARGV, 4))
+end
+
+if op == 'starts' then
+  -- ARGV[4] how long starts are kept, ms  ARGV[5] offset  ARGV[6] count.
+  -- Returns member, age (ms) of the starts kept, newest first, from offset
+  -- on: those a repartition copies from an old partition (Broker.copyStarts).
+  if not part then return {} end
+  local now = redis_now()
+  local zs = redis.call('ZREVRANGEBYSCORE', KEYS[2], '+inf', '(' .. string.format('%d', now - tonumber(ARGV[4])), 'WITHSCORES', 'LIMIT', tonumber(ARGV[5]), tonumber(ARGV[6]))
+  local out = {}
+  for j = 1, #zs, 2 do
+    out[#out + 1] = zs[j]
+    out[#out + 1] = string.format('%d', math.max(now - tonumber(zs[j + 1]), 0))
+  end
+  return out
+end
+
+if op == 'adopt' then
+  -- ARGV[4] source ID  ARGV[5] how long starts are kept, ms, then pairs
+  -- member, age: starts of an old partition of a repartition, entered here
+  -- with their ages (later than they were read: they count at least as
+  -- long as there) under names of their own, so a copy sent twice counts
+  -- once.
+  if not part or not alive() then return 0 end
+  local now = redis_now()
+  local zs = {}
+  for i = 6, #ARGV - 1, 2 do
+    zs[#zs + 1] = string.format('%d', now - tonumber(ARGV[i + 1]))
+    zs[#zs + 1] = 'o' .. ARGV[4] .. '.' .. ARGV[i]
+  end
+  if #zs == 0 then return 0 end
+  redis.call('ZADD', KEYS[2], unpack(zs))
+  if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[5]) then redis.call('PEXPIRE', KEYS[2], ARGV[5]) end
+  return #zs / 2
 end
 
 if op == 'give' then
@@ -101,7 +170,7 @@ if op == 'give' then
   -- the node can: free concurrency slots (held, not used by a running
   -- task), rate tokens (free ones first, then used ones, each with the age
   -- of the start that used it, which counts at the destination as it did
-  -- here). Returns {'ok', record}, {'none', ''} when nothing could be
+  -- here; used ones given to the bank leave their starts here). Returns {'ok', record}, {'none', ''} when nothing could be
   -- given, or {'busy', record} when a record is outstanding (complete it
   -- first; it may be this very call's, sent twice).
   if part then
@@ -138,9 +207,13 @@ if op == 'give' then
       local fromfree = math.min(dr, freer)
       freer = freer - fromfree
       local n = dr - fromfree
-      if n > 0 and part then
+      if n > 0 and part and ARGV[i] ~= 'B' then
         -- the oldest starts still in the window: the tokens they use go
-        -- with their ages
+        -- with their ages. Tokens that pay the bank's debt (a lowered
+        -- limit) leave their starts here: the starts were made all the
+        -- same, so this partition starts nothing more until they are out
+        -- of the period, and the bank, which keeps no starts, gets no
+        -- token it could give out again while its start is in the period.
         local zs = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. string.format('%d', now - num('per')), '+inf', 'WITHSCORES', 'LIMIT', 0, n)
         for j = 1, #zs, 2 do
           redis.call('ZREM', KEYS[2], zs[j])
@@ -226,8 +299,12 @@ if op == 'cap' then
   -- ARGV[8] partition index  ARGV[9..11] c, r and ct as the caller read
   -- them ('' missing)  ARGV[12] the limits version it computed with: when
   -- any of these changed since, the cap was computed from a state that is
-  -- gone and nothing is written (returns 0). Wakes idle servers when a
-  -- higher cap leaves room for tasks that wait.
+  -- gone and nothing is written (returns 0)  ARGV[13] with rs, the ms from
+  -- now after which rs is stale ('' never): a rate token of the queue
+  -- becomes free then, maybe where no task wants it, so a dequeue refused
+  -- for want of tokens after that asks for a rebalance again (field ru,
+  -- the Redis time). Wakes idle servers when a higher cap leaves room for
+  -- tasks that wait.
   local bad = layout_error(KEYS[5], ARGV[2])
   if bad then return bad end
   local seen = redis.call('HMGET', L, 'c', 'r', 'ct', 'v')
@@ -239,6 +316,11 @@ if op == 'cap' then
   if ARGV[4] == '' then redis.call('HDEL', L, 'ct') else redis.call('HSET', L, 'ct', ARGV[4]) end
   for _, kv in ipairs({{'cs', ARGV[5]}, {'rs', ARGV[6]}}) do
     if kv[2] == '1' then redis.call('HSET', L, kv[1], '1') else redis.call('HDEL', L, kv[1]) end
+  end
+  if ARGV[6] == '1' and (ARGV[13] or '') ~= '' then
+    redis.call('HSET', L, 'ru', string.format('%d', redis_now() + tonumber(ARGV[13])))
+  else
+    redis.call('HDEL', L, 'ru')
   end
   local new = tonumber(ARGV[4])
   if old and (not new or new > old) and waiting(redis_now(), 1) > 0 then
