@@ -109,13 +109,17 @@ type Delivery struct {
 
 // Lease returns the reference to d's lease.
 func (d *Delivery) Lease() LeaseRef {
-	return LeaseRef{Queue: d.Task.Queue, ID: d.Task.ID, Token: d.Token}
+	return LeaseRef{Queue: d.Task.Queue, ID: d.Task.ID, Group: d.Task.Group, Token: d.Token}
 }
 
 // LeaseRef names one delivery's lease.
 type LeaseRef struct {
 	Queue string
 	ID    string
+	// Group is the task's group ("" for none), as delivered: a broker
+	// with several partitions keeps a group's tasks in the group's
+	// partition, so it finds a grouped task's lease there whatever the ID.
+	Group string
 	Token uint64
 }
 

@@ -54,7 +54,7 @@ func (b *Broker) stepCall(ctx context.Context, op string, lease broker.LeaseRef,
 	if err != nil {
 		return nil, err
 	}
-	for _, p := range b.lookup(lease.Queue, l, lease.ID) {
+	for _, p := range b.lookup(lease.Queue, l, leaseKey(lease)) {
 		c := &call{script: b.s.step, keys: p.keys("t", "result", "meta"),
 			args: []any{p.layout, lease.ID, lease.Token, mode, kind, name, value, broker.MaxStepRecords, broker.MaxStepBytes}, queue: lease.Queue}
 		b.run(ctx, []*call{c})
