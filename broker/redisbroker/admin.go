@@ -314,7 +314,12 @@ func (b *Broker) adminOne(ctx context.Context, op, queue, id string) error {
 		return err
 	}
 	var code int64
-	for _, p := range b.lookup(queue, l, id) {
+	where, err := b.resolve(ctx, queue, l, id)
+	if err != nil {
+		return err
+	}
+	for _, f := range where {
+		p := f.p
 		rid, cache, exp, _ := b.request(p)
 		c := b.adminCall(p, rid, cache, exp, op, id, 0)
 		b.run(ctx, []*call{c})

@@ -24,6 +24,9 @@ type item struct {
 	own     bool // the broker chose the ID (and may draw again on a proven collision)
 	replace bool // EnqueueOptions.Replace, for a task with its own ID
 	watch   bool // EnqueueOptions.Watch
+	// claim is the nonce and store deadline of the task's claim in its
+	// ID's partition (enqueueFree), for enqueue.lua; "" for none.
+	claim string
 }
 
 // maxRedraws bounds how often a broker-chosen ID that met another task is
@@ -86,9 +89,7 @@ func (b *Broker) Enqueue(ctx context.Context, tasks []*tidetype.TaskInfo, opts b
 		case broker.FreeGroupID(t.ID, t.Group) && l.old != nil:
 			errs[i] = fmt.Errorf("%w: queue %q is being repartitioned to %d partitions; task ID %q of group %q must hold the group as its tag, e.g. %q",
 				broker.ErrInvalidTask, t.Queue, l.cur.n, t.ID, t.Group, t.ID+"{"+t.Group+"}")
-		case broker.FreeGroupID(t.ID, t.Group):
-			errs[i] = broker.CheckGroupID(t.ID, t.Group, l.cur.n)
-		case t.UniqueKey != "" && !it.own && broker.Partition(t.ID, l.cur.n) != broker.Partition(t.UniqueKey, l.cur.n):
+		case t.UniqueKey != "" && !it.own && broker.Partition(storeKey(t), l.cur.n) != broker.Partition(t.UniqueKey, l.cur.n):
 			// The task and its lock must share a partition (one script
 			// sees both); the caller chose an ID elsewhere.
 			errs[i] = fmt.Errorf("%w: Unique cannot be combined with TaskID on queue %q, which has %d partitions; the task ID already makes the task unique",
@@ -101,8 +102,15 @@ func (b *Broker) Enqueue(ctx context.Context, tasks []*tidetype.TaskInfo, opts b
 	var send []item
 	var at []int
 	for i, it := range items {
-		if errs[i] == nil {
+		if errs[i] == nil && !needsPointer(it.t, it.lay) {
 			send, at = append(send, it), append(at, i)
+		}
+	}
+	// Grouped tasks with IDs of their own away from their group's
+	// partition: claim, store, confirm, one at a time.
+	for i, it := range items {
+		if errs[i] == nil && needsPointer(it.t, it.lay) {
+			errs[i] = b.enqueueFree(ctx, it, opts)
 		}
 	}
 	if len(send) == 0 {
@@ -120,6 +128,10 @@ func (b *Broker) Enqueue(ctx context.Context, tasks []*tidetype.TaskInfo, opts b
 	if err != nil {
 		return nil, err
 	}
+	for j, i := range at {
+		errs[i] = got[j]
+	}
+	b.freeConflicts(ctx, send, got, opts)
 	for j, i := range at {
 		errs[i] = got[j]
 	}
@@ -223,6 +235,8 @@ func (b *Broker) enqueueNow(ctx context.Context, items []item, opts broker.Enque
 					// stored then is the answer.
 					errs[i] = nil
 					items[i].t.ID, firsts = firsts[0], firsts[1:]
+				case '6':
+					errs[i] = errFenced
 				case '5':
 					errs[i] = fmt.Errorf("%w: queue %q is being repartitioned; task ID %q of group %q must hold the group as its tag, e.g. %q (or repartition the queue to 1 to cancel a repartition that stopped before it began)",
 						broker.ErrInvalidTask, items[i].t.Queue, items[i].t.ID, items[i].t.Group, items[i].t.ID+"{"+items[i].t.Group+"}")
@@ -361,12 +375,12 @@ type group struct {
 func (b *Broker) groupItems(items []item, idx []int) []*group {
 	if len(idx) == 1 { // the common single Enqueue: no map
 		it := items[idx[0]]
-		return []*group{{p: b.partOf(it.t.Queue, it.lay, it.t.ID), idx: idx}}
+		return []*group{{p: b.partOf(it.t.Queue, it.lay, storeKey(it.t)), idx: idx}}
 	}
 	var gs grouping
 	for _, i := range idx {
 		it := items[i]
-		gs.add(b.partOf(it.t.Queue, it.lay, it.t.ID), i)
+		gs.add(b.partOf(it.t.Queue, it.lay, storeKey(it.t)), i)
 	}
 	return gs.order
 }
@@ -415,12 +429,16 @@ func (b *Broker) enqueueCall(p part, items []item, idx []int) *call {
 		if broker.FreeGroupID(t.ID, t.Group) {
 			kind += "f"
 		}
-		args = append(args, t.ID, codec.Encode(t, 0), kind, t.NextProcessAt.UnixMilli(), t.UniqueKey, t.UniqueTTL.Milliseconds(), t.IdempotencyKey, t.Group)
+		g := t.Group
+		if items[i].claim != "" {
+			g += "\x00" + items[i].claim
+		}
+		args = append(args, t.ID, codec.Encode(t, 0), kind, t.NextProcessAt.UnixMilli(), t.UniqueKey, t.UniqueTTL.Milliseconds(), t.IdempotencyKey, g)
 	}
 	keys := append(p.keys("t", "pending", "scheduled", "retry", "u", "meta"), cache,
 		p.k("ik:"+strconv.FormatInt(n, 10)), p.k("ik:"+strconv.FormatInt(n-1, 10)))
 	keys = append(append(keys, p.keys("active", "archived", "completed", "result", "h")...), p.groupKeys()...)
-	keys = append(keys, p.k("wt"), p.k(eventsKey))
+	keys = append(keys, p.k("wt"), p.k(eventsKey), p.k("xr"))
 	return &call{
 		script: b.s.enqueue,
 		keys:   keys,

@@ -446,6 +446,7 @@ type Broker struct {
 	subs     map[int]func() // open subscriptions, ended by Close
 	subSeq   int
 	layouts  sync.Map // queue name -> layout
+	idSweeps sync.Map // partition base -> time of its last sweepIDs
 	// cacheExpiry maps a partition's key prefix to the last of its reply
 	// caches whose expiry a call of this process set (enqueuePlainCall).
 	cacheExpiry sync.Map

@@ -206,22 +206,20 @@ func (b *Broker) startRepartition(ctx context.Context, queue string, n int) (lay
 		return l, nil
 	}
 	if l.cur.n == n {
-		if n == 1 {
-			// Undo the hold of a repartition that stopped before it began
-			// (see holdFreeIDs).
-			if err := b.rdb.HDel(ctx, b.partAt(queue, l, 0).k("gs"), "xf").Err(); err != nil {
+		// Undo the hold of a repartition that stopped before it began
+		// (see holdFreeIDs).
+		for i := range n {
+			if err := b.rdb.HDel(ctx, b.partAt(queue, l, i).k("gs"), "xf").Err(); err != nil {
 				return layout{}, fmt.Errorf("tide: redisbroker: repartition %s: %w", queue, classify(err))
 			}
 		}
 		return l, nil
 	}
-	if l.cur.n == 1 {
-		if err := b.holdFreeIDs(ctx, queue, l); err != nil {
-			return layout{}, err
-		}
-		if afterHold != nil {
-			afterHold(queue)
-		}
+	if err := b.holdFreeIDs(ctx, queue, l); err != nil {
+		return layout{}, err
+	}
+	if afterHold != nil {
+		afterHold(queue)
 	}
 	next := span{n: n, epoch: l.cur.epoch + 1}
 	ml := layout{tag: next.tag() + "<" + l.cur.tag(), cur: next, old: &span{n: l.cur.n, epoch: l.cur.epoch}}
@@ -306,36 +304,49 @@ var afterHold func(queue string)
 // goes and the repartition is refused. It finds none: the mark stays until
 // the old partition is retired, or a repartition to one partition lifts it.
 func (b *Broker) holdFreeIDs(ctx context.Context, queue string, l layout) error {
-	p := b.partAt(queue, l, 0)
 	fail := func(err error) error {
 		return fmt.Errorf("tide: redisbroker: repartition %s: %w", queue, classify(err))
 	}
-	if err := b.rdb.HSet(ctx, p.k("gs"), "xf", "1").Err(); err != nil {
-		return fail(err)
+	unhold := func() error {
+		for i := range l.cur.n {
+			if err := b.rdb.HDel(ctx, b.partAt(queue, l, i).k("gs"), "xf").Err(); err != nil {
+				return fail(err)
+			}
+		}
+		return nil
 	}
-	var cursor uint64
-	for {
-		kv, next, err := b.rdb.HScan(ctx, p.k("gid"), cursor, "", 1000).Result()
-		if err != nil {
+	for i := range l.cur.n {
+		if err := b.rdb.HSet(ctx, b.partAt(queue, l, i).k("gs"), "xf", "1").Err(); err != nil {
 			return fail(err)
 		}
-		for i := 0; i+1 < len(kv); i += 2 {
-			id, g := kv[i], kv[i+1]
-			if j := strings.IndexByte(g, 0); j >= 0 {
-				g = g[:j]
+	}
+	for i := range l.cur.n {
+		p := b.partAt(queue, l, i)
+		var cursor uint64
+		for {
+			kv, next, err := b.rdb.HScan(ctx, p.k("gid"), cursor, "", 1000).Result()
+			if err != nil {
+				return fail(err)
 			}
-			if broker.FreeGroupID(id, g) {
-				if err := b.rdb.HDel(ctx, p.k("gs"), "xf").Err(); err != nil {
-					return fail(err)
+			for i := 0; i+1 < len(kv); i += 2 {
+				id, g := kv[i], kv[i+1]
+				if j := strings.IndexByte(g, 0); j >= 0 {
+					g = g[:j]
 				}
-				return fmt.Errorf("%w: queue %q holds grouped tasks whose IDs do not carry their group (%q of group %q); on several partitions a task is found by its ID and a group's tasks live together, so such a task could not be found. Delete them or let them finish and go (after their Retention; archived ones when deleted), then repartition again",
-					broker.ErrLayout, queue, id, g)
+				if broker.FreeGroupID(id, g) {
+					if err := unhold(); err != nil {
+						return err
+					}
+					return fmt.Errorf("%w: queue %q holds grouped tasks whose IDs do not carry their group (%q of group %q); a repartition does not move them yet. Delete them or let them finish and go (after their Retention; archived ones when deleted), then repartition again",
+						broker.ErrLayout, queue, id, g)
+				}
 			}
-		}
-		if cursor = next; cursor == 0 {
-			return nil
+			if cursor = next; cursor == 0 {
+				break
+			}
 		}
 	}
+	return nil
 }
 
 // markOld writes the meta key of each partition of l's old span that still
