@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -22,14 +23,19 @@ import (
 // ids.lua and docs/design.md ("Free IDs on several partitions") describe
 // the protocol, enqueueFree runs it.
 
-// clockSlack is how far apart the clocks of two Redis nodes may be: a
-// fence outlives the last moment its claim's store may run by this much,
-// and the maintainer repairs a claim only this long after that moment.
-var clockSlack = time.Minute
+// slackNs is how far apart the clocks of two Redis nodes may be (ns; a
+// minute, tests change it): a fence outlives the last moment its claim's
+// store may run by this much, and the maintainer repairs a claim only this
+// long after that moment.
+var slackNs atomic.Int64
+
+func init() { slackNs.Store(int64(time.Minute)) }
+
+func clockSlack() time.Duration { return time.Duration(slackNs.Load()) }
 
 // afterClaim, when set (by tests), runs after a claim and before its
 // store; an error ends the enqueue there, as if the client died.
-var afterClaim func(id string) error
+var afterClaim atomic.Pointer[func(id string) error]
 
 // pointerLook is how long after a pointer is confirmed the maintainer of
 // its partition first looks whether its task is still there.
@@ -125,7 +131,7 @@ func (b *Broker) sameSpan(queue string, l layout, p part, key string) part {
 // releases it (it never will be).
 func (b *Broker) repair(ctx context.Context, queue string, l layout, in part, id string, ptr pointer) error {
 	g := b.sameSpan(queue, l, in, ptr.group)
-	exp := ptr.at + (b.claimLife() + clockSlack).Milliseconds()
+	exp := ptr.at + (b.claimLife() + clockSlack()).Milliseconds()
 	r, err := b.idsText(ctx, g, "fence", id, ptr.nonce, exp)
 	if err != nil {
 		return err
@@ -165,7 +171,7 @@ func (b *Broker) enqueueFree(ctx context.Context, it item, opts broker.EnqueueOp
 	in := b.partOf(t.Queue, l, t.ID)
 	home := b.partOf(t.Queue, l, t.Group)
 	nonce := newNonce()
-	look := (b.claimLife() + clockSlack).Milliseconds()
+	look := (b.claimLife() + clockSlack()).Milliseconds()
 	swap := ""
 	var at int64
 	for attempt := 0; ; attempt++ {
@@ -210,8 +216,8 @@ func (b *Broker) enqueueFree(ctx context.Context, it item, opts broker.EnqueueOp
 			return broker.ErrTaskIDConflict
 		}
 	}
-	if afterClaim != nil {
-		if err := afterClaim(t.ID); err != nil {
+	if f := afterClaim.Load(); f != nil {
+		if err := (*f)(t.ID); err != nil {
 			return err
 		}
 	}
@@ -352,7 +358,7 @@ func (b *Broker) sweepIDs(ctx context.Context, queue string, l layout, p part) e
 			continue
 		}
 		if ptr.state == 'c' {
-			if now < ptr.at+(b.claimLife()+clockSlack).Milliseconds() {
+			if now < ptr.at+(b.claimLife()+clockSlack()).Milliseconds() {
 				continue // not due after all (clocks); looked at later
 			}
 			if err := b.repair(ctx, queue, l, p, id, ptr); err != nil {

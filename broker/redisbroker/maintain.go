@@ -41,10 +41,6 @@ func (b *Broker) Maintain(ctx context.Context, req broker.MaintainRequest) (brok
 		// Now and then, in case a crash left a transfer of slots
 		// outstanding or a partition's wish for slots went unheard.
 		b.sweep(req.Queue)
-		// Claims nobody finished, pointers whose task is gone.
-		if err := b.sweepIDs(ctx, req.Queue, l, p); err != nil {
-			b.log.Warn("tide: redisbroker: sweep of the task index", "queue", req.Queue, "partition", req.Partition, "err", err)
-		}
 	}
 	res, err := c.cmd.Int64Slice()
 	if err != nil || len(res) != 9 {
@@ -66,6 +62,12 @@ func (b *Broker) Maintain(ctx context.Context, req broker.MaintainRequest) (brok
 	}
 	if res[8] >= 0 {
 		out.NextLeaseIn = time.Duration(res[8]) * time.Millisecond
+	}
+	if out.Owned && !req.Release {
+		// Claims nobody finished, pointers whose task is gone (freeids.go).
+		if err := b.sweepIDs(ctx, req.Queue, l, p); err != nil {
+			b.log.Warn("tide: redisbroker: sweep of the task index", "queue", req.Queue, "partition", req.Partition, "err", err)
+		}
 	}
 	return out, nil
 }
