@@ -13,6 +13,10 @@
 --   fence   4 nonce  5 expiry (ms)
 --   look    4 'r' a record only counts, 'a' also a waiter or a kept outcome
 --   due     (none)
+--   put     4 nonce  5 group: a repartition writes the confirmed pointer
+--           of a task it moves (in its new I)
+--   drop    4 group: a repartition drops the pointer of a task it moved
+--           (in its old I)
 -- A pointer is the record hash's field ID holding "\0g", its state ('c'
 -- claimed, 'k' confirmed), its nonce (16 characters), the claim's time
 -- (ms, I's clock), "\0" and the group.
@@ -21,7 +25,8 @@
 -- another nonce's pointer; confirm and release '1' done, '0' the pointer
 -- is not this nonce's (or not in that state); fence 's' G holds a record
 -- for the ID, 'f' fenced: a store with this nonce is refused from now on;
--- look '1' or '0'; due a flat list of ID, pointer of the pointers whose
+-- look '1' or '0'; put '1' written, '0' a task record or placeholder holds
+-- the ID; drop '1' dropped, '0' no pointer of that group; due a flat list of ID, pointer of the pointers whose
 -- look is due, each put off by its age (10 s to an hour).
 local bad = layout_error(KEYS[6], ARGV[1])
 if bad then return bad end
@@ -72,6 +77,19 @@ elseif op == 'look' then
   if rec_ok(redis.call('HGET', KEYS[1], id)) then return '1' end
   if ARGV[4] == 'a' and (redis.call('HEXISTS', KEYS[4], id) == 1 or redis.call('HEXISTS', KEYS[5], id) == 1) then return '1' end
   return '0'
+elseif op == 'put' then
+  local cur = redis.call('HGET', KEYS[1], id)
+  if cur and not ptr_parse(cur) then return '0' end
+  local now = redis_now()
+  redis.call('HSET', KEYS[1], id, '\0gk' .. ARGV[4] .. string.format('%d', now) .. '\0' .. ARGV[5])
+  redis.call('ZADD', KEYS[2], now + 10000, id)
+  return '1'
+elseif op == 'drop' then
+  local st, _, _, g = ptr_parse(redis.call('HGET', KEYS[1], id))
+  if not st or g ~= ARGV[4] then return '0' end
+  redis.call('HDEL', KEYS[1], id)
+  redis.call('ZREM', KEYS[2], id)
+  return '1'
 elseif op == 'due' then
   local now = redis_now()
   local out = {}
