@@ -377,7 +377,9 @@ type Core interface {
 	// hash tag); a task with an ID keeps it. An ID names one task of the
 	// queue whatever its group. Per-task errors are ErrTaskIDConflict,
 	// ErrDuplicateTask, ErrNotReplicated, and ErrInvalidTask for a grouped
-	// task whose ID the queue's partitions cannot place (CheckGroupID).
+	// task whose ID the broker cannot place now (the Redis broker takes an
+	// ID without the group's tag on any partition count, but not while the
+	// queue is repartitioned).
 	Enqueue(ctx context.Context, tasks []*tidetype.TaskInfo, opts EnqueueOptions) ([]error, error)
 
 	// Dequeue leases up to n pending tasks from the queues, trying them in
@@ -455,8 +457,9 @@ type Clock interface {
 // task in Partition(ID, n). n < 2 gives 0. Like a Redis Cluster hash tag, a
 // key that holds a non-empty "{tag}" is mapped by the tag alone (the text
 // between its first '{' and the next '}'): the tasks of group G are kept in
-// Partition(G, n), and on a queue of several partitions a grouped task's ID
-// carries "{G}" so that it is found there by ID (see CheckGroupID).
+// Partition(G, n), so a grouped task whose ID carries "{G}" is found there
+// by its ID directly (one whose ID does not is found through an index, see
+// FreeGroupID).
 func Partition(key string, n int) int {
 	if n < 2 {
 		return 0

@@ -462,6 +462,12 @@ func (b *Broker) DeleteQueue(ctx context.Context, queue string) error {
 	}
 	for i := range l.total() {
 		p := b.partAt(queue, l, i)
+		if l.cur.n > 1 {
+			if err := b.dropPointers(ctx, queue, l, p); err != nil {
+				restore()
+				return err
+			}
+		}
 		// The events stream goes with the partition's other keys.
 		n, err := b.s.drop.Run(ctx, b.rdb, append(b.moveKeys(p), p.k(eventsKey)), p.layout, keepArg).Int()
 		if err != nil {
@@ -472,6 +478,7 @@ func (b *Broker) DeleteQueue(ctx context.Context, queue string) error {
 			restore()
 			return fmt.Errorf("%w: a task arrived in queue %q while it was deleted; it is kept", broker.ErrQueueNotEmpty, queue)
 		}
+		b.rdb.Del(ctx, p.k("x"), p.k("xr")) // the task index's, not among drop.lua's keys
 	}
 	if keep {
 		return nil

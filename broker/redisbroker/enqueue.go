@@ -51,8 +51,8 @@ func validTask(t *tidetype.TaskInfo) error {
 		return fmt.Errorf("%w: cannot enqueue a task in state %s", broker.ErrInvalidTask, t.State)
 	}
 	if t.Group != "" {
-		// The ID is checked against the queue's layout (CheckGroupID) per
-		// task, in Enqueue.
+		// An ID without the group's tag takes the protocol of freeids.go
+		// on several partitions, in Enqueue.
 		return broker.CheckGroup(t.Group)
 	}
 	return nil

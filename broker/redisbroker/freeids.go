@@ -251,7 +251,7 @@ func (b *Broker) enqueueFree(ctx context.Context, it item, opts broker.EnqueueOp
 // is cleared and the task sent again.
 func (b *Broker) freeConflicts(ctx context.Context, items []item, errs []error, opts broker.EnqueueOptions) {
 	for i, it := range items {
-		if !errors.Is(errs[i], broker.ErrTaskIDConflict) || it.own || it.lay.cur.n < 2 || needsPointer(it.t, it.lay) {
+		if !errors.Is(errs[i], broker.ErrTaskIDConflict) || it.own || it.lay.cur.n < 2 || it.lay.old != nil || needsPointer(it.t, it.lay) {
 			continue
 		}
 		in := b.partOf(it.t.Queue, it.lay, it.t.ID)
@@ -329,6 +329,28 @@ func (b *Broker) release(ctx context.Context, f found, id string) {
 	if _, err := b.idsText(ctx, *f.via, "release", id, f.nonce, "k"); err != nil {
 		b.log.Debug("tide: redisbroker: a task's index entry is left; the partition's maintainer drops it", "err", err)
 	}
+}
+
+// dropPointers releases every pointer of partition p whose task is not in
+// its group's partition (a claim is repaired first), for DeleteQueue: an
+// empty partition may hold pointers left by tasks that ended.
+func (b *Broker) dropPointers(ctx context.Context, queue string, l layout, p part) error {
+	ids, err := b.rdb.ZRange(ctx, p.k("x"), 0, -1).Result()
+	if err != nil {
+		return callErr("delete queue "+queue, classify(err))
+	}
+	for _, id := range ids {
+		v, err := b.rdb.HGet(ctx, p.k("t"), id).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return callErr("delete queue "+queue, classify(err))
+		}
+		if ptr, ok := parsePointer(v); ok {
+			if _, err := b.clearPointer(ctx, queue, l, p, id, ptr); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // sweepIDs looks at the due pointers of partition p: a claim is repaired,

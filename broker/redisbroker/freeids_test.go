@@ -248,3 +248,35 @@ func TestFreeIDPointersOfEndedTasksGo(t *testing.T) {
 		t.Fatalf("GetTask(%s): %+v, %v", kept, got, err)
 	}
 }
+
+// An empty queue whose tasks with free IDs ended (their pointers left
+// behind) is deleted; one that holds such a task is not empty.
+func TestFreeIDDeleteQueue(t *testing.T) {
+	t.Parallel()
+	e := setup(t, redisbroker.WithPartitions(6))
+	ctx := context.Background()
+	const q = "delq"
+	mustEnqueue(t, e.b, broker.EnqueueOptions{}, freeMsg(q, "order-cancel:42", "shop-7"))
+	if err := e.b.DeleteQueue(ctx, q); !errors.Is(err, broker.ErrQueueNotEmpty) {
+		t.Fatalf("DeleteQueue holding a task: %v, want ErrQueueNotEmpty", err)
+	}
+	ds, err := e.b.Dequeue(ctx, []string{q}, 1, time.Minute)
+	if err != nil || len(ds) != 1 {
+		t.Fatalf("Dequeue: %v, %v", ds, err)
+	}
+	if errs, err := e.b.Settle(ctx, []broker.Settlement{{Lease: ds[0].Lease(), Kind: broker.SettleDone, Task: ds[0].Task}}); err != nil || errs[0] != nil {
+		t.Fatalf("Settle: %v %v", errs, err)
+	}
+	if err := e.b.DeleteQueue(ctx, q); err != nil {
+		t.Fatalf("DeleteQueue once its task ended: %v", err)
+	}
+	keys, err := e.rdb.Keys(ctx, e.prefix+":{"+q+":*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if !strings.Contains(k, "}:rq:") { // reply caches expire on their own
+			t.Fatalf("key left: %s", k)
+		}
+	}
+}

@@ -42,10 +42,9 @@ var _ broker.Repartitioner = (*Broker)(nil)
 // resumes a repartition that stopped. progress, when not nil, is called after
 // each step with the tasks moved so far and those still in the old span.
 //
-// A queue of one partition that holds grouped tasks whose IDs lack their
-// group's tag (broker.CheckGroupID) is not repartitioned to more: the call
-// fails with an error wrapping broker.ErrLayout that names one, and
-// changes nothing.
+// Grouped tasks whose IDs lack their group's tag (broker.FreeGroupID) move
+// with their groups and stay found by their IDs (see the package
+// documentation, "Groups"); new ones are refused while the move runs.
 //
 // Grouped tasks keep their enqueue order, and their groups' rate windows
 // and throttles go with them; grouped tasks start nowhere until the
