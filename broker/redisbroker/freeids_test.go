@@ -185,7 +185,11 @@ func TestFreeIDSlowStoreIsFenced(t *testing.T) {
 		}
 		done <- err
 	}()
-	<-paused
+	select {
+	case <-paused:
+	case err := <-done:
+		t.Fatalf("the enqueue ended before its store: %v", err)
+	}
 	mustEnqueue(t, e.b, broker.EnqueueOptions{}, freeMsg(q, "slow:1", "shop-8"))
 	close(resume)
 	if err := <-done; !errors.Is(err, broker.ErrUnavailable) || errors.Is(err, broker.ErrOutcomeUnknown) {
