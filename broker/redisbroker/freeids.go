@@ -89,17 +89,22 @@ func newNonce() string {
 
 // ids runs one ids.lua op in partition p.
 func (b *Broker) ids(ctx context.Context, p part, op, id string, args ...any) (*redis.Cmd, error) {
-	c := &call{
-		script: b.s.ids,
-		keys:   p.keys("t", "x", "xr", "wt", "oc", "meta"),
-		args:   append([]any{p.layout, op, id}, args...),
-		queue:  p.queue,
-	}
+	c := b.idsCall(p, op, id, args...)
 	b.run(ctx, []*call{c})
 	if c.err != nil {
 		return nil, callErr("task index "+op, c.err)
 	}
 	return c.cmd, nil
+}
+
+// idsCall is a call of one ids.lua op in partition p.
+func (b *Broker) idsCall(p part, op, id string, args ...any) *call {
+	return &call{
+		script: b.s.ids,
+		keys:   p.keys("t", "x", "xr", "wt", "oc", "meta"),
+		args:   append([]any{p.layout, op, id}, args...),
+		queue:  p.queue,
+	}
 }
 
 func (b *Broker) idsText(ctx context.Context, p part, op, id string, args ...any) (string, error) {
@@ -372,7 +377,15 @@ func (b *Broker) sweepIDs(ctx context.Context, queue string, l layout, p part) e
 	if err != nil {
 		return callErr("task index due", fmt.Errorf("unexpected reply: %w", err))
 	}
+	// Claims are rare: repaired one by one. The looks at confirmed
+	// pointers go in one pipeline, and so do the releases.
 	now := b.Now().UnixMilli()
+	type look struct {
+		id  string
+		ptr pointer
+		c   *call
+	}
+	var looks []look
 	for i := 0; i+1 < len(vals); i += 2 {
 		id := vals[i]
 		ptr, ok := parsePointer(vals[i+1])
@@ -389,13 +402,30 @@ func (b *Broker) sweepIDs(ctx context.Context, queue string, l layout, p part) e
 			continue
 		}
 		g := b.partOf(queue, l, ptr.group)
-		has, err := b.idsText(ctx, g, "look", id, "a")
-		if err != nil {
-			return err
+		looks = append(looks, look{id: id, ptr: ptr, c: b.idsCall(g, "look", id, "a")})
+	}
+	if len(looks) == 0 {
+		return nil
+	}
+	calls := make([]*call, len(looks))
+	for i, lk := range looks {
+		calls[i] = lk.c
+	}
+	b.run(ctx, calls)
+	var releases []*call
+	for _, lk := range looks {
+		if lk.c.err != nil {
+			return callErr("task index look", lk.c.err)
 		}
-		if has == "0" {
-			if _, err := b.idsText(ctx, p, "release", id, ptr.nonce, "k"); err != nil {
-				return err
+		if has, _ := lk.c.cmd.Text(); has == "0" {
+			releases = append(releases, b.idsCall(p, "release", lk.id, lk.ptr.nonce, "k"))
+		}
+	}
+	if len(releases) > 0 {
+		b.run(ctx, releases)
+		for _, c := range releases {
+			if c.err != nil {
+				return callErr("task index release", c.err)
 			}
 		}
 	}
