@@ -292,8 +292,9 @@ func prepare(t *Task, opts []Option, clock time.Time) (*TaskInfo, broker.Enqueue
 			// The lock lives with the group's tasks: unique within the group.
 			info.UniqueKey += "{" + o.group + "}"
 		}
-		// An ID without the group's tag is the broker's to judge: it goes on
-		// a queue of one partition only (broker.CheckGroupID).
+		// An ID without the group's tag is the broker's to place (the
+		// Redis broker keeps a pointer from the ID's partition to the
+		// group's).
 	}
 	if o.notify != "" {
 		if info.Headers == nil {

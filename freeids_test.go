@@ -178,18 +178,98 @@ func TestGroupFreeIDCancelProcessing(t *testing.T) {
 	}
 }
 
-// On a queue of several partitions a grouped task's ID must carry its
-// group: the error says so and shows the tagged form.
-func TestGroupFreeIDRefusedOnPartitions(t *testing.T) {
+// On a queue of six partitions a grouped task keeps the ID its caller
+// chose too ("order-cancel:42" in group "shop-7", which live in different
+// partitions): it is found, cancelled, deleted and waited for by that ID,
+// runs with it, and the ID is the queue's: the same ID in another group,
+// or without a group, is ErrTaskIDConflict while the task is there, and
+// free again once it is gone.
+func TestGroupFreeIDsOnPartitions(t *testing.T) {
 	t.Parallel()
-	e := setup(t, redisbroker.WithPartitions(4))
+	e := setup(t, redisbroker.WithPartitions(6))
 	ctx := context.Background()
-	_, err := e.c.Enqueue(ctx, tide.NewTask("work", nil), tide.Group("acme"), tide.TaskID("order-1"))
-	if !errors.Is(err, tide.ErrInvalidTask) || !strings.Contains(err.Error(), `"order-1{acme}"`) || !strings.Contains(err.Error(), "4 partitions") {
-		t.Fatalf("Enqueue of a free grouped ID on 4 partitions: %v, want ErrInvalidTask showing order-1{acme}", err)
+	in := tide.NewInspector(e.b)
+	const q = "shops6"
+	later := tide.ProcessIn(time.Hour)
+	task := func(id, g string, opts ...tide.Option) *tide.Task {
+		return tide.NewTask("order:cancel", []byte(id), append([]tide.Option{tide.Queue(q), tide.Group(g), tide.TaskID(id)}, opts...)...)
 	}
-	if _, err := e.c.Enqueue(ctx, tide.NewTask("work", nil), tide.Group("acme"), tide.TaskID("order-1{acme}")); err != nil {
-		t.Fatalf("tagged ID: %v", err)
+	for _, id := range []string{"order-cancel:42", "order-cancel:43", "order-cancel:44"} {
+		if info, err := e.c.Enqueue(ctx, task(id, "shop-7", later)); err != nil || info.ID != id || info.Group != "shop-7" {
+			t.Fatalf("Enqueue(%s): %+v, %v", id, info, err)
+		}
+	}
+	for _, id := range []string{"order-cancel:42", "order-cancel:43", "order-cancel:44"} {
+		ti, err := in.GetTaskInfo(ctx, q, id)
+		if err != nil || ti.ID != id || ti.Group != "shop-7" || ti.State != tide.StateScheduled {
+			t.Fatalf("GetTaskInfo(%s): %+v, %v", id, ti, err)
+		}
+	}
+	if _, err := e.c.Enqueue(ctx, task("order-cancel:42", "shop-8")); !errors.Is(err, tide.ErrTaskIDConflict) {
+		t.Fatalf("the same ID in another group: %v, want ErrTaskIDConflict", err)
+	}
+	if _, err := e.c.Enqueue(ctx, tide.NewTask("order:cancel", nil, tide.Queue(q), tide.TaskID("order-cancel:42"))); !errors.Is(err, tide.ErrTaskIDConflict) {
+		t.Fatalf("the same ID without a group: %v, want ErrTaskIDConflict", err)
+	}
+	if err := e.c.Cancel(ctx, q, "order-cancel:42"); err != nil {
+		t.Fatalf("Cancel: %v", err)
+	}
+	if err := e.c.Delete(ctx, q, "order-cancel:43"); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	for _, id := range []string{"order-cancel:42", "order-cancel:43"} {
+		if _, err := in.GetTaskInfo(ctx, q, id); !errors.Is(err, tide.ErrTaskNotFound) {
+			t.Fatalf("GetTaskInfo(%s) after Cancel/Delete: %v, want ErrTaskNotFound", id, err)
+		}
+	}
+	// Gone, the ID is free: in another group, and without one.
+	if _, err := e.c.Enqueue(ctx, task("order-cancel:42", "shop-8", later)); err != nil {
+		t.Fatalf("the cancelled task's ID in another group: %v", err)
+	}
+	if _, err := e.c.Enqueue(ctx, tide.NewTask("order:cancel", nil, tide.Queue(q), tide.TaskID("order-cancel:43"), later)); err != nil {
+		t.Fatalf("the deleted task's ID without a group: %v", err)
+	}
+	if ti, err := in.GetTaskInfo(ctx, q, "order-cancel:42"); err != nil || ti.Group != "shop-8" {
+		t.Fatalf("GetTaskInfo(order-cancel:42) re-created in shop-8: %+v, %v", ti, err)
+	}
+	// Run by a server: its lease, settlement and Wait find it.
+	waited := make(chan *tide.TaskInfo, 1)
+	go func() {
+		ti, err := e.c.Wait(ctx, q, "order-cancel:44")
+		if err != nil {
+			t.Errorf("Wait: %v", err)
+		}
+		waited <- ti
+	}()
+	ran := make(chan string, 10)
+	e.server(tide.Config{Queues: map[string]int{q: 1}, LeaseDuration: 2 * time.Second}, tide.HandlerFunc(func(ctx context.Context, _ *tide.Task) error {
+		id, _ := tide.GetTaskID(ctx)
+		g, _ := tide.GetGroup(ctx)
+		ran <- id + "/" + g
+		time.Sleep(1500 * time.Millisecond) // past a lease renewal
+		return nil
+	}))
+	if err := in.RunTask(ctx, q, "order-cancel:44"); err != nil {
+		t.Fatalf("RunTask: %v", err)
+	}
+	select {
+	case got := <-ran:
+		if got != "order-cancel:44/shop-7" {
+			t.Fatalf("ran %q", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("order-cancel:44 did not run")
+	}
+	select {
+	case ti := <-waited:
+		if ti == nil || ti.ID != "order-cancel:44" {
+			t.Fatalf("Wait returned %+v", ti)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Wait did not return")
+	}
+	if _, err := e.c.Enqueue(ctx, task("order-cancel:44", "shop-9", later)); err != nil {
+		t.Fatalf("the ID of a task that ran, in another group: %v", err)
 	}
 }
 

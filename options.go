@@ -66,15 +66,17 @@ type enqueueOptions struct {
 // each group on its own. Tasks without a group are served as one group.
 //
 // The key is 1 to 128 bytes without control characters or braces. A
-// group's tasks are kept together (in one partition of the queue). On a
-// queue of one partition (the default) TaskID takes any ID: "order-42" in
-// group "acme" is found, cancelled and deleted as "order-42", and is the
-// queue's one task with that ID whatever its group (another group's task
-// with it is ErrTaskIDConflict; with Replace it moves to this group). On a
-// queue of several partitions a task is found by its ID's partition, so
-// the ID must carry the group as its tag, "order-42{acme}" (Enqueue
-// returns ErrInvalidTask otherwise). Unique makes a task unique within its
-// group.
+// group's tasks are kept together (in one partition of the queue). TaskID
+// takes any ID: "order-42" in group "acme" is found, cancelled and deleted
+// as "order-42", and is the queue's one task with that ID whatever its
+// group (another group's task with it is ErrTaskIDConflict; with Replace it
+// moves to this group). On a queue of several partitions the Redis broker
+// finds such a task through a pointer in its ID's partition: Replace then
+// moves a task only to a group of the same partition (else
+// ErrTaskIDConflict), and while the queue is repartitioned such IDs are
+// refused (ErrInvalidTask); an ID that carries the group as its tag,
+// "order-42{acme}", needs no pointer. Unique makes a task unique within
+// its group.
 func Group(key string) Option {
 	return optionFunc(func(o *enqueueOptions) error {
 		if err := broker.CheckGroup(key); err != nil {

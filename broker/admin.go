@@ -166,11 +166,12 @@ func CheckGroup(g string) error {
 }
 
 // CheckGroupID reports a task ID that cannot go with group g on a queue of
-// n partitions. A group's tasks live in one partition and a task is found
-// by its ID in Partition(ID, n), so on a queue of one partition (the
-// default) any ID goes with any group, and on a queue of several the ID of
-// a grouped task must carry the group as its hash tag ("{g}", see
-// Partition). The error wraps ErrInvalidTask.
+// n partitions for a broker that finds a task only in Partition(ID, n): a
+// group's tasks live in one partition, so there the ID of a grouped task
+// must carry the group as its hash tag ("{g}", see Partition) on a queue
+// of several partitions. The error wraps ErrInvalidTask. The Redis broker
+// does not need it: it keeps an index from the ID's partition to the
+// group's (see FreeGroupID).
 func CheckGroupID(id, g string, n int) error {
 	if n > 1 && HashTag(id) != g {
 		return fmt.Errorf("%w: task ID %q of group %q must hold the group as its tag, e.g. %q, on a queue of %d partitions (a task is found by its ID, and a group's tasks live in one partition); a queue of one partition takes any ID",
@@ -180,8 +181,9 @@ func CheckGroupID(id, g string, n int) error {
 }
 
 // FreeGroupID reports whether id is the ID of a task of group g that does
-// not carry the group as its hash tag: such a task can only live on a
-// queue of one partition (see CheckGroupID).
+// not carry the group as its hash tag: on a queue of several partitions its
+// ID's partition may not be its group's, and a broker finds it by its ID
+// through an index (the Redis broker: a pointer in the ID's partition).
 func FreeGroupID(id, g string) bool {
 	return g != "" && id != "" && HashTag(id) != g
 }

@@ -119,13 +119,17 @@ type Delivery struct {
 
 // Lease returns the reference to d's lease.
 func (d *Delivery) Lease() LeaseRef {
-	return LeaseRef{Queue: d.Task.Queue, ID: d.Task.ID, Token: d.Token}
+	return LeaseRef{Queue: d.Task.Queue, ID: d.Task.ID, Group: d.Task.Group, Token: d.Token}
 }
 
 // LeaseRef names one delivery's lease.
 type LeaseRef struct {
 	Queue string
 	ID    string
+	// Group is the task's group ("" for none), as delivered: a broker
+	// with several partitions keeps a group's tasks in the group's
+	// partition, so it finds a grouped task's lease there whatever the ID.
+	Group string
 	Token uint64
 }
 
@@ -383,7 +387,9 @@ type Core interface {
 	// hash tag); a task with an ID keeps it. An ID names one task of the
 	// queue whatever its group. Per-task errors are ErrTaskIDConflict,
 	// ErrDuplicateTask, ErrNotReplicated, and ErrInvalidTask for a grouped
-	// task whose ID the queue's partitions cannot place (CheckGroupID).
+	// task whose ID the broker cannot place now (the Redis broker takes an
+	// ID without the group's tag on any partition count, but not while the
+	// queue is repartitioned).
 	Enqueue(ctx context.Context, tasks []*tidetype.TaskInfo, opts EnqueueOptions) ([]error, error)
 
 	// Dequeue leases up to n pending tasks from the queues, trying them in
@@ -461,8 +467,9 @@ type Clock interface {
 // task in Partition(ID, n). n < 2 gives 0. Like a Redis Cluster hash tag, a
 // key that holds a non-empty "{tag}" is mapped by the tag alone (the text
 // between its first '{' and the next '}'): the tasks of group G are kept in
-// Partition(G, n), and on a queue of several partitions a grouped task's ID
-// carries "{G}" so that it is found there by ID (see CheckGroupID).
+// Partition(G, n), so a grouped task whose ID carries "{G}" is found there
+// by its ID directly (one whose ID does not is found through an index, see
+// FreeGroupID).
 func Partition(key string, n int) int {
 	if n < 2 {
 		return 0

@@ -41,8 +41,7 @@
 //	}
 //
 // A task_id given with a group is kept as given ("order-42" in group
-// "tenant-42") on a queue of one partition; a queue of several partitions
-// wants the group as its tag ("order-42{tenant-42}"); see tide.Group.
+// "tenant-42"); see tide.Group.
 //
 // A field given as null counts as absent. Unknown and repeated fields are
 // refused. A "tide:webhook" task's payload is checked at once (see package

@@ -2,6 +2,7 @@ package brokertest
 
 import (
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
@@ -17,31 +18,43 @@ func freeMsg(queue, id, g string) *tidetype.TaskInfo {
 	return m
 }
 
-// testGroupFreeIDs: on a queue of one partition a grouped task keeps the
-// ID its caller chose, without the group's tag ("order-cancel:42" in group
-// "shop-7"), and is found, deleted, cancelled, archived, run and replaced
-// by it; the ID is the queue's, whatever the group: a task of another group
-// or an ungrouped one with that ID is an ID conflict; Replace moves the
-// task to another group, where it is a new task (after that group's
-// others), and frees an ordered group's place it held. A queue of several
-// partitions refuses such an ID (broker.CheckGroupID); a tagged ID works on
-// any queue.
+// groupBeside returns a group name in the same partition as group g on a
+// queue of n partitions: "<base>", else "<base>-<k>" for the first k that
+// fits.
+func groupBeside(g, base string, n int) string {
+	name := base
+	for k := 1; broker.Partition(name, n) != broker.Partition(g, n); k++ {
+		name = base + "-" + strconv.Itoa(k)
+	}
+	return name
+}
+
+// groupAway returns a group name in another partition than group g on a
+// queue of n > 1 partitions.
+func groupAway(g, base string, n int) string {
+	name := base
+	for k := 1; broker.Partition(name, n) == broker.Partition(g, n); k++ {
+		name = base + "-" + strconv.Itoa(k)
+	}
+	return name
+}
+
+// testGroupFreeIDs: on a queue of any partition count a grouped task keeps
+// the ID its caller chose, without the group's tag ("order-cancel:42" in
+// group "shop-7"), and is found, deleted, cancelled, archived, run and
+// replaced by it; the ID is the queue's, whatever the group: a task of
+// another group or an ungrouped one with that ID is an ID conflict; Replace
+// moves the task to another group, where it is a new task (after that
+// group's others), and frees an ordered group's place it held. On several
+// partitions Replace moves a task only to a group of the same partition;
+// into another it is an ID conflict. A tagged ID works on any queue.
 func testGroupFreeIDs(t *testing.T, b broker.Broker, a broker.Admin) {
 	ctx := t.Context()
 	t.Run("IDs", func(t *testing.T) {
 		const q = "free"
-		if n := partitions(t, b, q); n > 1 {
-			if !isInvalid(t, b, freeMsg(q, "order-cancel:42", "shop-7")) {
-				t.Fatalf("a grouped task whose ID lacks its group's tag on a queue of %d partitions: want ErrInvalidTask", n)
-			}
-			tagged := freeMsg(q, "order-cancel:42{shop-7}", "shop-7")
-			enqueue(t, b, tagged)
-			if got := get(t, b, q, tagged.ID); got.Group != "shop-7" {
-				t.Fatalf("tagged grouped task has group %q", got.Group)
-			}
-			return
-		}
-		c42, c43, c44 := freeMsg(q, "order-cancel:42", "shop-7"), freeMsg(q, "order-cancel:43", "shop-7"), freeMsg(q, "order-cancel:44", "shop-8")
+		n := partitions(t, b, q)
+		shop8 := groupBeside("shop-7", "shop-8", n)
+		c42, c43, c44 := freeMsg(q, "order-cancel:42", "shop-7"), freeMsg(q, "order-cancel:43", "shop-7"), freeMsg(q, "order-cancel:44", shop8)
 		legacy := freeMsg(q, "order-cancel:45{shop-7}", "shop-7")
 		odd := freeMsg(q, "x{shop-9}", "shop-7") // another group's tag is just part of the ID
 		plain := newMsg(q, "plain-1")
@@ -52,7 +65,7 @@ func testGroupFreeIDs(t *testing.T, b broker.Broker, a broker.Admin) {
 			}
 		}
 		// One ID, one task of the queue, whatever the group.
-		for _, m := range []*tidetype.TaskInfo{freeMsg(q, c42.ID, "shop-8"), newMsg(q, c42.ID), freeMsg(q, plain.ID, "shop-7")} {
+		for _, m := range []*tidetype.TaskInfo{freeMsg(q, c42.ID, shop8), freeMsg(q, c42.ID, "shop-9"), newMsg(q, c42.ID), freeMsg(q, plain.ID, "shop-7"), freeMsg(q, legacy.ID, shop8)} {
 			if errs := enqueueErrs(t, b, m); !errors.Is(errs[0], broker.ErrTaskIDConflict) {
 				t.Fatalf("Enqueue of %q in group %q over a task of group %q: %v, want ErrTaskIDConflict", m.ID, m.Group, get(t, b, q, m.ID).Group, errs[0])
 			}
@@ -67,10 +80,16 @@ func testGroupFreeIDs(t *testing.T, b broker.Broker, a broker.Admin) {
 		if _, err := b.GetTask(ctx, q, c43.ID); !errors.Is(err, broker.ErrTaskNotFound) {
 			t.Fatalf("GetTask after Delete: %v, want ErrTaskNotFound", err)
 		}
-		c43 = freeMsg(q, c43.ID, "shop-8")
+		c43 = freeMsg(q, c43.ID, shop8)
 		enqueue(t, b, c43)
+		if n > 1 {
+			away := freeMsg(q, c42.ID, groupAway("shop-7", "shop-10", n))
+			if err := enqueueReplace(t, b, away); !errors.Is(err, broker.ErrTaskIDConflict) {
+				t.Fatalf("Replace of %s into group %q of another partition: %v, want ErrTaskIDConflict", c42.ID, away.Group, err)
+			}
+		}
 		// Replace moves a waiting task to another group, at its back.
-		r := replacement(freeMsg(q, c42.ID, "shop-8"))
+		r := replacement(freeMsg(q, c42.ID, shop8))
 		if err := enqueueReplace(t, b, r); err != nil {
 			t.Fatalf("Replace of %s into another group: %v", c42.ID, err)
 		}
@@ -78,21 +97,21 @@ func testGroupFreeIDs(t *testing.T, b broker.Broker, a broker.Admin) {
 		if err := b.Cancel(ctx, q, odd.ID); err != nil {
 			t.Fatalf("Cancel(%s): %v", odd.ID, err)
 		}
-		var shop8 []string
+		var started []string
 		ds := map[string]*broker.Delivery{}
 		for range 5 { // c44, c43, c42 of shop-8; legacy of shop-7; plain
 			d := dequeueOne(t, b, q, time.Minute)
 			ds[d.Task.ID] = d
-			want := map[string]string{c42.ID: "shop-8", c43.ID: "shop-8", c44.ID: "shop-8", legacy.ID: "shop-7", plain.ID: ""}
+			want := map[string]string{c42.ID: shop8, c43.ID: shop8, c44.ID: shop8, legacy.ID: "shop-7", plain.ID: ""}
 			if g, ok := want[d.Task.ID]; !ok || g != d.Task.Group {
 				t.Fatalf("delivery %q of group %q, want one of %v", d.Task.ID, d.Task.Group, want)
 			}
-			if d.Task.Group == "shop-8" {
-				shop8 = append(shop8, d.Task.ID)
+			if d.Task.Group == shop8 {
+				started = append(started, d.Task.ID)
 			}
 		}
-		if want := []string{c44.ID, c43.ID, c42.ID}; len(shop8) != 3 || shop8[0] != want[0] || shop8[1] != want[1] || shop8[2] != want[2] {
-			t.Fatalf("shop-8 started %v, want %v (enqueue order; the task moved in last)", shop8, want)
+		if want := []string{c44.ID, c43.ID, c42.ID}; len(started) != 3 || started[0] != want[0] || started[1] != want[1] || started[2] != want[2] {
+			t.Fatalf("%s started %v, want %v (enqueue order; the task moved in last)", shop8, started, want)
 		}
 		// Cancel of a running task by its ID; then archive and run again.
 		d := ds[c42.ID]
@@ -100,14 +119,14 @@ func testGroupFreeIDs(t *testing.T, b broker.Broker, a broker.Admin) {
 			t.Fatalf("Cancel of running %s: %v", c42.ID, err)
 		}
 		settleOK(t, b, retryOf(d, time.Now(), "stopped"))
-		if got := get(t, b, q, c42.ID); got.State != tidetype.StateArchived || got.Group != "shop-8" {
-			t.Fatalf("cancelled %s is %v in %q, want archived in shop-8", c42.ID, got.State, got.Group)
+		if got := get(t, b, q, c42.ID); got.State != tidetype.StateArchived || got.Group != shop8 {
+			t.Fatalf("cancelled %s is %v in %q, want archived in %s", c42.ID, got.State, got.Group, shop8)
 		}
 		if err := a.RunTask(ctx, q, c42.ID); err != nil {
 			t.Fatalf("RunTask(%s): %v", c42.ID, err)
 		}
-		if d := dequeueOne(t, b, q, time.Minute); d.Task.ID != c42.ID || d.Task.Group != "shop-8" {
-			t.Fatalf("after RunTask started %q of %q, want %s of shop-8", d.Task.ID, d.Task.Group, c42.ID)
+		if d := dequeueOne(t, b, q, time.Minute); d.Task.ID != c42.ID || d.Task.Group != shop8 {
+			t.Fatalf("after RunTask started %q of %q, want %s of %s", d.Task.ID, d.Task.Group, c42.ID, shop8)
 		} else {
 			settleOK(t, b, outcomeOf(d, broker.SettleDone))
 		}
@@ -115,7 +134,7 @@ func testGroupFreeIDs(t *testing.T, b broker.Broker, a broker.Admin) {
 		if err := a.ArchiveTask(ctx, q, c44.ID); err != nil {
 			t.Fatalf("ArchiveTask(%s): %v", c44.ID, err)
 		}
-		if got := get(t, b, q, c44.ID); got.State != tidetype.StateArchived || got.Group != "shop-8" {
+		if got := get(t, b, q, c44.ID); got.State != tidetype.StateArchived || got.Group != shop8 {
 			t.Fatalf("archived %s is %v in %q", c44.ID, got.State, got.Group)
 		}
 		// The ID is free again once the task is gone.
@@ -129,9 +148,7 @@ func testGroupFreeIDs(t *testing.T, b broker.Broker, a broker.Admin) {
 	})
 	t.Run("MoveFreesOrderedPlace", func(t *testing.T) {
 		const q = "free-ordered"
-		if partitions(t, b, q) > 1 {
-			t.Skip("a queue of several partitions takes tagged grouped IDs only")
-		}
+		acct2 := groupBeside("acct-1", "acct-2", partitions(t, b, q))
 		setLimits(t, a, q, tidetype.QueueLimits{Ordered: true})
 		first, second := freeMsg(q, "first", "acct-1"), freeMsg(q, "second", "acct-1")
 		enqueue(t, b, first, second)
@@ -144,7 +161,7 @@ func testGroupFreeIDs(t *testing.T, b broker.Broker, a broker.Admin) {
 		if ds := dequeue(t, b, []string{q}, 10, time.Minute); len(ds) != 0 {
 			t.Fatalf("started %q while the group's first task waits for its retry", ds[0].Task.ID)
 		}
-		if err := enqueueReplace(t, b, freeMsg(q, first.ID, "acct-2")); err != nil {
+		if err := enqueueReplace(t, b, freeMsg(q, first.ID, acct2)); err != nil {
 			t.Fatalf("Replace into another group: %v", err)
 		}
 		wantDrain(t, b, q, "after the holder of acct-1 moved to acct-2", first.ID, second.ID)

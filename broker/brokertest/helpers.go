@@ -254,7 +254,7 @@ func get(t *testing.T, b broker.Broker, queue, id string) *tidetype.TaskInfo {
 }
 
 func leaseOf(d *broker.Delivery) broker.LeaseRef {
-	return broker.LeaseRef{Queue: d.Task.Queue, ID: d.Task.ID, Token: d.Token}
+	return d.Lease()
 }
 
 func outcomeOf(d *broker.Delivery, o broker.SettleKind) broker.Settlement {

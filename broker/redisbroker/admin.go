@@ -314,7 +314,12 @@ func (b *Broker) adminOne(ctx context.Context, op, queue, id string) error {
 		return err
 	}
 	var code int64
-	for _, p := range b.lookup(queue, l, id) {
+	where, err := b.resolve(ctx, queue, l, id)
+	if err != nil {
+		return err
+	}
+	for _, f := range where {
+		p := f.p
 		rid, cache, exp, _ := b.request(p)
 		c := b.adminCall(p, rid, cache, exp, op, id, 0)
 		b.run(ctx, []*call{c})
@@ -457,6 +462,12 @@ func (b *Broker) DeleteQueue(ctx context.Context, queue string) error {
 	}
 	for i := range l.total() {
 		p := b.partAt(queue, l, i)
+		if l.cur.n > 1 {
+			if err := b.dropPointers(ctx, queue, l, p); err != nil {
+				restore()
+				return err
+			}
+		}
 		// The events stream goes with the partition's other keys.
 		n, err := b.s.drop.Run(ctx, b.rdb, append(b.moveKeys(p), p.k(eventsKey)), p.layout, keepArg).Int()
 		if err != nil {
@@ -467,6 +478,7 @@ func (b *Broker) DeleteQueue(ctx context.Context, queue string) error {
 			restore()
 			return fmt.Errorf("%w: a task arrived in queue %q while it was deleted; it is kept", broker.ErrQueueNotEmpty, queue)
 		}
+		b.rdb.Del(ctx, p.k("x"), p.k("xr")) // the task index's, not among drop.lua's keys
 	}
 	if keep {
 		return nil

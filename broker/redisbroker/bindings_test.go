@@ -143,6 +143,8 @@ var keyNames = map[string][]string{
 	"the partitions hash":             {"partitions"},
 	"idempotency keys of this window": {"ik"},
 	"idempotency keys of the previous window": {"ik"},
+	"pointers zset":         {"x"},
+	"fences zset":           {"xr"},
 	"waiters hash":          {"wt"},
 	"outcomes hash":         {"oc"},
 	"waiter keys":           {"wt", "oc", "ocx"},

@@ -3,6 +3,7 @@ package redisbroker_test
 import (
 	"context"
 	"errors"
+	"maps"
 	"testing"
 	"time"
 
@@ -12,12 +13,12 @@ import (
 	"github.com/tidequeue/tide/tidetype"
 )
 
-// On Redis Cluster a queue of one partition takes grouped tasks with the
-// IDs their callers chose (every key of the partition shares one hash tag,
-// so each script still runs on one slot): they are found, replaced into
-// another group and run by those IDs; a repartition to clusterParts is
-// refused while one is there and spreads the tagged ones once they are
-// gone.
+// On Redis Cluster grouped tasks keep the IDs their callers chose: on a
+// queue of one partition they are found, replaced into another group and
+// conflict across groups; a repartition to clusterParts moves them with
+// their groups (each script still runs on one slot: a pointer in the ID's
+// partition leads to the task) and they are found, run and deleted by
+// their IDs there, as are new ones.
 func TestClusterGroupFreeIDs(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 1)
 	rdb := c.Client(t)
@@ -36,14 +37,22 @@ func TestClusterGroupFreeIDs(t *testing.T) {
 		t.Fatalf("the same ID in another group: %v, %v; want ErrTaskIDConflict", errs, err)
 	}
 	mustEnqueue(t, b, broker.EnqueueOptions{Replace: true}, free("order-cancel:42", "shop-8"))
-	if got, err := b.GetTask(ctx, q, "order-cancel:42"); err != nil || got.Group != "shop-8" {
-		t.Fatalf("GetTask after Replace into shop-8: %+v, %v", got, err)
+	if err := b.Repartition(ctx, q, clusterParts, nil); err != nil {
+		t.Fatalf("Repartition holding free grouped IDs: %v", err)
 	}
-	if err := b.Repartition(ctx, q, clusterParts, nil); !errors.Is(err, broker.ErrLayout) {
-		t.Fatalf("Repartition holding free grouped IDs: %v, want ErrLayout", err)
+	want := map[string]string{"order-cancel:42": "shop-8", "order-cancel:43": "shop-7", "tagged{shop-8}": "shop-8"}
+	for id, g := range want {
+		if got, err := b.GetTask(ctx, q, id); err != nil || got.Group != g {
+			t.Fatalf("GetTask(%s) after the repartition: %+v, %v", id, got, err)
+		}
 	}
+	mustEnqueue(t, b, broker.EnqueueOptions{}, free("order-cancel:44", "shop-9"), free("order-cancel:45", "shop-9"))
+	if err := b.Delete(ctx, q, "order-cancel:45"); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	want["order-cancel:44"] = "shop-9"
 	got := map[string]string{}
-	for range 3 {
+	for range len(want) {
 		ds, err := b.Dequeue(ctx, []string{q}, 1, time.Minute)
 		if err != nil || len(ds) != 1 {
 			t.Fatalf("Dequeue: %d, %v", len(ds), err)
@@ -53,14 +62,7 @@ func TestClusterGroupFreeIDs(t *testing.T) {
 			t.Fatalf("Settle: %v %v", err, errs)
 		}
 	}
-	if got["order-cancel:42"] != "shop-8" || got["order-cancel:43"] != "shop-7" || got["tagged{shop-8}"] != "shop-8" {
-		t.Fatalf("ran %v", got)
-	}
-	mustEnqueue(t, b, broker.EnqueueOptions{}, groupMsg(q, "tagged-2", "shop-9"))
-	if err := b.Repartition(ctx, q, clusterParts, nil); err != nil {
-		t.Fatalf("Repartition once the free IDs are gone: %v", err)
-	}
-	if got, err := b.GetTask(ctx, q, "tagged-2{shop-9}"); err != nil || got.Group != "shop-9" {
-		t.Fatalf("GetTask after the repartition: %+v, %v", got, err)
+	if !maps.Equal(got, want) {
+		t.Fatalf("ran %v, want %v", got, want)
 	}
 }

@@ -54,7 +54,7 @@ func (b *Broker) stepCall(ctx context.Context, op string, lease broker.LeaseRef,
 	if err != nil {
 		return nil, err
 	}
-	for _, p := range b.lookup(lease.Queue, l, lease.ID) {
+	for _, p := range b.lookup(lease.Queue, l, leaseKey(lease)) {
 		c := &call{script: b.s.step, keys: p.keys("t", "result", "meta"),
 			args: []any{p.layout, lease.ID, lease.Token, mode, kind, name, value, broker.MaxStepRecords, broker.MaxStepBytes}, queue: lease.Queue}
 		b.run(ctx, []*call{c})
@@ -90,7 +90,12 @@ func (b *Broker) Signal(ctx context.Context, queue, id, name string, payload []b
 		return err
 	}
 	r := string(broker.EncodeSteps(nil, broker.StepRecord{Kind: broker.StepSignal, Name: name, Finished: b.Now(), Data: payload}))
-	for _, p := range b.lookup(queue, l, id) {
+	where, err := b.resolve(ctx, queue, l, id)
+	if err != nil {
+		return err
+	}
+	for _, f := range where {
+		p := f.p
 		rid, cache, exp, _ := b.request(p)
 		keys := append(append(p.keys("t", "result", "retry", "pending", "meta"), cache), p.groupKeys()...)
 		c := &call{script: b.s.signal, keys: append(keys, p.k(eventsKey)),

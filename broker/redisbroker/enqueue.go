@@ -24,6 +24,9 @@ type item struct {
 	own     bool // the broker chose the ID (and may draw again on a proven collision)
 	replace bool // EnqueueOptions.Replace, for a task with its own ID
 	watch   bool // EnqueueOptions.Watch
+	// claim is the nonce and store deadline of the task's claim in its
+	// ID's partition (enqueueFree), for enqueue.lua; "" for none.
+	claim string
 }
 
 // maxRedraws bounds how often a broker-chosen ID that met another task is
@@ -48,8 +51,8 @@ func validTask(t *tidetype.TaskInfo) error {
 		return fmt.Errorf("%w: cannot enqueue a task in state %s", broker.ErrInvalidTask, t.State)
 	}
 	if t.Group != "" {
-		// The ID is checked against the queue's layout (CheckGroupID) per
-		// task, in Enqueue.
+		// An ID without the group's tag takes the protocol of freeids.go
+		// on several partitions, in Enqueue.
 		return broker.CheckGroup(t.Group)
 	}
 	return nil
@@ -104,8 +107,8 @@ func (b *Broker) Enqueue(ctx context.Context, tasks []*tidetype.TaskInfo, opts b
 // into errs; own tells the tasks whose IDs the broker draws (again, on a
 // second attempt: the layout may differ).
 func (b *Broker) enqueueSome(ctx context.Context, tasks []*tidetype.TaskInfo, own []bool, todo []int, opts broker.EnqueueOptions, errs []error) error {
-	var send []item
-	var at []int
+	var send, free []item
+	var at, freeAt []int
 	for _, i := range todo {
 		t := tasks[i]
 		l, err := b.layoutOf(ctx, t.Queue)
@@ -121,9 +124,7 @@ func (b *Broker) enqueueSome(ctx context.Context, tasks []*tidetype.TaskInfo, ow
 		case broker.FreeGroupID(t.ID, t.Group) && l.old != nil:
 			errs[i] = fmt.Errorf("%w: queue %q is being repartitioned to %d partitions; task ID %q of group %q must hold the group as its tag, e.g. %q",
 				broker.ErrInvalidTask, t.Queue, l.cur.n, t.ID, t.Group, t.ID+"{"+t.Group+"}")
-		case broker.FreeGroupID(t.ID, t.Group):
-			errs[i] = broker.CheckGroupID(t.ID, t.Group, l.cur.n)
-		case t.UniqueKey != "" && !it.own && broker.Partition(t.ID, l.cur.n) != broker.Partition(t.UniqueKey, l.cur.n):
+		case t.UniqueKey != "" && !it.own && broker.Partition(storeKey(t), l.cur.n) != broker.Partition(t.UniqueKey, l.cur.n):
 			// The task and its lock must share a partition (one script
 			// sees both); the caller chose an ID elsewhere.
 			errs[i] = fmt.Errorf("%w: Unique cannot be combined with TaskID on queue %q, which has %d partitions; the task ID already makes the task unique",
@@ -131,9 +132,18 @@ func (b *Broker) enqueueSome(ctx context.Context, tasks []*tidetype.TaskInfo, ow
 		case it.own:
 			t.ID = b.drawID(t, l)
 		}
-		if errs[i] == nil {
+		switch {
+		case errs[i] != nil:
+		case needsPointer(it.t, it.lay):
+			free, freeAt = append(free, it), append(freeAt, i)
+		default:
 			send, at = append(send, it), append(at, i)
 		}
+	}
+	// Grouped tasks with IDs of their own away from their group's
+	// partition: claim, store, confirm, one at a time.
+	for k, i := range freeAt {
+		errs[i] = b.enqueueFree(ctx, free[k], opts)
 	}
 	if len(send) == 0 {
 		return nil
@@ -150,6 +160,7 @@ func (b *Broker) enqueueSome(ctx context.Context, tasks []*tidetype.TaskInfo, ow
 	if err != nil {
 		return err
 	}
+	b.freeConflicts(ctx, send, got, opts)
 	for j, i := range at {
 		errs[i] = got[j]
 	}
@@ -253,6 +264,8 @@ func (b *Broker) enqueueNow(ctx context.Context, items []item, opts broker.Enque
 					// stored then is the answer.
 					errs[i] = nil
 					items[i].t.ID, firsts = firsts[0], firsts[1:]
+				case '6':
+					errs[i] = errFenced
 				case '5':
 					errs[i] = fmt.Errorf("%w: queue %q is being repartitioned; task ID %q of group %q must hold the group as its tag, e.g. %q (or repartition the queue to 1 to cancel a repartition that stopped before it began)",
 						broker.ErrInvalidTask, items[i].t.Queue, items[i].t.ID, items[i].t.Group, items[i].t.ID+"{"+items[i].t.Group+"}")
@@ -391,12 +404,12 @@ type group struct {
 func (b *Broker) groupItems(items []item, idx []int) []*group {
 	if len(idx) == 1 { // the common single Enqueue: no map
 		it := items[idx[0]]
-		return []*group{{p: b.partOf(it.t.Queue, it.lay, it.t.ID), idx: idx}}
+		return []*group{{p: b.partOf(it.t.Queue, it.lay, storeKey(it.t)), idx: idx}}
 	}
 	var gs grouping
 	for _, i := range idx {
 		it := items[i]
-		gs.add(b.partOf(it.t.Queue, it.lay, it.t.ID), i)
+		gs.add(b.partOf(it.t.Queue, it.lay, storeKey(it.t)), i)
 	}
 	return gs.order
 }
@@ -445,12 +458,16 @@ func (b *Broker) enqueueCall(p part, items []item, idx []int) *call {
 		if broker.FreeGroupID(t.ID, t.Group) {
 			kind += "f"
 		}
-		args = append(args, t.ID, codec.Encode(t, 0), kind, t.NextProcessAt.UnixMilli(), t.UniqueKey, t.UniqueTTL.Milliseconds(), t.IdempotencyKey, t.Group)
+		g := t.Group
+		if items[i].claim != "" {
+			g += "\x00" + items[i].claim
+		}
+		args = append(args, t.ID, codec.Encode(t, 0), kind, t.NextProcessAt.UnixMilli(), t.UniqueKey, t.UniqueTTL.Milliseconds(), t.IdempotencyKey, g)
 	}
 	keys := append(p.keys("t", "pending", "scheduled", "retry", "u", "meta"), cache,
 		p.k("ik:"+strconv.FormatInt(n, 10)), p.k("ik:"+strconv.FormatInt(n-1, 10)))
 	keys = append(append(keys, p.keys("active", "archived", "completed", "result", "h")...), p.groupKeys()...)
-	keys = append(keys, p.k("wt"), p.k(eventsKey))
+	keys = append(keys, p.k("wt"), p.k(eventsKey), p.k("xr"))
 	return &call{
 		script: b.s.enqueue,
 		keys:   keys,

@@ -1,6 +1,9 @@
 package redisbroker
 
-import "strings"
+import (
+	"strings"
+	"time"
+)
 
 // ScriptFiles maps the SHA1 of each script, as Redis runs it (prelude and
 // body), to its file name.
@@ -40,3 +43,22 @@ func ScriptNames() []string {
 // layout; nil removes it. Tests that set it must not run in parallel with
 // other repartitions.
 func SetAfterHold(f func(queue string)) { afterHold = f }
+
+// SetAfterClaim sets a function that an enqueue of a grouped task with a
+// free ID on several partitions runs after its claim and before its store
+// (an error ends the enqueue there, as if the client died); nil removes
+// it. Tests that set it must not run in parallel with others that do.
+func SetAfterClaim(f func(id string) error) {
+	if f == nil {
+		afterClaim.Store(nil)
+		return
+	}
+	afterClaim.Store(&f)
+}
+
+// SetClockSlack sets the clock difference between Redis nodes that the
+// free-ID protocol allows for (a minute by default) and returns the old
+// value.
+func SetClockSlack(d time.Duration) time.Duration {
+	return time.Duration(slackNs.Swap(int64(d)))
+}

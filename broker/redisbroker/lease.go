@@ -104,6 +104,16 @@ func (b *Broker) archiveUndecodable(ctx context.Context, p part, id string, tok 
 	b.run(ctx, []*call{b.settleCall(p, []broker.Settlement{s}, []int{0})})
 }
 
+// leaseKey is what places a leased task in its partition: its group when
+// it has one (a group's tasks live in the group's partition, whatever
+// their IDs; a tagged ID's partition is its group's too), else its ID.
+func leaseKey(ref broker.LeaseRef) string {
+	if ref.Group != "" {
+		return ref.Group
+	}
+	return ref.ID
+}
+
 // Extend implements broker.Broker: one script call per partition.
 func (b *Broker) Extend(ctx context.Context, leases []broker.LeaseRef, d time.Duration) ([]error, error) {
 	if err := b.check(); err != nil {
@@ -136,7 +146,7 @@ func (b *Broker) perPartition(ctx context.Context, op string, n int, at func(int
 			errs[i] = err
 			continue
 		}
-		gs.add(b.partOf(ref.Queue, l, ref.ID), i)
+		gs.add(b.partOf(ref.Queue, l, leaseKey(ref)), i)
 	}
 	order := gs.order
 	for round := 0; len(order) > 0 && round < 2; round++ {
@@ -175,7 +185,7 @@ func (b *Broker) perPartition(ctx context.Context, op string, n int, at func(int
 					if err != nil {
 						continue
 					}
-					if o, ok := b.oldPartOf(ref.Queue, l, ref.ID); ok {
+					if o, ok := b.oldPartOf(ref.Queue, l, leaseKey(ref)); ok {
 						next.add(o, i)
 					}
 				default:
@@ -288,7 +298,7 @@ func (b *Broker) writeLeased(ctx context.Context, op string, script *redis.Scrip
 	if err != nil {
 		return err
 	}
-	for _, p := range b.lookup(lease.Queue, l, lease.ID) {
+	for _, p := range b.lookup(lease.Queue, l, leaseKey(lease)) {
 		c := &call{script: script, keys: p.keys("t", hash, "meta"), args: []any{p.layout, lease.ID, lease.Token, value}, queue: lease.Queue}
 		b.run(ctx, []*call{c})
 		if c.err != nil {

@@ -68,5 +68,11 @@ func (b *Broker) Maintain(ctx context.Context, req broker.MaintainRequest) (brok
 		// lowered Concurrency is paid for cannot use: they go to the bank.
 		b.kick(req.Queue)
 	}
+	if out.Owned && !req.Release {
+		// Claims nobody finished, pointers whose task is gone (freeids.go).
+		if err := b.sweepIDs(ctx, req.Queue, l, p); err != nil {
+			b.log.Warn("tide: redisbroker: sweep of the task index", "queue", req.Queue, "partition", req.Partition, "err", err)
+		}
+	}
 	return out, nil
 }

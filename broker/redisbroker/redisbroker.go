@@ -39,6 +39,8 @@
 //	<prefix>:{<queue>:<p>}:pg         hash: task ID -> progress "<percent>:<ms>:<note>"
 //	<prefix>:{<queue>:<p>}:wt         hash: task ID -> expiry (ms) of the registration of those someone waits for (Wait)
 //	<prefix>:{<queue>:<p>}:oc         hash: task ID -> how it ended, kept for Wait
+//	<prefix>:{<queue>:<p>}:x          zset: task ID -> next look (ms) of the pointers in t (see Groups)
+//	<prefix>:{<queue>:<p>}:xr         zset: claim nonce -> expiry (ms) of the fenced claims (see Groups)
 //	<prefix>:{<queue>:<p>}:ocx        zset: task ID -> when its outcome is forgotten
 //	<prefix>:{<queue>:<p>}:events     stream: task lifecycle events, entries 0-1, 0-2, ... (see Events below)
 //	<prefix>:queues                   set of known queue names
@@ -227,15 +229,21 @@
 //
 // All tasks of a group live in partition broker.Partition(group, P). An ID
 // the broker draws for a grouped task carries the group as its hash tag
-// ("<random>{<group>}"), and so must one the caller chose on a queue of
-// several partitions, so that the task is found by its ID there whatever
-// P is. A queue of one partition has nowhere else to look and takes any ID
-// (broker.CheckGroupID); a repartition of such a queue to more partitions
-// first sets field xf of the group state hash, from when on enqueue.lua
-// refuses grouped tasks with untagged IDs, then looks for one (HSCAN of
-// gid) and is refused while there is one. Should one get in all the same
-// (the hold lifted meanwhile), the move stops at it with an error naming it
-// and leaves it in the old partition, where lookups by ID still find it. That partition keeps
+// ("<random>{<group>}"), so that the task is found by its ID there whatever
+// P is. An ID the caller chose may not (broker.FreeGroupID): on several
+// partitions, when its partition I is not the group's G, a pointer in I's
+// records hash (field: the ID; listed in I's pointers zset x) leads
+// lookups by ID to G. An enqueue claims the pointer in I, stores the task
+// in G and confirms the pointer; a claim nobody finished is fenced in G
+// (G's fences zset xr: a store of a fenced claim is refused) and then
+// confirmed or released by the maintainer of I, or by the next enqueue of
+// the ID; a pointer whose task is gone is released by that maintainer
+// (ids.lua, freeids.go and docs/design.md have the protocol). Leases carry
+// the group, so renewals and settlements go to G directly. A repartition
+// first sets field xf of every partition's group state hash, from when on
+// enqueue.lua refuses new grouped tasks with untagged IDs there, settles
+// the claims outstanding, and moves such tasks with their groups, writing
+// their pointers in the new span before they arrive. The group's partition keeps
 // its groups' ready tasks in enqueue order and a rotation of the groups that
 // may run; the dequeue script serves the rotation one task per group per
 // turn and checks the group limits (which are not split: a group is in one
@@ -479,6 +487,7 @@ type Broker struct {
 	subs     map[int]func() // open subscriptions, ended by Close
 	subSeq   int
 	layouts  sync.Map // queue name -> layout
+	idSweeps sync.Map // partition base -> time of its last sweepIDs
 	// cacheExpiry maps a partition's key prefix to the last of its reply
 	// caches whose expiry a call of this process set (enqueuePlainCall).
 	cacheExpiry sync.Map

@@ -42,10 +42,9 @@ var _ broker.Repartitioner = (*Broker)(nil)
 // resumes a repartition that stopped. progress, when not nil, is called after
 // each step with the tasks moved so far and those still in the old span.
 //
-// A queue of one partition that holds grouped tasks whose IDs lack their
-// group's tag (broker.CheckGroupID) is not repartitioned to more: the call
-// fails with an error wrapping broker.ErrLayout that names one, and
-// changes nothing.
+// Grouped tasks whose IDs lack their group's tag (broker.FreeGroupID) move
+// with their groups and stay found by their IDs (see the package
+// documentation, "Groups"); new ones are refused while the move runs.
 //
 // Grouped tasks keep their enqueue order, and their groups' rate windows
 // and throttles go with them; grouped tasks start nowhere until the
@@ -112,6 +111,16 @@ func (b *Broker) drainAll(ctx context.Context, l layout, old part, o int, moved 
 		}
 		if err != nil {
 			return err
+		}
+		if left == 0 {
+			// What is left are pointers to tasks elsewhere (freeids.go).
+			rest, err := b.drainPointers(ctx, l, old)
+			if err != nil {
+				return err
+			}
+			if rest > 0 {
+				left = rest
+			}
 		}
 		if left == 0 {
 			if err := b.handOverGroups(ctx, l, old); err != nil {
@@ -206,22 +215,20 @@ func (b *Broker) startRepartition(ctx context.Context, queue string, n int) (lay
 		return l, nil
 	}
 	if l.cur.n == n {
-		if n == 1 {
-			// Undo the hold of a repartition that stopped before it began
-			// (see holdFreeIDs).
-			if err := b.rdb.HDel(ctx, b.partAt(queue, l, 0).k("gs"), "xf").Err(); err != nil {
+		// Undo the hold of a repartition that stopped before it began
+		// (see holdFreeIDs).
+		for i := range n {
+			if err := b.rdb.HDel(ctx, b.partAt(queue, l, i).k("gs"), "xf").Err(); err != nil {
 				return layout{}, fmt.Errorf("tide: redisbroker: repartition %s: %w", queue, classify(err))
 			}
 		}
 		return l, nil
 	}
-	if l.cur.n == 1 {
-		if err := b.holdFreeIDs(ctx, queue, l); err != nil {
-			return layout{}, err
-		}
-		if afterHold != nil {
-			afterHold(queue)
-		}
+	if err := b.holdFreeIDs(ctx, queue, l); err != nil {
+		return layout{}, err
+	}
+	if afterHold != nil {
+		afterHold(queue)
 	}
 	next := span{n: n, epoch: l.cur.epoch + 1}
 	ml := layout{tag: next.tag() + "<" + l.cur.tag(), cur: next, old: &span{n: l.cur.n, epoch: l.cur.epoch}}
@@ -295,47 +302,45 @@ func (b *Broker) startRepartition(ctx context.Context, queue string, n int) (lay
 // task with a free ID and before the new layout is recorded.
 var afterHold func(queue string)
 
-// holdFreeIDs prepares the repartition of queue l, of one partition, to
-// more: a grouped task whose ID does not carry its group (which only a
-// queue of one partition takes, see broker.CheckGroupID) would be moved
-// to its ID's partition, away from its group, and could not be found by ID
-// if it were moved to its group's. So it marks the partition (field xf of
-// its group state), from when on enqueue.lua refuses such tasks, and then
-// looks for one: none may arrive once the mark is set, and HSCAN returns
-// every entry present from its start to its end. It finds one: the mark
-// goes and the repartition is refused. It finds none: the mark stays until
-// the old partition is retired, or a repartition to one partition lifts it.
+// holdFreeIDs prepares the repartition of queue l: grouped tasks whose IDs
+// do not carry their group (broker.FreeGroupID) move with their groups,
+// and on several partitions their pointers (freeids.go) are written anew
+// in the new span as they move. It marks every partition (field xf of its
+// group state), from when on enqueue.lua refuses new such tasks in them
+// (processes that route by the new layout refuse them while the
+// repartition runs), then settles every claim of their pointers (repair),
+// so that no enqueue of one is half done while tasks move.
 func (b *Broker) holdFreeIDs(ctx context.Context, queue string, l layout) error {
-	p := b.partAt(queue, l, 0)
 	fail := func(err error) error {
 		return fmt.Errorf("tide: redisbroker: repartition %s: %w", queue, classify(err))
 	}
-	if err := b.rdb.HSet(ctx, p.k("gs"), "xf", "1").Err(); err != nil {
-		return fail(err)
+	for i := range l.cur.n {
+		if err := b.rdb.HSet(ctx, b.partAt(queue, l, i).k("gs"), "xf", "1").Err(); err != nil {
+			return fail(err)
+		}
 	}
-	var cursor uint64
-	for {
-		kv, next, err := b.rdb.HScan(ctx, p.k("gid"), cursor, "", 1000).Result()
+	if l.cur.n < 2 {
+		return nil
+	}
+	for i := range l.cur.n {
+		p := b.partAt(queue, l, i)
+		ids, err := b.rdb.ZRange(ctx, p.k("x"), 0, -1).Result()
 		if err != nil {
 			return fail(err)
 		}
-		for i := 0; i+1 < len(kv); i += 2 {
-			id, g := kv[i], kv[i+1]
-			if j := strings.IndexByte(g, 0); j >= 0 {
-				g = g[:j]
+		for _, id := range ids {
+			v, err := b.rdb.HGet(ctx, p.k("t"), id).Result()
+			if err != nil && !errors.Is(err, redis.Nil) {
+				return fail(err)
 			}
-			if broker.FreeGroupID(id, g) {
-				if err := b.rdb.HDel(ctx, p.k("gs"), "xf").Err(); err != nil {
-					return fail(err)
+			if ptr, ok := parsePointer(v); ok && ptr.state == 'c' {
+				if err := b.repair(ctx, queue, l, p, id, ptr); err != nil {
+					return err
 				}
-				return fmt.Errorf("%w: queue %q holds grouped tasks whose IDs do not carry their group (%q of group %q); on several partitions a task is found by its ID and a group's tasks live together, so such a task could not be found. Delete them or let them finish and go (after their Retention; archived ones when deleted), then repartition again",
-					broker.ErrLayout, queue, id, g)
 			}
-		}
-		if cursor = next; cursor == 0 {
-			return nil
 		}
 	}
+	return nil
 }
 
 // markOld writes the meta key of each partition of l's old span that still
@@ -427,11 +432,64 @@ func (b *Broker) drain(ctx context.Context, l layout, o part) (int, int, error) 
 			return 0, 0, err
 		}
 	}
-	left, err := b.rdb.HLen(ctx, o.k("t")).Result()
+	pipe := b.rdb.Pipeline()
+	recs := pipe.HLen(ctx, o.k("t"))
+	ptrs := pipe.ZCard(ctx, o.k("x"))
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fail(err)
+	}
+	return len(ms), int(max(recs.Val()-ptrs.Val(), 0)), nil
+}
+
+// drainPointers empties old partition o of the pointers it holds once it
+// holds no task: a claim is repaired, a pointer to a task still in the old
+// span moves that task ahead (the move drops the pointer; a task that runs
+// stays until it ends), and a pointer to a task that is gone is dropped. It
+// returns how many pointers are left.
+func (b *Broker) drainPointers(ctx context.Context, l layout, o part) (int, error) {
+	fail := func(err error) (int, error) {
+		return 0, fmt.Errorf("tide: redisbroker: repartition %s: %w", o.queue, classify(err))
+	}
+	ids, err := b.rdb.ZRange(ctx, o.k("x"), 0, moveBatch-1).Result()
 	if err != nil {
 		return fail(err)
 	}
-	return len(ms), int(left), nil
+	for _, id := range ids {
+		v, err := b.rdb.HGet(ctx, o.k("t"), id).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return fail(err)
+		}
+		ptr, ok := parsePointer(v)
+		if !ok {
+			b.rdb.ZRem(ctx, o.k("x"), id)
+			continue
+		}
+		if ptr.state == 'c' {
+			if err := b.repair(ctx, o.queue, l, o, id, ptr); err != nil {
+				return 0, err
+			}
+			continue // a confirmed claim is looked at next time
+		}
+		home, _ := b.oldPartOf(o.queue, l, ptr.group)
+		has, err := b.idsText(ctx, home, "look", id, "r")
+		if err != nil {
+			return 0, err
+		}
+		if has == "1" {
+			if err := b.moveAhead(ctx, l, home, []string{id}); err != nil {
+				return 0, err
+			}
+			continue
+		}
+		if _, err := b.idsText(ctx, o, "drop", id, ptr.group); err != nil {
+			return 0, err
+		}
+	}
+	n, err := b.rdb.ZCard(ctx, o.k("x")).Result()
+	if err != nil {
+		return fail(err)
+	}
+	return int(n), nil
 }
 
 // reserveAndTake reserves the peeked tasks' IDs (and copies their locks) in
@@ -447,29 +505,45 @@ func (b *Broker) reserveAndTake(ctx context.Context, l layout, o part, peek []an
 	}
 	reserve := map[part][]any{}
 	locks := map[part][]any{}
+	pointers := map[part][]string{} // ID's partition -> ID, group
+	groupOf := map[string]string{}  // ID -> what places it (storeKey)
 	var ids []any
 	for i := 0; i < len(peek); i += 3 {
 		id, _ := peek[i].(string)
 		rec, _ := peek[i+1].(string)
 		lock, _ := peek[i+2].(string)
 		uniq := ""
+		key := id
 		if t, err := codec.DecodeHeader(o.queue, id, []byte(rec)); err == nil {
 			uniq = t.UniqueKey
-			if l.cur.n > 1 && broker.FreeGroupID(id, t.Group) {
-				// Only a hold lifted while the repartition started lets
-				// one in (see holdFreeIDs): it stays where it is found.
-				return nil, fmt.Errorf("%w: repartition %s: grouped task %q of group %q has an ID without its group's tag and could not be found by it on %d partitions; delete it, then repartition again",
-					broker.ErrLayout, o.queue, id, t.Group, l.cur.n)
+			key = storeKey(t)
+			if needsPointer(t, l) {
+				// Its pointer first: a lookup by ID then finds the task in
+				// its new partition once it is placed there.
+				pointers[b.partOf(o.queue, l, id)] = append(pointers[b.partOf(o.queue, l, id)], id, t.Group)
 			}
 		}
-		np := b.partOf(o.queue, l, id)
-		if uniq != "" && lock != "" && broker.Partition(uniq, l.cur.n) != broker.Partition(id, l.cur.n) {
+		groupOf[id] = key
+		np := b.partOf(o.queue, l, key)
+		if uniq != "" && lock != "" && broker.Partition(uniq, l.cur.n) != broker.Partition(key, l.cur.n) {
 			up := b.partOf(o.queue, l, uniq)
 			locks[up] = append(locks[up], uniq, lock)
 			uniq, lock = "", ""
 		}
 		reserve[np] = append(reserve[np], id, uniq, lock)
 		ids = append(ids, id)
+	}
+	for p, pg := range pointers {
+		for i := 0; i < len(pg); i += 2 {
+			r, err := b.idsText(ctx, p, "put", pg[i], newNonce(), pg[i+1])
+			if err != nil {
+				return nil, fmt.Errorf("tide: redisbroker: repartition %s: %w", o.queue, err)
+			}
+			if r != "1" {
+				return nil, fmt.Errorf("%w: repartition %s: task %q exists in both the old and the new partitions; delete one of them and run the repartition again",
+					broker.ErrTaskIDConflict, o.queue, pg[i])
+			}
+		}
 	}
 	pipe := b.rdb.Pipeline()
 	var rs []res
@@ -532,7 +606,7 @@ func (b *Broker) reserveAndTake(ctx context.Context, l layout, o part, peek []an
 		// A task another run took keeps its placeholder: that run places
 		// it there.
 		if !taken[id.(string)] && !busy[id.(string)] {
-			np := b.partOf(o.queue, l, id.(string))
+			np := b.partOf(o.queue, l, groupOf[id.(string)])
 			un[np] = append(un[np], id)
 		}
 	}
@@ -609,7 +683,7 @@ func parseTaken(res []any) ([]moved, map[string]bool, error) {
 func (b *Broker) place(ctx context.Context, l layout, o part, ms []moved) error {
 	byPart := map[part][]any{}
 	for _, m := range ms {
-		p := b.partOf(o.queue, l, m.id)
+		p := b.partOf(o.queue, l, m.key())
 		byPart[p] = append(byPart[p], m.id, m.rec, m.state, int64(m.score), m.result, m.hist, m.group, m.dur)
 	}
 	pipe := b.rdb.Pipeline()
@@ -626,7 +700,26 @@ func (b *Broker) place(ctx context.Context, l layout, o part, ms []moved) error 
 	if err := b.moveCall(ctx, o, "finish", ids...).Err(); err != nil {
 		return fmt.Errorf("tide: redisbroker: repartition %s: finish: %w", o.queue, classify(err))
 	}
+	// A task with a free ID that moved leaves its old pointer behind.
+	for _, m := range ms {
+		g := m.key()
+		if g == m.id || l.old.n < 2 || broker.Partition(m.id, l.old.n) == broker.Partition(g, l.old.n) {
+			continue
+		}
+		in, _ := b.oldPartOf(o.queue, l, m.id)
+		if _, err := b.idsText(ctx, in, "drop", m.id, g); err != nil {
+			return fmt.Errorf("tide: redisbroker: repartition %s: %w", o.queue, err)
+		}
+	}
 	return nil
+}
+
+// key is what places m in its partition: its group, or its ID.
+func (m moved) key() string {
+	if g, _, _ := strings.Cut(m.group, "\x00"); g != "" {
+		return g
+	}
+	return m.id
 }
 
 // retire adds old partition o's day counters to the new span's first
@@ -653,6 +746,7 @@ func (b *Broker) retire(ctx context.Context, l layout, o part, idx int) (bool, e
 		return false, fmt.Errorf("tide: redisbroker: repartition %s: retire: %w", o.queue, classify(err))
 	}
 	if len(r) == 2 && r[0] == 1 {
+		b.rdb.Del(ctx, o.k("x"), o.k("xr")) // the task index's, not listed in moveKeys
 		// Nothing writes to a retired partition again: its events stay
 		// for readers that have not reached its end, then expire.
 		if b.eventsAge > 0 {

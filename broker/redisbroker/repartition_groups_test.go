@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -242,45 +241,94 @@ func TestRepartitionKeepsThrottle(t *testing.T) {
 	})
 }
 
-// A queue of one partition takes grouped tasks whose IDs do not carry their
-// group; on more partitions such a task could not be found by ID, so a
-// repartition to more is refused while the queue holds one, and goes ahead
-// once they are gone; the queue then refuses such IDs.
-func TestRepartitionRefusesFreeGroupIDs(t *testing.T) {
+// Grouped tasks whose IDs do not carry their group move with their groups:
+// a repartition from one partition to six, then to three, keeps each
+// findable, cancellable and deletable by its ID, its ordered group's order
+// (one at a time, in enqueue order) and the ID unique in the queue.
+func TestRepartitionMovesFreeGroupIDs(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	const q = "freemove"
-	free := func(id string) *tidetype.TaskInfo {
-		m := groupMsg(q, id, "")
-		m.Group = "shop-7"
-		return m
+	if err := e.b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Ordered: true}); err != nil {
+		t.Fatal(err)
 	}
-	tagged := groupMsg(q, "tagged", "shop-7")
-	mustEnqueue(t, e.b, broker.EnqueueOptions{}, free("order-cancel:42"), tagged, groupMsg(q, "plain", ""))
-	err := e.b.Repartition(ctx, q, 4, nil)
-	if !errors.Is(err, broker.ErrLayout) || !strings.Contains(err.Error(), `"order-cancel:42"`) {
-		t.Fatalf("Repartition to 4 of a queue holding a grouped task with a free ID: %v, want ErrLayout naming it", err)
+	want := map[string][]string{}
+	groups := map[string]string{}
+	for i := range 30 {
+		g := []string{"shop-7", "shop-8", "shop-9"}[i%3]
+		id := fmt.Sprintf("order-cancel:%d", 40+i)
+		mustEnqueue(t, e.b, broker.EnqueueOptions{}, freeMsg(q, id, g))
+		want[g] = append(want[g], id)
+		groups[id] = g
 	}
-	if n, err := e.b.Partitions(ctx, q); err != nil || n != 1 {
-		t.Fatalf("Partitions after the refused repartition = %d, %v; want 1", n, err)
-	}
-	// The refused repartition lets free IDs in again.
-	mustEnqueue(t, e.b, broker.EnqueueOptions{}, free("order-cancel:43"))
-	for _, id := range []string{"order-cancel:42", "order-cancel:43"} {
-		if err := e.b.Delete(ctx, q, id); err != nil {
-			t.Fatalf("Delete(%s): %v", id, err)
+	mustEnqueue(t, e.b, broker.EnqueueOptions{}, groupMsg(q, "tagged", "shop-7"), groupMsg(q, "plain", ""))
+	want["shop-7"] = append(want["shop-7"], "tagged{shop-7}")
+	groups["tagged{shop-7}"] = "shop-7"
+	check := func(n int) {
+		t.Helper()
+		for id, g := range groups {
+			if got, err := e.b.GetTask(ctx, q, id); err != nil || got.Group != g {
+				t.Fatalf("GetTask(%s) on %d partitions: %+v, %v; want group %s", id, n, got, err, g)
+			}
+			errs, err := e.b.Enqueue(ctx, []*tidetype.TaskInfo{freeMsg(q, id, "shop-10")}, broker.EnqueueOptions{})
+			if err != nil || !errors.Is(errs[0], broker.ErrTaskIDConflict) {
+				t.Fatalf("Enqueue of %s in another group on %d partitions: %v, %v; want ErrTaskIDConflict", id, n, errs, err)
+			}
 		}
 	}
-	if err := e.b.Repartition(ctx, q, 4, nil); err != nil {
-		t.Fatalf("Repartition to 4 once the free IDs are gone: %v", err)
+	for _, n := range []int{6, 3} {
+		if err := e.b.Repartition(ctx, q, n, nil); err != nil {
+			t.Fatalf("Repartition to %d: %v", n, err)
+		}
+		check(n)
 	}
-	if got, err := e.b.GetTask(ctx, q, tagged.ID); err != nil || got.Group != "shop-7" {
-		t.Fatalf("GetTask(%s) after the repartition: %+v, %v", tagged.ID, got, err)
+	// Cancel and Delete by ID on three partitions.
+	for i, id := range []string{"order-cancel:69", "order-cancel:68", "order-cancel:67"} {
+		remove := e.b.Cancel
+		if i == 2 {
+			remove = e.b.Delete
+		}
+		if err := remove(ctx, q, id); err != nil {
+			t.Fatalf("Cancel/Delete(%s): %v", id, err)
+		}
+		g := groups[id]
+		want[g] = slices.DeleteFunc(want[g], func(s string) bool { return s == id })
+		if _, err := e.b.GetTask(ctx, q, id); !errors.Is(err, broker.ErrTaskNotFound) {
+			t.Fatalf("GetTask(%s) after Cancel/Delete: %v", id, err)
+		}
 	}
-	errs, err := e.b.Enqueue(ctx, []*tidetype.TaskInfo{free("order-cancel:44")}, broker.EnqueueOptions{})
-	if err != nil || !errors.Is(errs[0], broker.ErrInvalidTask) {
-		t.Fatalf("a free grouped ID on 4 partitions: %v, %v; want ErrInvalidTask", errs, err)
+	// Ordered: one task of a group at a time, in enqueue order.
+	ran := map[string][]string{}
+	for {
+		ds, err := e.b.Dequeue(ctx, []string{q}, 10, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ds) == 0 {
+			break
+		}
+		seen := map[string]bool{}
+		for _, d := range ds {
+			if g := d.Task.Group; g != "" {
+				if seen[g] {
+					t.Fatalf("two tasks of ordered group %s started at once", g)
+				}
+				seen[g] = true
+				ran[g] = append(ran[g], d.Task.ID)
+			}
+		}
+		for _, d := range ds {
+			if errs, err := e.b.Settle(ctx, []broker.Settlement{{Lease: d.Lease(), Kind: broker.SettleDone, Task: d.Task}}); err != nil || errs[0] != nil {
+				t.Fatalf("Settle %s: %v %v", d.Task.ID, err, errs)
+			}
+		}
+	}
+	for g, w := range want {
+		if !slices.Equal(ran[g], w) {
+			t.Fatalf("group %s ran %s", g, orderDiff(ran[g], w))
+		}
 	}
 }
 
@@ -309,19 +357,16 @@ func TestRepartitionHoldOfFreeGroupIDs(t *testing.T) {
 }
 
 // Should a grouped task with a free ID get into the partition after the
-// repartition looked (its hold lifted meanwhile, as a concurrent
-// repartition to one partition does), the move stops at it with an error
-// that names it and leaves it where it is found by its ID; once it is
-// deleted, running the repartition again finishes it. Not parallel: it
-// sets a package-wide hook.
-func TestRepartitionStopsAtALateFreeGroupID(t *testing.T) {
+// repartition held them (its hold lifted meanwhile, as a concurrent
+// repartition to one partition does), it moves with the others and is
+// found by its ID. Not parallel: it sets a package-wide hook.
+func TestRepartitionMovesALateFreeGroupID(t *testing.T) {
 	e := setup(t)
 	ctx := context.Background()
 	const q = "freelate"
 	tagged := groupMsg(q, "tagged", "shop-7")
 	mustEnqueue(t, e.b, broker.EnqueueOptions{}, tagged)
-	late := groupMsg(q, "order-cancel:42", "")
-	late.Group = "shop-7"
+	late := freeMsg(q, "order-cancel:42", "shop-7")
 	redisbroker.SetAfterHold(func(queue string) {
 		if queue != q {
 			return
@@ -332,21 +377,13 @@ func TestRepartitionStopsAtALateFreeGroupID(t *testing.T) {
 		mustEnqueue(t, e.b, broker.EnqueueOptions{}, late)
 	})
 	t.Cleanup(func() { redisbroker.SetAfterHold(nil) })
-	err := e.b.Repartition(ctx, q, 4, nil)
-	if !errors.Is(err, broker.ErrLayout) || !strings.Contains(err.Error(), `"order-cancel:42"`) {
-		t.Fatalf("Repartition meeting a late free grouped ID: %v, want ErrLayout naming it", err)
+	if err := e.b.Repartition(ctx, q, 4, nil); err != nil {
+		t.Fatalf("Repartition meeting a late free grouped ID: %v", err)
 	}
 	redisbroker.SetAfterHold(nil)
-	if got, err := e.b.GetTask(ctx, q, late.ID); err != nil || got.Group != "shop-7" {
-		t.Fatalf("GetTask(%s) while the repartition stopped: %+v, %v", late.ID, got, err)
-	}
-	if err := e.b.Delete(ctx, q, late.ID); err != nil {
-		t.Fatalf("Delete(%s): %v", late.ID, err)
-	}
-	if err := e.b.Repartition(ctx, q, 4, nil); err != nil {
-		t.Fatalf("Repartition run again: %v", err)
-	}
-	if got, err := e.b.GetTask(ctx, q, tagged.ID); err != nil || got.Group != "shop-7" {
-		t.Fatalf("GetTask(%s) after the repartition: %+v, %v", tagged.ID, got, err)
+	for _, id := range []string{late.ID, tagged.ID} {
+		if got, err := e.b.GetTask(ctx, q, id); err != nil || got.Group != "shop-7" {
+			t.Fatalf("GetTask(%s) after the repartition: %+v, %v", id, got, err)
+		}
 	}
 }

@@ -22,7 +22,7 @@ var scriptFS embed.FS
 // place, differs from it (bindings_test.go maps each name to its key).
 // TestScriptHelperFiles and TestScriptsLinked check the prelude linker.
 type scripts struct {
-	enqueue, enqueuePlain, enqueueOne, dequeue, extend, settle, setResult, remove, maintain, admin, move, registry, drop, limits, share, slots, wait, progress, flow, step, signal *redis.Script
+	enqueue, enqueuePlain, enqueueOne, dequeue, extend, settle, setResult, remove, maintain, admin, move, registry, drop, limits, share, slots, wait, progress, flow, step, signal, ids *redis.Script
 
 	byFile map[string]*redis.Script // file name -> script, for tests
 }
@@ -58,6 +58,7 @@ func loadScripts() *scripts {
 		flow:         s("flow.lua"),
 		step:         s("step.lua"),
 		signal:       s("signal.lua"),
+		ids:          s("ids.lua"),
 	}
 }
 

@@ -36,7 +36,12 @@ func (b *Broker) getTask(ctx context.Context, queue, id string) (*tidetype.TaskI
 	if err != nil {
 		return nil, false, err
 	}
-	for _, p := range b.lookup(queue, l, id) {
+	where, err := b.resolve(ctx, queue, l, id)
+	if err != nil {
+		return nil, false, err
+	}
+	for _, f := range where {
+		p := f.p
 		pipe := b.rdb.Pipeline()
 		meta := pipe.Get(ctx, p.k("meta"))
 		rec := pipe.HGet(ctx, p.k("t"), id)
@@ -116,7 +121,12 @@ func (b *Broker) remove(ctx context.Context, queue, id, op string) error {
 		return err
 	}
 	code := removeNotFound // a placeholder alone is no task
-	for _, p := range b.lookup(queue, l, id) {
+	where, err := b.resolve(ctx, queue, l, id)
+	if err != nil {
+		return err
+	}
+	for _, f := range where {
+		p := f.p
 		rid, cache, exp, _ := b.request(p)
 		c := &call{
 			script: b.s.remove,
@@ -134,6 +144,9 @@ func (b *Broker) remove(ctx context.Context, queue, id, op string) error {
 		}
 		if reply != removeNotFound && reply != removeMovingHere {
 			code = reply
+			if code == removeDeleted {
+				b.release(ctx, f, id)
+			}
 			break
 		}
 	}

@@ -36,8 +36,9 @@ func (b *Broker) Wait(ctx context.Context, queue, id string) (*tidetype.TaskInfo
 		return nil, err
 	}
 	defer b.waits.remove(queue, id, w)
+	var where []found // kept once a pointer led to the task: see resolve
 	for {
-		info, done, err := b.waitStep(ctx, queue, id)
+		info, done, err := b.waitStep(ctx, queue, id, &where)
 		if err != nil || done {
 			return info, err
 		}
@@ -55,13 +56,24 @@ func (b *Broker) Wait(ctx context.Context, queue, id string) (*tidetype.TaskInfo
 
 // waitStep registers the waiter (or renews it) and reports whether the task
 // has ended, with its info.
-func (b *Broker) waitStep(ctx context.Context, queue, id string) (*tidetype.TaskInfo, bool, error) {
+func (b *Broker) waitStep(ctx context.Context, queue, id string, kept *[]found) (*tidetype.TaskInfo, bool, error) {
 	l, err := b.layoutOf(ctx, queue)
 	if err != nil {
 		return nil, false, err
 	}
-	parts := b.lookup(queue, l, id)
-	for _, p := range parts {
+	where := *kept
+	if where == nil {
+		if where, err = b.resolve(ctx, queue, l, id); err != nil {
+			return nil, false, err
+		}
+		for _, f := range where {
+			if f.via != nil {
+				*kept = where
+			}
+		}
+	}
+	for _, f := range where {
+		p := f.p
 		c := &call{
 			script: b.s.wait,
 			keys:   p.keys("t", "wt", "oc", "meta"),

@@ -6,7 +6,7 @@
 -- KEYS[10] active zset  KEYS[11] archived zset  KEYS[12] completed zset
 -- KEYS[13] results hash  KEYS[14] attempt histories hash
 -- KEYS[15..20] group keys (groups.lua)  KEYS[21] waiters hash
--- KEYS[22] events stream
+-- KEYS[22] events stream  KEYS[23] fences zset (ids.lua)
 -- ARGV[1] layout  ARGV[2] request ID  ARGV[3] reply cache expiry (ms)
 -- ARGV[4] event channel  ARGV[5] partition
 -- ARGV[6] expiry of this window's idempotency keys (ms)
@@ -19,11 +19,15 @@
 --   (Replace), 'w' to register a waiter for it (wait.lua) and 'f' for a
 --   grouped task whose ID does not carry its group as tag (a queue of one
 --   partition only: refused while the group state hash has field xf, set
---   by a repartition that starts, see repartition.go).
+--   by a repartition that starts, see repartition.go). On a queue of several
+--   partitions such a task's group is followed by "\0", the nonce of its
+--   claim (16 characters) and the time (ms) after which it may not be
+--   stored: code '6' then, or when the nonce is in the fences zset.
 -- Returns a string of one code per task: '0' stored, '1' ID conflict,
 -- '2' unique lock held, '3' a broker-chosen ID met another task (the broker
 -- draws again), '4' the idempotency key was used within the window, '5' an
--- 'f' task while xf is set: nothing stored; then, for each '4', a newline and the ID of the key's task. A broker-chosen ID found holding this very record (same body)
+-- 'f' task while xf is set: nothing stored, '6' a claim fenced or too old
+-- (ids.lua): nothing stored; then, for each '4', a newline and the ID of the key's task. A broker-chosen ID found holding this very record (same body)
 -- is this request's own earlier run: '0'. A request run again answers from
 -- the reply cache. Publishes "p<partition>" when the pending list was empty
 -- and "s<partition>:<ms>" when a new task is due before every waiting one.
@@ -74,6 +78,9 @@ local function unplace(id, rec)
 end
 for i = 9, #ARGV, 8 do
   local id, rec, kind, u, ik, g = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+4], ARGV[i+6], ARGV[i+7]
+  local claim = nil
+  local z = string.find(g, '\0', 1, true)
+  if z then g, claim = string.sub(g, 1, z - 1), string.sub(g, z + 1) end
   local replace = string.find(kind, 'r', 2, true) ~= nil
   local watch = string.find(kind, 'w', 2, true) ~= nil
   local free = string.find(kind, 'f', 2, true) ~= nil
@@ -84,6 +91,8 @@ for i = 9, #ARGV, 8 do
   if ik ~= '' then first = redis.call('HGET', KEYS[8], ik) or redis.call('HGET', KEYS[9], ik) end
   if free and redis.call('HEXISTS', G.s, 'xf') == 1 then
     code = '5'
+  elseif claim and (redis.call('ZSCORE', KEYS[23], string.sub(claim, 1, 16)) or redis_now() > tonumber(string.sub(claim, 17))) then
+    code = '6'
   elseif first then
     code = '4'
     hits[#hits + 1] = first

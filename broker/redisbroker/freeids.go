@@ -1,0 +1,433 @@
+package redisbroker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/tidetype"
+)
+
+// A grouped task whose ID does not carry its group (broker.FreeGroupID) on
+// a queue of several partitions lives in its group's partition G and is
+// found through a pointer in its ID's partition I, when the two differ:
+// ids.lua and docs/design.md ("Free IDs on several partitions") describe
+// the protocol, enqueueFree runs it.
+
+// slackNs is how far apart the clocks of two Redis nodes may be (ns; a
+// minute, tests change it): a fence outlives the last moment its claim's
+// store may run by this much, and the maintainer repairs a claim only this
+// long after that moment.
+var slackNs atomic.Int64
+
+func init() { slackNs.Store(int64(time.Minute)) }
+
+func clockSlack() time.Duration { return time.Duration(slackNs.Load()) }
+
+// afterClaim, when set (by tests), runs after a claim and before its
+// store; an error ends the enqueue there, as if the client died.
+var afterClaim atomic.Pointer[func(id string) error]
+
+// pointerLook is how long after a pointer is confirmed the maintainer of
+// its partition first looks whether its task is still there.
+const pointerLook = 10 * time.Second
+
+// pointer is an index entry of ids.lua.
+type pointer struct {
+	state byte // 'c' claimed, 'k' confirmed
+	nonce string
+	at    int64 // claim time, ms on the clock of the pointer's node
+	group string
+}
+
+func parsePointer(v string) (pointer, bool) {
+	if len(v) < 21 || v[0] != 0 || v[1] != 'g' {
+		return pointer{}, false
+	}
+	z := strings.IndexByte(v[3:], 0)
+	if z < 17 {
+		return pointer{}, false
+	}
+	z += 3
+	at, err := strconv.ParseInt(v[19:z], 10, 64)
+	if err != nil {
+		return pointer{}, false
+	}
+	return pointer{state: v[2], nonce: v[3:19], at: at, group: v[z+1:]}, true
+}
+
+// needsPointer reports whether task t takes the free-ID protocol on
+// layout l: a grouped task with an ID that does not carry its group, on
+// several partitions, whose ID's partition is not its group's.
+func needsPointer(t *tidetype.TaskInfo, l layout) bool {
+	return l.cur.n > 1 && broker.FreeGroupID(t.ID, t.Group) && broker.Partition(t.ID, l.cur.n) != broker.Partition(t.Group, l.cur.n)
+}
+
+// storeKey is what places task t in its partition: its group when it has
+// one (a tagged ID's partition is its group's too), else its ID.
+func storeKey(t *tidetype.TaskInfo) string {
+	if t.Group != "" {
+		return t.Group
+	}
+	return t.ID
+}
+
+func newNonce() string {
+	var raw [12]byte
+	_, _ = rand.Read(raw[:])
+	return base64.RawURLEncoding.EncodeToString(raw[:])
+}
+
+// ids runs one ids.lua op in partition p.
+func (b *Broker) ids(ctx context.Context, p part, op, id string, args ...any) (*redis.Cmd, error) {
+	c := b.idsCall(p, op, id, args...)
+	b.run(ctx, []*call{c})
+	if c.err != nil {
+		return nil, callErr("task index "+op, c.err)
+	}
+	return c.cmd, nil
+}
+
+// idsCall is a call of one ids.lua op in partition p.
+func (b *Broker) idsCall(p part, op, id string, args ...any) *call {
+	return &call{
+		script: b.s.ids,
+		keys:   p.keys("t", "x", "xr", "wt", "oc", "meta"),
+		args:   append([]any{p.layout, op, id}, args...),
+		queue:  p.queue,
+	}
+}
+
+func (b *Broker) idsText(ctx context.Context, p part, op, id string, args ...any) (string, error) {
+	cmd, err := b.ids(ctx, p, op, id, args...)
+	if err != nil {
+		return "", err
+	}
+	s, err := cmd.Text()
+	if err != nil {
+		return "", callErr("task index "+op, fmt.Errorf("unexpected reply: %w", err))
+	}
+	return s, nil
+}
+
+// claimLife is how long after its claim a store may run (L in the design).
+func (b *Broker) claimLife() time.Duration { return b.window }
+
+// sameSpan returns the partition of key in the span of p (current or old).
+func (b *Broker) sameSpan(queue string, l layout, p part, key string) part {
+	if p.old {
+		o, _ := b.oldPartOf(queue, l, key)
+		return o
+	}
+	return b.partOf(queue, l, key)
+}
+
+// repair settles the claim ptr of id in partition in: it fences the claim
+// in the group's partition, then confirms it (the task was stored) or
+// releases it (it never will be).
+func (b *Broker) repair(ctx context.Context, queue string, l layout, in part, id string, ptr pointer) error {
+	g := b.sameSpan(queue, l, in, ptr.group)
+	exp := ptr.at + (b.claimLife() + clockSlack()).Milliseconds()
+	r, err := b.idsText(ctx, g, "fence", id, ptr.nonce, exp)
+	if err != nil {
+		return err
+	}
+	if r == "s" {
+		_, err = b.idsText(ctx, in, "confirm", id, ptr.nonce, pointerLook.Milliseconds())
+	} else {
+		_, err = b.idsText(ctx, in, "release", id, ptr.nonce, "")
+	}
+	return err
+}
+
+// clearPointer makes way for a new task with id in partition in, where
+// pointer ptr stands: it repairs a claim, and releases a confirmed pointer
+// whose task is gone. It reports whether the way is clear (false: a task
+// holds the ID).
+func (b *Broker) clearPointer(ctx context.Context, queue string, l layout, in part, id string, ptr pointer) (bool, error) {
+	if ptr.state == 'c' {
+		return true, b.repair(ctx, queue, l, in, id, ptr)
+	}
+	g := b.sameSpan(queue, l, in, ptr.group)
+	has, err := b.idsText(ctx, g, "look", id, "r")
+	if err != nil || has == "1" {
+		return false, err
+	}
+	_, err = b.idsText(ctx, in, "release", id, ptr.nonce, "k")
+	return true, err
+}
+
+// errFenced is a store refused because its claim was fenced or too old.
+var errFenced = fmt.Errorf("%w: the enqueue took too long or met another enqueue of its task ID; nothing was stored", broker.ErrUnavailable)
+
+// enqueueFree enqueues it, a task that needsPointer, by the protocol of
+// ids.lua: claim in the ID's partition, store in the group's, confirm.
+func (b *Broker) enqueueFree(ctx context.Context, it item, opts broker.EnqueueOptions) error {
+	t, l := it.t, it.lay
+	in := b.partOf(t.Queue, l, t.ID)
+	home := b.partOf(t.Queue, l, t.Group)
+	nonce := newNonce()
+	look := (b.claimLife() + clockSlack()).Milliseconds()
+	swap := ""
+	var at int64
+	for attempt := 0; ; attempt++ {
+		if attempt == 4 {
+			return fmt.Errorf("%w: task ID %q: enqueues of it keep meeting", broker.ErrUnavailable, t.ID)
+		}
+		r, err := b.idsText(ctx, in, "claim", t.ID, nonce, t.Group, look, swap)
+		if err != nil {
+			return err // a claim left behind is repaired
+		}
+		if r == "1" {
+			return broker.ErrTaskIDConflict
+		}
+		if r[0] == 'c' {
+			if at, err = strconv.ParseInt(r[1:], 10, 64); err != nil {
+				return callErr("task index claim", fmt.Errorf("unexpected reply %q", r))
+			}
+			break
+		}
+		ptr, ok := parsePointer(r[1:])
+		if r[0] != 'p' || !ok {
+			return callErr("task index claim", fmt.Errorf("unexpected reply %q", r))
+		}
+		if ptr.state == 'k' && it.replace {
+			if broker.Partition(ptr.group, l.cur.n) != broker.Partition(t.Group, l.cur.n) {
+				return fmt.Errorf("%w: task %q is in group %q, whose partition is not group %q's; Replace cannot move it there (delete it first)", broker.ErrTaskIDConflict, t.ID, ptr.group, t.Group)
+			}
+			has, err := b.idsText(ctx, home, "look", t.ID, "r")
+			if err != nil {
+				return err
+			}
+			if has == "1" {
+				swap = ptr.nonce
+				continue
+			}
+		}
+		clear, err := b.clearPointer(ctx, t.Queue, l, in, t.ID, ptr)
+		if err != nil {
+			return err
+		}
+		if !clear {
+			return broker.ErrTaskIDConflict
+		}
+	}
+	if f := afterClaim.Load(); f != nil {
+		if err := (*f)(t.ID); err != nil {
+			return err
+		}
+	}
+	it.claim = nonce + strconv.FormatInt(at+b.claimLife().Milliseconds(), 10)
+	id := t.ID
+	errs, err := b.enqueueNow(ctx, []item{it}, opts)
+	if err == nil {
+		err = errs[0]
+	}
+	switch {
+	case (err == nil || errors.Is(err, broker.ErrNotReplicated)) && t.ID == id:
+		if _, cerr := b.idsText(ctx, in, "confirm", id, nonce, pointerLook.Milliseconds()); cerr != nil {
+			b.log.Warn("tide: redisbroker: a task's index entry is left claimed; the partition's maintainer confirms it", "queue", t.Queue, "err", cerr)
+		}
+		return err
+	case err == nil || errors.Is(err, broker.ErrTaskIDConflict) || errors.Is(err, broker.ErrDuplicateTask) ||
+		errors.Is(err, broker.ErrInvalidTask) || errors.Is(err, errFenced) || errors.Is(err, broker.ErrLayout):
+		// Not stored under this claim: an idempotency key's earlier task
+		// answered (its ID is t.ID now), or a definite refusal.
+		if _, rerr := b.idsText(ctx, in, "release", id, nonce, ""); rerr != nil {
+			b.log.Warn("tide: redisbroker: a task's index entry is left claimed; the partition's maintainer releases it", "queue", t.Queue, "err", rerr)
+		}
+		return err
+	}
+	return err // unknown: the claim stays for the repair to decide
+}
+
+// freeConflicts looks again at the tasks enqueued into their ID's
+// partition that met an ID conflict on a queue of several partitions: a
+// pointer left over from a task that is gone, or a claim nobody finished,
+// is cleared and the task sent again.
+func (b *Broker) freeConflicts(ctx context.Context, items []item, errs []error, opts broker.EnqueueOptions) {
+	for i, it := range items {
+		if !errors.Is(errs[i], broker.ErrTaskIDConflict) || it.own || it.lay.cur.n < 2 || it.lay.old != nil || needsPointer(it.t, it.lay) {
+			continue
+		}
+		in := b.partOf(it.t.Queue, it.lay, it.t.ID)
+		v, err := b.rdb.HGet(ctx, in.k("t"), it.t.ID).Result()
+		if err != nil {
+			continue
+		}
+		ptr, ok := parsePointer(v)
+		if !ok {
+			continue
+		}
+		if clear, err := b.clearPointer(ctx, it.t.Queue, it.lay, in, it.t.ID, ptr); err != nil || !clear {
+			continue
+		}
+		if again, err := b.enqueueNow(ctx, []item{it}, opts); err == nil {
+			errs[i] = again[0]
+		}
+	}
+}
+
+// found is where a lookup by ID goes: p, and the pointer that led there.
+type found struct {
+	p     part
+	via   *part // the ID's partition when a pointer led to p
+	nonce string
+}
+
+// resolve returns where task id may be (as lookup), with pointers
+// followed: on a queue of several partitions it reads the ID's record
+// field first.
+func (b *Broker) resolve(ctx context.Context, queue string, l layout, id string) ([]found, error) {
+	ps := b.lookup(queue, l, id)
+	out := make([]found, len(ps))
+	var cmds []*redis.StringCmd
+	var pipe redis.Pipeliner
+	for i, p := range ps {
+		out[i] = found{p: p}
+		n := l.cur.n
+		if p.old {
+			n = l.old.n
+		}
+		if n < 2 {
+			cmds = append(cmds, nil)
+			continue
+		}
+		if pipe == nil {
+			pipe = b.rdb.Pipeline()
+		}
+		cmds = append(cmds, pipe.HGet(ctx, p.k("t"), id))
+	}
+	if pipe == nil {
+		return out, nil
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, callErr("look up "+id, classify(err))
+	}
+	for i, c := range cmds {
+		if c == nil {
+			continue
+		}
+		if ptr, ok := parsePointer(c.Val()); ok {
+			in := out[i].p
+			out[i] = found{p: b.sameSpan(queue, l, in, ptr.group), via: &in, nonce: ptr.nonce}
+		}
+	}
+	return out, nil
+}
+
+// release drops the pointer that led to a task that is gone now (best
+// effort: the maintainer sweeps what is left).
+func (b *Broker) release(ctx context.Context, f found, id string) {
+	if f.via == nil {
+		return
+	}
+	if _, err := b.idsText(ctx, *f.via, "release", id, f.nonce, "k"); err != nil {
+		b.log.Debug("tide: redisbroker: a task's index entry is left; the partition's maintainer drops it", "err", err)
+	}
+}
+
+// dropPointers releases every pointer of partition p whose task is not in
+// its group's partition (a claim is repaired first), for DeleteQueue: an
+// empty partition may hold pointers left by tasks that ended.
+func (b *Broker) dropPointers(ctx context.Context, queue string, l layout, p part) error {
+	ids, err := b.rdb.ZRange(ctx, p.k("x"), 0, -1).Result()
+	if err != nil {
+		return callErr("delete queue "+queue, classify(err))
+	}
+	for _, id := range ids {
+		v, err := b.rdb.HGet(ctx, p.k("t"), id).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return callErr("delete queue "+queue, classify(err))
+		}
+		if ptr, ok := parsePointer(v); ok {
+			if _, err := b.clearPointer(ctx, queue, l, p, id, ptr); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// sweepIDs looks at the due pointers of partition p: a claim is repaired,
+// a confirmed pointer whose task (with its waiter and kept outcome) is
+// gone is released. Not while a repartition runs.
+func (b *Broker) sweepIDs(ctx context.Context, queue string, l layout, p part) error {
+	if l.old != nil || l.cur.n < 2 || p.old {
+		return nil
+	}
+	if v, ok := b.idSweeps.Load(p.base); ok && time.Since(v.(time.Time)) < time.Second {
+		return nil
+	}
+	b.idSweeps.Store(p.base, time.Now())
+	cmd, err := b.ids(ctx, p, "due", "100")
+	if err != nil {
+		return err
+	}
+	vals, err := cmd.StringSlice()
+	if err != nil {
+		return callErr("task index due", fmt.Errorf("unexpected reply: %w", err))
+	}
+	// Claims are rare: repaired one by one. The looks at confirmed
+	// pointers go in one pipeline, and so do the releases.
+	now := b.Now().UnixMilli()
+	type look struct {
+		id  string
+		ptr pointer
+		c   *call
+	}
+	var looks []look
+	for i := 0; i+1 < len(vals); i += 2 {
+		id := vals[i]
+		ptr, ok := parsePointer(vals[i+1])
+		if !ok {
+			continue
+		}
+		if ptr.state == 'c' {
+			if now < ptr.at+(b.claimLife()+clockSlack()).Milliseconds() {
+				continue // not due after all (clocks); looked at later
+			}
+			if err := b.repair(ctx, queue, l, p, id, ptr); err != nil {
+				return err
+			}
+			continue
+		}
+		g := b.partOf(queue, l, ptr.group)
+		looks = append(looks, look{id: id, ptr: ptr, c: b.idsCall(g, "look", id, "a")})
+	}
+	if len(looks) == 0 {
+		return nil
+	}
+	calls := make([]*call, len(looks))
+	for i, lk := range looks {
+		calls[i] = lk.c
+	}
+	b.run(ctx, calls)
+	var releases []*call
+	for _, lk := range looks {
+		if lk.c.err != nil {
+			return callErr("task index look", lk.c.err)
+		}
+		if has, _ := lk.c.cmd.Text(); has == "0" {
+			releases = append(releases, b.idsCall(p, "release", lk.id, lk.ptr.nonce, "k"))
+		}
+	}
+	if len(releases) > 0 {
+		b.run(ctx, releases)
+		for _, c := range releases {
+			if c.err != nil {
+				return callErr("task index release", c.err)
+			}
+		}
+	}
+	return nil
+}

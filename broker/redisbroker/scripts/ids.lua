@@ -1,0 +1,109 @@
+-- ids.lua: the index of grouped tasks whose IDs do not carry their group,
+-- on a queue of several partitions (see "Free IDs on several partitions" in
+-- docs/design.md). Run in the ID's partition I (claim, confirm, release,
+-- due) or in the group's partition G (fence, look).
+-- KEYS[1] records hash  KEYS[2] pointers zset (ID -> next look, ms)
+-- KEYS[3] fences zset (nonce -> expiry, ms)  KEYS[4] waiters hash
+-- KEYS[5] outcomes hash  KEYS[6] layout meta
+-- ARGV[1] layout  ARGV[2] op  ARGV[3] ID (due: how many)  ARGV[4..] per op:
+--   claim   4 nonce  5 group  6 first look (ms from now)  7 nonce of a
+--           confirmed pointer of the same group to take over ('' none)
+--   confirm 4 nonce  5 next look (ms from now)
+--   release 4 nonce  5 'k' to release a confirmed pointer only ('' any)
+--   fence   4 nonce  5 expiry (ms)
+--   look    4 'r' a record only counts, 'a' also a waiter or a kept outcome
+--   due     (none)
+--   put     4 nonce  5 group: a repartition writes the confirmed pointer
+--           of a task it moves (in its new I)
+--   drop    4 group: a repartition drops the pointer of a task it moved
+--           (in its old I)
+-- A pointer is the record hash's field ID holding "\0g", its state ('c'
+-- claimed, 'k' confirmed), its nonce (16 characters), the claim's time
+-- (ms, I's clock), "\0" and the group.
+-- Returns: claim 'c<time>' claimed (or claimed before by this nonce), '1'
+-- a task record or a repartition's placeholder holds the ID, 'p<pointer>'
+-- another nonce's pointer; confirm and release '1' done, '0' the pointer
+-- is not this nonce's (or not in that state); fence 's' G holds a record
+-- for the ID, 'f' fenced: a store with this nonce is refused from now on;
+-- look '1' or '0'; put '1' written, '0' a task record or placeholder holds
+-- the ID; drop '1' dropped, '0' no pointer of that group; due a flat list of ID, pointer of the pointers whose
+-- look is due, each put off by its age (10 s to an hour).
+local bad = layout_error(KEYS[6], ARGV[1])
+if bad then return bad end
+local op, id = ARGV[2], ARGV[3]
+
+local function ptr_parse(v)
+  if not v or string.sub(v, 1, 2) ~= '\0g' then return nil end
+  local z = string.find(v, '\0', 4, true)
+  if not z then return nil end
+  return string.sub(v, 3, 3), string.sub(v, 4, 19), tonumber(string.sub(v, 20, z - 1)), string.sub(v, z + 1)
+end
+
+if op == 'claim' then
+  local cur = redis.call('HGET', KEYS[1], id)
+  local now = redis_now()
+  local function claim()
+    redis.call('HSET', KEYS[1], id, '\0gc' .. ARGV[4] .. string.format('%d', now) .. '\0' .. ARGV[5])
+    redis.call('ZADD', KEYS[2], now + tonumber(ARGV[6]), id)
+    return 'c' .. string.format('%d', now)
+  end
+  if not cur then return claim() end
+  local st, nonce, at = ptr_parse(cur)
+  if not st then return '1' end
+  if nonce == ARGV[4] then return 'c' .. string.format('%d', at) end
+  if st == 'k' and nonce == ARGV[7] then return claim() end
+  return 'p' .. cur
+elseif op == 'confirm' then
+  local st, nonce = ptr_parse(redis.call('HGET', KEYS[1], id))
+  if nonce ~= ARGV[4] then return '0' end
+  if st == 'c' then
+    local v = redis.call('HGET', KEYS[1], id)
+    redis.call('HSET', KEYS[1], id, '\0gk' .. string.sub(v, 4))
+  end
+  redis.call('ZADD', KEYS[2], redis_now() + tonumber(ARGV[5]), id)
+  return '1'
+elseif op == 'release' then
+  local st, nonce = ptr_parse(redis.call('HGET', KEYS[1], id))
+  if nonce ~= ARGV[4] or (ARGV[5] ~= '' and st ~= ARGV[5]) then return '0' end
+  redis.call('HDEL', KEYS[1], id)
+  redis.call('ZREM', KEYS[2], id)
+  return '1'
+elseif op == 'fence' then
+  if rec_ok(redis.call('HGET', KEYS[1], id)) then return 's' end
+  redis.call('ZADD', KEYS[3], tonumber(ARGV[5]), ARGV[4])
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', redis_now())
+  return 'f'
+elseif op == 'look' then
+  if rec_ok(redis.call('HGET', KEYS[1], id)) then return '1' end
+  if ARGV[4] == 'a' and (redis.call('HEXISTS', KEYS[4], id) == 1 or redis.call('HEXISTS', KEYS[5], id) == 1) then return '1' end
+  return '0'
+elseif op == 'put' then
+  local cur = redis.call('HGET', KEYS[1], id)
+  if cur and not ptr_parse(cur) then return '0' end
+  local now = redis_now()
+  redis.call('HSET', KEYS[1], id, '\0gk' .. ARGV[4] .. string.format('%d', now) .. '\0' .. ARGV[5])
+  redis.call('ZADD', KEYS[2], now + 10000, id)
+  return '1'
+elseif op == 'drop' then
+  local st, _, _, g = ptr_parse(redis.call('HGET', KEYS[1], id))
+  if not st or g ~= ARGV[4] then return '0' end
+  redis.call('HDEL', KEYS[1], id)
+  redis.call('ZREM', KEYS[2], id)
+  return '1'
+elseif op == 'due' then
+  local now = redis_now()
+  local out = {}
+  for _, pid in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, tonumber(id))) do
+    local v = redis.call('HGET', KEYS[1], pid)
+    local st, _, at = ptr_parse(v)
+    if st then
+      out[#out + 1] = pid
+      out[#out + 1] = v
+      redis.call('ZADD', KEYS[2], now + math.min(math.max(now - at, 10000), 3600000), pid)
+    else
+      redis.call('ZREM', KEYS[2], pid) -- no pointer any more
+    end
+  end
+  return out
+end
+return redis.error_reply('ids.lua: unknown op ' .. tostring(op))
