@@ -83,7 +83,10 @@ func parseModelLog(lines []modelLine) (*modelLog, error) {
 				return nil, bad()
 			}
 			a := &mAttempt{task: f[1], token: f[2], flow: f[3], seq: ln.seq}
-			l.attempts[a.task] = append(l.attempts[a.task], a)
+			if a.flow != "-" {
+				// Not a plain task that holds a step's ID.
+				l.attempts[a.task] = append(l.attempts[a.task], a)
+			}
 			l.byToken[a.token] = a
 		case "L", "E":
 			if len(f) < 4 || l.byToken[f[2]] == nil {
@@ -216,6 +219,10 @@ type figures struct {
 	dups, late, untouched     int
 	callbacks, cbOnce         int
 	cbNever, cbMore           int
+	notifySteps, notified     int
+	notifyDups                int
+	waits                     map[string]int
+	stepInfo                  map[*mStep]tide.StepInfo // for checkWaits
 }
 
 const never = int64(1) << 62
@@ -223,7 +230,7 @@ const never = int64(1) << 62
 // check reads the final state and the model's log and checks every flow.
 func (m *modelRun) check() figures {
 	t := m.t
-	fig := figures{stepState: map[tide.StepState]int{}, flowState: map[tide.FlowState]int{}}
+	fig := figures{stepState: map[tide.StepState]int{}, flowState: map[tide.FlowState]int{}, stepInfo: map[*mStep]tide.StepInfo{}}
 	ctx, cancel := context.WithTimeout(m.ctx, 5*time.Minute)
 	defer cancel()
 	lines, err := m.env.rec.lines(ctx)
@@ -266,6 +273,7 @@ func (m *modelRun) check() figures {
 	if errs > 60 {
 		t.Errorf("... and %d more", errs-60)
 	}
+	m.checkWaits(l, &fig, fig.stepInfo)
 	return fig
 }
 
@@ -281,11 +289,16 @@ func (m *modelRun) checkFlow(ctx context.Context, l *modelLog, f *mFlow, fig *fi
 		si[s.Name] = s
 	}
 	tasks := map[string]*tide.TaskInfo{}
+	others := map[string]*tide.TaskInfo{} // tasks that hold a step's ID
 	for _, s := range f.steps {
 		ti, err := m.env.obs.GetTaskInfo(ctx, s.queue, s.id)
 		switch {
 		case err == nil:
-			tasks[s.name] = ti
+			if own, other := stepTaskOf(f, ti); own != nil {
+				tasks[s.name] = own
+			} else {
+				others[s.name] = other
+			}
 		case !errors.Is(err, tide.ErrTaskNotFound):
 			fail("GetTaskInfo %s: %v", s.id, err)
 			return
@@ -343,7 +356,11 @@ func (m *modelRun) checkFlow(ctx context.Context, l *modelLog, f *mFlow, fig *fi
 
 	for _, s := range f.steps {
 		step := si[s.name]
+		fig.stepInfo[s] = step
 		as := l.attempts[s.id]
+		if s.held {
+			m.checkHeld(l, f, s, step, others[s.name], fail)
+		}
 		var oks []*mAttempt
 		for _, a := range as {
 			if a.end == "ok" {
@@ -378,7 +395,8 @@ func (m *modelRun) checkFlow(ctx context.Context, l *modelLog, f *mFlow, fig *fi
 			if ti != nil && ti.State != tide.StateArchived {
 				fail("step %s %s, but its task is %s:%s", s.name, step.State, ti.State, describe())
 			}
-			if ti == nil && step.State == tide.StepFailed && !l.acted(f, s, never, "delete", "cancel") && !l.bulkOn(f, s, "deleteall", "archived") {
+			if ti == nil && step.State == tide.StepFailed && !strings.Contains(step.Err, reasonHeld) &&
+				!l.acted(f, s, never, "delete", "cancel") && !l.bulkOn(f, s, "deleteall", "archived") {
 				fail("step %s failed, but its task is gone and nothing deleted it:%s", s.name, describe())
 			}
 			for _, a := range oks {
@@ -395,6 +413,7 @@ func (m *modelRun) checkFlow(ctx context.Context, l *modelLog, f *mFlow, fig *fi
 		if step.State == tide.StepSucceeded && !s.plan.succeeds() {
 			fail("step %s succeeded, but its plan is %s", s.name, s.plan)
 		}
+		m.checkNotified(l, f, s, step, ti, fig, fail)
 
 		// Each start: after its dependencies ended; not after its flow's
 		// CancelWorkflow returned, unless the cancellation reached it.
@@ -469,7 +488,7 @@ func (m *modelRun) checkFlow(ctx context.Context, l *modelLog, f *mFlow, fig *fi
 	touched := false
 	for _, s := range f.steps {
 		if l.acted(f, s, never, "archive", "delete", "cancel", "cancelprocessing", "cancelworkflow", "archiveall", "deleteall") ||
-			strings.Contains(si[s.name].Err, "lease expired") {
+			strings.Contains(si[s.name].Err, "lease expired") || (s.held && s.holder != "completed") {
 			touched = true
 		}
 	}
@@ -538,6 +557,10 @@ func (m *modelRun) explain(l *modelLog, f *mFlow, s *mStep, step tide.StepInfo, 
 		if !contains(s.after, dn) || si[dn].State == tide.StepSucceeded {
 			return "the step it names is not a dependency that failed"
 		}
+	case strings.Contains(why, reasonHeld):
+		if !s.held {
+			return "its ID was held, but the model held no task with it"
+		}
 	case strings.Contains(why, skipMsg):
 		if s.plan.kind != "skip" {
 			return "a planned skip, but its plan is " + s.plan.String()
@@ -568,6 +591,9 @@ func (m *modelRun) endedBefore(l *modelLog, f *mFlow, d *mStep, si map[string]ti
 		return true
 	}
 	why := si[d.name].Err
+	if d.held && strings.Contains(why, reasonHeld) {
+		return true // it failed when it was released, before anything after it
+	}
 	if strings.Contains(why, "lease expired") {
 		for _, a := range l.attempts[d.id] {
 			if a.seq < seq {
@@ -597,6 +623,8 @@ func predict(f *mFlow) map[string]tide.StepState {
 		switch {
 		case !run:
 			out[s.name] = tide.StepCanceled
+		case s.held:
+			out[s.name] = tide.StepFailed
 		case s.plan.succeeds():
 			out[s.name] = tide.StepSucceeded
 		default:
