@@ -61,6 +61,7 @@ func TestFlowModel(t *testing.T) {
 	rec := newRedisRecorder(ordb, prefix, "fm")
 
 	f := newFleet(t, dir, px.Addr(), prefix)
+	f.awaitReady = true
 	f.env = []string{envModel + "=fm", envDirect + "=" + rs.Addr}
 	names := []string{"w1", "w2", "w3"}
 	for _, n := range names {
