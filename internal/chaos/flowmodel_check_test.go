@@ -77,7 +77,7 @@ func parseModelLog(lines []modelLine) (*modelLog, error) {
 			return nil, bad()
 		}
 		switch f[0] {
-		case "N", "U": // a flow enqueued; a server process started
+		case "N", "U", "W": // a flow enqueued; a server process started; a Wait answered (checkWaits)
 		case "S":
 			if len(f) != 4 {
 				return nil, bad()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -141,6 +142,7 @@ type mWait struct {
 	f      *mFlow
 	s      *mStep
 	result string // completed, archived, notfound, or "error: ..."
+	seq    int64  // its "W" line, logged when it answered
 }
 
 // waitStep waits for s's task (stored with its flow) in a goroutine.
@@ -168,8 +170,14 @@ func (m *modelRun) waitStep(f *mFlow, s *mStep) {
 		default:
 			res = info.State.String()
 		}
+		// "W <task ID> <result>": the answer came after this line's
+		// predecessors, the task's end among them.
+		seq := int64(0)
+		if m.waitCtx.Err() == nil {
+			seq = m.log(fmt.Sprintf("W %s %s", s.id, strings.ReplaceAll(res, " ", "_")))
+		}
 		m.mu.Lock()
-		w.result = res
+		w.result, w.seq = res, seq
 		m.mu.Unlock()
 	})
 }
@@ -311,7 +319,17 @@ func taskState(ti *tide.TaskInfo) string {
 }
 
 // checkWaits checks every Wait against its step's final state.
-func (m *modelRun) checkWaits(l *modelLog, fig *figures, states map[*mStep]tide.StepInfo) {
+func (m *modelRun) checkWaits(l *modelLog, fig *figures, steps map[*mStep]tide.StepInfo) {
+	// The steps' states by flow and name, as endedBefore reads them.
+	states := map[*mFlow]map[string]tide.StepInfo{}
+	for _, w := range m.waits {
+		if states[w.f] == nil {
+			states[w.f] = map[string]tide.StepInfo{}
+			for _, s := range w.f.steps {
+				states[w.f][s.name] = steps[s]
+			}
+		}
+	}
 	m.mu.Lock()
 	waits := append([]*mWait(nil), m.waits...)
 	m.mu.Unlock()
@@ -325,19 +343,29 @@ func (m *modelRun) checkWaits(l *modelLog, fig *figures, states map[*mStep]tide.
 			key = "error"
 		}
 		fig.waits[key]++
-		step, ok := states[w.s]
+		step, ok := steps[w.s]
 		if !ok {
 			continue // its flow failed its own checks
 		}
 		bad := ""
 		switch res {
 		case "completed":
-			if step.State != tide.StepSucceeded {
+			okBefore := false
+			for _, a := range l.attempts[w.s.id] {
+				okBefore = okBefore || (a.end == "ok" && a.endSeq < w.seq)
+			}
+			switch {
+			case step.State != tide.StepSucceeded:
 				bad = "its step is " + step.State.String()
+			case !okBefore:
+				bad = "it answered before the task's handler succeeded"
 			}
 		case "archived":
-			if step.State != tide.StepFailed && step.State != tide.StepCanceled {
+			switch {
+			case step.State != tide.StepFailed && step.State != tide.StepCanceled:
 				bad = "its step is " + step.State.String()
+			case !m.endedBefore(l, w.f, w.s, states[w.f], w.seq, 0):
+				bad = "it answered before anything ended the task"
 			}
 		case "notfound":
 			// A batch task without Retention is deleted when it succeeds:
