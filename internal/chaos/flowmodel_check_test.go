@@ -37,10 +37,17 @@ func (a *mAttempt) ended() bool {
 // opRec is one operator action, from the model's log.
 type opRec struct {
 	id, kind, queue, target, state string
-	seq                            int64
+	seq                            int64 // its "O" line: it began
+	end                            int64 // its "R" line: it returned (never when it has none)
 	class                          string
 	n                              int
 }
+
+// during reports whether the action was still under way after seq. A bulk
+// action is not one step: it works through its queue in chunks until one
+// finds nothing, so one that began before a flow was created may reach
+// that flow's tasks.
+func (o *opRec) during(seq int64) bool { return o.end > seq }
 
 // took reports whether the action may have done something: it succeeded
 // (a bulk action on at least one task) or its outcome is unknown.
@@ -105,7 +112,7 @@ func parseModelLog(lines []modelLine) (*modelLog, error) {
 			if len(f) != 6 {
 				return nil, bad()
 			}
-			o := &opRec{id: f[1], kind: f[2], queue: f[3], target: f[4], state: f[5], seq: ln.seq, class: "?"}
+			o := &opRec{id: f[1], kind: f[2], queue: f[3], target: f[4], state: f[5], seq: ln.seq, end: never, class: "?"}
 			ops[o.id] = o
 			switch o.kind {
 			case "archiveall", "deleteall", "runall":
@@ -120,6 +127,7 @@ func parseModelLog(lines []modelLine) (*modelLog, error) {
 			}
 			ops[f[1]].class = f[2]
 			ops[f[1]].n, _ = strconv.Atoi(f[3])
+			ops[f[1]].end = ln.seq
 		case "X":
 			if len(f) != 3 {
 				return nil, bad()
@@ -154,8 +162,8 @@ func parseModelLog(lines []modelLine) (*modelLog, error) {
 
 // acted reports whether an action of one of kinds may have reached the task
 // id of step s in flow f before seq: a single action on id, a bulk action
-// on its queue after the flow was created, or CancelWorkflow of its flow
-// (kind "cancelworkflow").
+// on its queue still under way after the flow was created, or
+// CancelWorkflow of its flow (kind "cancelworkflow").
 func (l *modelLog) acted(f *mFlow, s *mStep, before int64, kinds ...string) bool {
 	has := func(k string) bool {
 		for _, x := range kinds {
@@ -176,7 +184,7 @@ func (l *modelLog) acted(f *mFlow, s *mStep, before int64, kinds ...string) bool
 		}
 	}
 	for _, o := range l.bulk[s.queue] {
-		if o.seq > f.createdSeq && o.seq < before && has(o.kind) && o.took() {
+		if o.during(f.createdSeq) && o.seq < before && has(o.kind) && o.took() {
 			return true
 		}
 	}
@@ -507,7 +515,7 @@ func (m *modelRun) checkFlow(ctx context.Context, l *modelLog, f *mFlow, fig *fi
 // queue of step s after its flow was created.
 func (l *modelLog) bulkOn(f *mFlow, s *mStep, kind, st string) bool {
 	for _, o := range l.bulk[s.queue] {
-		if o.kind == kind && o.state == st && o.seq > f.createdSeq && o.took() {
+		if o.kind == kind && o.state == st && o.during(f.createdSeq) && o.took() {
 			return true
 		}
 	}
@@ -520,7 +528,7 @@ func (l *modelLog) bulkOn(f *mFlow, s *mStep, kind, st string) bool {
 func (l *modelLog) zeroBulk(f *mFlow, s *mStep, kind string) string {
 	var out []string
 	for _, o := range l.bulk[s.queue] {
-		if o.kind == kind && o.seq > f.createdSeq && !o.took() {
+		if o.kind == kind && o.during(f.createdSeq) && !o.took() {
 			out = append(out, fmt.Sprintf("%s(%s)@%d=%s/%d", o.kind, o.state, o.seq, o.class, o.n))
 		}
 	}
@@ -658,7 +666,7 @@ func opsOf(l *modelLog, f *mFlow, s *mStep) string {
 		parts = append(parts, fmt.Sprintf("%s@%d=%s", o.kind, o.seq, o.class))
 	}
 	for _, o := range l.bulk[s.queue] {
-		if o.seq > f.createdSeq && o.took() {
+		if o.during(f.createdSeq) && o.took() {
 			parts = append(parts, fmt.Sprintf("%s(%s)@%d=%s/%d", o.kind, o.state, o.seq, o.class, o.n))
 		}
 	}
