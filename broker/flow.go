@@ -92,8 +92,11 @@ type Flows interface {
 	// succeeded, or failed with reason. It returns the steps that are
 	// ready because of it (and not released yet). A failed step cancels
 	// the dependents that do not run on failure, and theirs in turn. A step
-	// that already ended keeps its first outcome. A taskID that is not the
-	// step's gives ErrFlowNotFound.
+	// that already ended keeps its first outcome, but for one that
+	// CancelFlow cancelled while it was ready and returned (its task may
+	// have been stored by a release that was not confirmed): when that
+	// task succeeded, the step is recorded succeeded, as an enqueued
+	// step's is. A taskID that is not the step's gives ErrFlowNotFound.
 	EndStep(ctx context.Context, flow, step, taskID string, succeeded bool, reason string) ([]ReadyStep, error)
 
 	// ReleaseSteps confirms that the tasks of ready steps are stored. It

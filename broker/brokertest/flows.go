@@ -23,6 +23,7 @@ var flowTests = []struct {
 	{"FlowFailure", testFlowFailure},
 	{"FlowCreateTwice", testFlowCreateTwice},
 	{"FlowCancel", testFlowCancel},
+	{"FlowCancelReadySucceeded", testFlowCancelReadySucceeded},
 	{"FlowBatch", testFlowBatch},
 	{"FlowRetention", testFlowRetention},
 	{"FlowRepair", testFlowRepair},
@@ -292,6 +293,72 @@ func testFlowCancel(t *testing.T, b broker.Broker) {
 		t.Fatalf("flow = %+v", info)
 	}
 	live("cancelling a flow whose tasks all ended")
+}
+
+// testFlowCancelReadySucceeded: a step ready and not released when its
+// flow is cancelled (its release stored the task, then its ReleaseSteps
+// was lost or its releaser died) whose task succeeded before the cancel
+// reached it keeps that outcome, as an enqueued step does: a workflow's
+// step and a batch's callback alike. One whose task failed stays
+// cancelled.
+func testFlowCancelReadySucceeded(t *testing.T, b broker.Broker) {
+	fl := flows(t, b)
+	ctx := t.Context()
+	f := flowOf("crs", tidetype.KindWorkflow, "a", "b<-a", "c<-a", "d<-b")
+	if _, err := fl.CreateFlow(ctx, f); err != nil {
+		t.Fatal(err)
+	}
+	release(t, fl, "crs", "a")
+	wantNames(t, "ready after a", names(t, f, endStep(t, fl, f, "a", true)), "b", "c")
+	running, err := fl.CancelFlow(ctx, "crs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, s := range running {
+		got = append(got, s.Name)
+	}
+	wantNames(t, "CancelFlow", got, "b", "c")
+	for range 2 { // a second end (a follow-up run again) changes nothing
+		wantNames(t, "ready after b's task succeeded", names(t, f, endStep(t, fl, f, "b", true)))
+		wantNames(t, "ready after c's task failed", names(t, f, endStep(t, fl, f, "c", false)))
+	}
+	info := getFlow(t, fl, "crs", true)
+	states := map[string]tidetype.StepState{}
+	for _, s := range info.Steps {
+		states[s.Name] = s.State
+	}
+	if states["b"] != tidetype.StepSucceeded || states["c"] != tidetype.StepCanceled || states["d"] != tidetype.StepCanceled {
+		t.Fatalf("steps after their tasks ended: %v; want b succeeded (its task did), c and d cancelled", states)
+	}
+	if info.State != tidetype.FlowCanceled || info.Succeeded != 2 || info.Canceled != 2 || info.Failed != 0 || info.FinishedAt.IsZero() {
+		t.Fatalf("flow = %+v; want cancelled, 2 succeeded, 2 cancelled, finished", info)
+	}
+	if running, err := fl.CancelFlow(ctx, "crs"); err != nil || len(running) != 0 {
+		t.Fatalf("CancelFlow once every task ended: %v, %v", running, err)
+	}
+
+	bf := flowOf("crsb", tidetype.KindBatch, "0", "1", "callback<~0,1")
+	bf.Callback = "callback"
+	if _, err := fl.CreateFlow(ctx, bf); err != nil {
+		t.Fatal(err)
+	}
+	release(t, fl, "crsb", "0", "1")
+	endStep(t, fl, bf, "0", true)
+	wantNames(t, "ready after the last member", names(t, bf, endStep(t, fl, bf, "1", false)), "callback")
+	if _, err := fl.CancelFlow(ctx, "crsb"); err != nil {
+		t.Fatal(err)
+	}
+	endStep(t, fl, bf, "callback", true)
+	binfo := getFlow(t, fl, "crsb", true)
+	for _, s := range binfo.Steps {
+		if s.Name == "callback" && s.State != tidetype.StepSucceeded {
+			t.Fatalf("batch callback whose task succeeded: %s %q, want succeeded", s.State, s.Err)
+		}
+	}
+	if binfo.Succeeded != 1 || binfo.Failed != 1 || binfo.Canceled != 0 {
+		t.Fatalf("batch = %+v; want its members' counts untouched by the callback", binfo)
+	}
 }
 
 func testFlowBatch(t *testing.T, b broker.Broker) {

@@ -250,9 +250,21 @@ func (b *Broker) EndStep(ctx context.Context, id, step, taskID string, succeeded
 		if s == nil || s.id != taskID {
 			return fmt.Errorf("%w: %q has no step %q with task %q", broker.ErrFlowNotFound, id, step, taskID)
 		}
+		live := s.live
 		s.live = false
-		if s.state == 'r' || s.state == 'e' {
+		switch {
+		case s.state == 'r' || s.state == 'e':
 			f.endStep(s, succeeded, reason, b.Now())
+		case s.state == 'C' && live && succeeded:
+			// Cancelled while ready, its release unconfirmed, and its
+			// task (the release had stored it) succeeded before the
+			// cancel reached it: the step keeps its task's outcome, as
+			// an enqueued step does.
+			if s.name != f.callback {
+				f.canceled--
+			}
+			s.reason = ""
+			f.tally(s, 'S', "")
 		}
 		ready = f.collect(step)
 		return nil

@@ -36,6 +36,11 @@ type fleet struct {
 	dir, addr, prefix string
 	env               []string            // NAME=value given to every process
 	envOf             map[string][]string // and to every incarnation of one worker (setEnv)
+	// awaitReady: its processes write readyFile once they handle SIGTERM
+	// (runModelProcess); a SIGTERM waits for it, or a process still
+	// starting (slow on a loaded machine) dies of the signal instead of
+	// shutting down.
+	awaitReady bool
 
 	mu    sync.Mutex
 	all   []*proc          // every incarnation started
@@ -177,6 +182,7 @@ func (f *fleet) restart(name string, limit time.Duration) error {
 	p := f.live[name]
 	p.expected = true
 	f.mu.Unlock()
+	f.whenReady(p, limit)
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	var err error
 	select {
@@ -189,6 +195,25 @@ func (f *fleet) restart(name string, limit time.Duration) error {
 	}
 	f.start(name)
 	return err
+}
+
+// whenReady waits, when the fleet's processes announce it, until p handles
+// SIGTERM (its readyFile exists) or exited, at most limit.
+func (f *fleet) whenReady(p *proc, limit time.Duration) {
+	if !f.awaitReady {
+		return
+	}
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		if _, err := os.Stat(readyFile(f.dir, p.name, p.inc)); err == nil {
+			return
+		}
+		select {
+		case <-p.done:
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // exitError tells what is wrong with how the exited process p ended, or nil
@@ -234,6 +259,7 @@ func (f *fleet) terminate(limit time.Duration) []error {
 	}
 	f.mu.Unlock()
 	for _, p := range ps {
+		f.whenReady(p, limit)
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	}
 	var errs []error

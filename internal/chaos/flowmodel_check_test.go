@@ -37,10 +37,17 @@ func (a *mAttempt) ended() bool {
 // opRec is one operator action, from the model's log.
 type opRec struct {
 	id, kind, queue, target, state string
-	seq                            int64
+	seq                            int64 // its "O" line: it began
+	end                            int64 // its "R" line: it returned (never when it has none)
 	class                          string
 	n                              int
 }
+
+// during reports whether the action was still under way after seq. A bulk
+// action is not one step: it works through its queue in chunks until one
+// finds nothing, so one that began before a flow was created may reach
+// that flow's tasks.
+func (o *opRec) during(seq int64) bool { return o.end > seq }
 
 // took reports whether the action may have done something: it succeeded
 // (a bulk action on at least one task) or its outcome is unknown.
@@ -77,13 +84,16 @@ func parseModelLog(lines []modelLine) (*modelLog, error) {
 			return nil, bad()
 		}
 		switch f[0] {
-		case "N", "U": // a flow enqueued; a server process started
+		case "N", "U", "W": // a flow enqueued; a server process started; a Wait answered (checkWaits)
 		case "S":
 			if len(f) != 4 {
 				return nil, bad()
 			}
 			a := &mAttempt{task: f[1], token: f[2], flow: f[3], seq: ln.seq}
-			l.attempts[a.task] = append(l.attempts[a.task], a)
+			if a.flow != "-" {
+				// Not a plain task that holds a step's ID.
+				l.attempts[a.task] = append(l.attempts[a.task], a)
+			}
 			l.byToken[a.token] = a
 		case "L", "E":
 			if len(f) < 4 || l.byToken[f[2]] == nil {
@@ -102,7 +112,7 @@ func parseModelLog(lines []modelLine) (*modelLog, error) {
 			if len(f) != 6 {
 				return nil, bad()
 			}
-			o := &opRec{id: f[1], kind: f[2], queue: f[3], target: f[4], state: f[5], seq: ln.seq, class: "?"}
+			o := &opRec{id: f[1], kind: f[2], queue: f[3], target: f[4], state: f[5], seq: ln.seq, end: never, class: "?"}
 			ops[o.id] = o
 			switch o.kind {
 			case "archiveall", "deleteall", "runall":
@@ -117,6 +127,7 @@ func parseModelLog(lines []modelLine) (*modelLog, error) {
 			}
 			ops[f[1]].class = f[2]
 			ops[f[1]].n, _ = strconv.Atoi(f[3])
+			ops[f[1]].end = ln.seq
 		case "X":
 			if len(f) != 3 {
 				return nil, bad()
@@ -151,8 +162,8 @@ func parseModelLog(lines []modelLine) (*modelLog, error) {
 
 // acted reports whether an action of one of kinds may have reached the task
 // id of step s in flow f before seq: a single action on id, a bulk action
-// on its queue after the flow was created, or CancelWorkflow of its flow
-// (kind "cancelworkflow").
+// on its queue still under way after the flow was created, or
+// CancelWorkflow of its flow (kind "cancelworkflow").
 func (l *modelLog) acted(f *mFlow, s *mStep, before int64, kinds ...string) bool {
 	has := func(k string) bool {
 		for _, x := range kinds {
@@ -173,7 +184,7 @@ func (l *modelLog) acted(f *mFlow, s *mStep, before int64, kinds ...string) bool
 		}
 	}
 	for _, o := range l.bulk[s.queue] {
-		if o.seq > f.createdSeq && o.seq < before && has(o.kind) && o.took() {
+		if o.during(f.createdSeq) && o.seq < before && has(o.kind) && o.took() {
 			return true
 		}
 	}
@@ -216,6 +227,10 @@ type figures struct {
 	dups, late, untouched     int
 	callbacks, cbOnce         int
 	cbNever, cbMore           int
+	notifySteps, notified     int
+	notifyDups                int
+	waits                     map[string]int
+	stepInfo                  map[*mStep]tide.StepInfo // for checkWaits
 }
 
 const never = int64(1) << 62
@@ -223,7 +238,7 @@ const never = int64(1) << 62
 // check reads the final state and the model's log and checks every flow.
 func (m *modelRun) check() figures {
 	t := m.t
-	fig := figures{stepState: map[tide.StepState]int{}, flowState: map[tide.FlowState]int{}}
+	fig := figures{stepState: map[tide.StepState]int{}, flowState: map[tide.FlowState]int{}, stepInfo: map[*mStep]tide.StepInfo{}}
 	ctx, cancel := context.WithTimeout(m.ctx, 5*time.Minute)
 	defer cancel()
 	lines, err := m.env.rec.lines(ctx)
@@ -266,6 +281,7 @@ func (m *modelRun) check() figures {
 	if errs > 60 {
 		t.Errorf("... and %d more", errs-60)
 	}
+	m.checkWaits(l, &fig, fig.stepInfo)
 	return fig
 }
 
@@ -281,11 +297,16 @@ func (m *modelRun) checkFlow(ctx context.Context, l *modelLog, f *mFlow, fig *fi
 		si[s.Name] = s
 	}
 	tasks := map[string]*tide.TaskInfo{}
+	others := map[string]*tide.TaskInfo{} // tasks that hold a step's ID
 	for _, s := range f.steps {
 		ti, err := m.env.obs.GetTaskInfo(ctx, s.queue, s.id)
 		switch {
 		case err == nil:
-			tasks[s.name] = ti
+			if own, other := stepTaskOf(f, ti); own != nil {
+				tasks[s.name] = own
+			} else {
+				others[s.name] = other
+			}
 		case !errors.Is(err, tide.ErrTaskNotFound):
 			fail("GetTaskInfo %s: %v", s.id, err)
 			return
@@ -343,7 +364,11 @@ func (m *modelRun) checkFlow(ctx context.Context, l *modelLog, f *mFlow, fig *fi
 
 	for _, s := range f.steps {
 		step := si[s.name]
+		fig.stepInfo[s] = step
 		as := l.attempts[s.id]
+		if s.held {
+			m.checkHeld(l, f, s, step, others[s.name], fail)
+		}
 		var oks []*mAttempt
 		for _, a := range as {
 			if a.end == "ok" {
@@ -378,7 +403,8 @@ func (m *modelRun) checkFlow(ctx context.Context, l *modelLog, f *mFlow, fig *fi
 			if ti != nil && ti.State != tide.StateArchived {
 				fail("step %s %s, but its task is %s:%s", s.name, step.State, ti.State, describe())
 			}
-			if ti == nil && step.State == tide.StepFailed && !l.acted(f, s, never, "delete", "cancel") && !l.bulkOn(f, s, "deleteall", "archived") {
+			if ti == nil && step.State == tide.StepFailed && !strings.Contains(step.Err, reasonHeld) &&
+				!l.acted(f, s, never, "delete", "cancel") && !l.bulkOn(f, s, "deleteall", "archived") {
 				fail("step %s failed, but its task is gone and nothing deleted it:%s", s.name, describe())
 			}
 			for _, a := range oks {
@@ -395,6 +421,7 @@ func (m *modelRun) checkFlow(ctx context.Context, l *modelLog, f *mFlow, fig *fi
 		if step.State == tide.StepSucceeded && !s.plan.succeeds() {
 			fail("step %s succeeded, but its plan is %s", s.name, s.plan)
 		}
+		m.checkNotified(l, f, s, step, ti, fig, fail)
 
 		// Each start: after its dependencies ended; not after its flow's
 		// CancelWorkflow returned, unless the cancellation reached it.
@@ -469,7 +496,7 @@ func (m *modelRun) checkFlow(ctx context.Context, l *modelLog, f *mFlow, fig *fi
 	touched := false
 	for _, s := range f.steps {
 		if l.acted(f, s, never, "archive", "delete", "cancel", "cancelprocessing", "cancelworkflow", "archiveall", "deleteall") ||
-			strings.Contains(si[s.name].Err, "lease expired") {
+			strings.Contains(si[s.name].Err, "lease expired") || (s.held && s.holder != "completed") {
 			touched = true
 		}
 	}
@@ -488,7 +515,7 @@ func (m *modelRun) checkFlow(ctx context.Context, l *modelLog, f *mFlow, fig *fi
 // queue of step s after its flow was created.
 func (l *modelLog) bulkOn(f *mFlow, s *mStep, kind, st string) bool {
 	for _, o := range l.bulk[s.queue] {
-		if o.kind == kind && o.state == st && o.seq > f.createdSeq && o.took() {
+		if o.kind == kind && o.state == st && o.during(f.createdSeq) && o.took() {
 			return true
 		}
 	}
@@ -501,7 +528,7 @@ func (l *modelLog) bulkOn(f *mFlow, s *mStep, kind, st string) bool {
 func (l *modelLog) zeroBulk(f *mFlow, s *mStep, kind string) string {
 	var out []string
 	for _, o := range l.bulk[s.queue] {
-		if o.kind == kind && o.seq > f.createdSeq && !o.took() {
+		if o.kind == kind && o.during(f.createdSeq) && !o.took() {
 			out = append(out, fmt.Sprintf("%s(%s)@%d=%s/%d", o.kind, o.state, o.seq, o.class, o.n))
 		}
 	}
@@ -538,6 +565,10 @@ func (m *modelRun) explain(l *modelLog, f *mFlow, s *mStep, step tide.StepInfo, 
 		if !contains(s.after, dn) || si[dn].State == tide.StepSucceeded {
 			return "the step it names is not a dependency that failed"
 		}
+	case strings.Contains(why, reasonHeld):
+		if !s.held {
+			return "its ID was held, but the model held no task with it"
+		}
 	case strings.Contains(why, skipMsg):
 		if s.plan.kind != "skip" {
 			return "a planned skip, but its plan is " + s.plan.String()
@@ -568,6 +599,9 @@ func (m *modelRun) endedBefore(l *modelLog, f *mFlow, d *mStep, si map[string]ti
 		return true
 	}
 	why := si[d.name].Err
+	if d.held && strings.Contains(why, reasonHeld) {
+		return true // it failed when it was released, before anything after it
+	}
 	if strings.Contains(why, "lease expired") {
 		for _, a := range l.attempts[d.id] {
 			if a.seq < seq {
@@ -597,6 +631,8 @@ func predict(f *mFlow) map[string]tide.StepState {
 		switch {
 		case !run:
 			out[s.name] = tide.StepCanceled
+		case s.held:
+			out[s.name] = tide.StepFailed
 		case s.plan.succeeds():
 			out[s.name] = tide.StepSucceeded
 		default:
@@ -630,7 +666,7 @@ func opsOf(l *modelLog, f *mFlow, s *mStep) string {
 		parts = append(parts, fmt.Sprintf("%s@%d=%s", o.kind, o.seq, o.class))
 	}
 	for _, o := range l.bulk[s.queue] {
-		if o.seq > f.createdSeq && o.took() {
+		if o.during(f.createdSeq) && o.took() {
 			parts = append(parts, fmt.Sprintf("%s(%s)@%d=%s/%d", o.kind, o.state, o.seq, o.class, o.n))
 		}
 	}

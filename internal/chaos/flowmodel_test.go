@@ -61,6 +61,13 @@ type mStep struct {
 	runOnFail       bool
 	plan            plan
 	delay           time.Duration // ProcessIn
+	notify          bool          // NotifyURL to the model's receiver
+	// held: its task ID is held by a plain task stored first (hold), so
+	// the step fails when it is released; holder is what became of that
+	// task ("completed", or why not).
+	held   bool
+	holder string
+	wait   bool // a Client.Wait follows its task from its enqueue (waitStep)
 }
 
 // mFlow is a workflow or batch the model enqueued.
@@ -112,6 +119,7 @@ func genWorkflow(r *rand.Rand, id string) *mFlow {
 		if len(s.after) == 0 && r.IntN(100) < 20 {
 			s.delay = time.Duration(100+r.IntN(1400)) * time.Millisecond
 		}
+		extras(r, s, len(s.after) == 0)
 		f.steps = append(f.steps, s)
 		f.byName[s.name] = s
 	}
@@ -127,12 +135,14 @@ func genBatch(r *rand.Rand) *mFlow {
 		if r.IntN(100) < 20 {
 			s.delay = time.Duration(100+r.IntN(1400)) * time.Millisecond
 		}
+		extras(r, s, true)
 		f.steps = append(f.steps, s)
 	}
 	cb := &mStep{name: "callback", queue: qs[r.IntN(len(qs))], plan: plan{kind: "ok"}, runOnFail: true}
 	if r.IntN(4) == 0 {
 		cb.plan = plan{kind: "slow", n: 100 + r.IntN(300)}
 	}
+	cb.notify = r.IntN(100) < modelNotifyPct
 	for _, s := range f.steps {
 		cb.after = append(cb.after, s.name)
 	}
@@ -171,6 +181,12 @@ type modelRun struct {
 	opKinds map[string]int
 	paused  map[string]int // queue -> actions left until it is unpaused
 	opID    atomic.Int64
+
+	sink    *notifySink    // receives the steps' NotifyURL notifications
+	waits   []*mWait       // Client.Wait calls on steps' tasks
+	waiting sync.WaitGroup // their goroutines
+	waitCtx context.Context
+	holds   int // tasks stored to hold a step's ID
 }
 
 // runFlowModel runs the model on env and checks it.
@@ -182,7 +198,10 @@ func runFlowModel(t *testing.T, env *modelEnv) {
 				env.name, seed, scale, t.Name(), seed, scale)
 		}
 	})
-	m := &modelRun{t: t, env: env, ctx: context.Background(), ops: map[string]int{}, opKinds: map[string]int{}, paused: map[string]int{}}
+	m := &modelRun{t: t, env: env, ctx: context.Background(), ops: map[string]int{}, opKinds: map[string]int{}, paused: map[string]int{},
+		sink: newNotifySink(t)}
+	waitCtx, stopWaits := context.WithCancel(m.ctx)
+	m.waitCtx = waitCtx
 	begin := time.Now()
 	active := modelActive * time.Duration(scale)
 	nWf, nB := modelWorkflows*scale, modelBatches*scale
@@ -201,6 +220,7 @@ func runFlowModel(t *testing.T, env *modelEnv) {
 	env.calm()
 	quiet := m.waitQuiet(modelDrainLimit + 10*time.Second*time.Duration(scale))
 	quietAt := time.Now()
+	m.endWaits(stopWaits)
 	for _, err := range env.stop() {
 		t.Error(err)
 	}
@@ -222,6 +242,8 @@ func runFlowModel(t *testing.T, env *modelEnv) {
 		fig.callbacks, fig.cbOnce, fig.cbNever, fig.cbMore)
 	t.Logf("operator actions: %d: %s", m.totalOps(), joinCounts(m.opKinds))
 	t.Logf("operator results: %s", joinCounts(m.ops))
+	t.Logf("notifications: %d steps with NotifyURL, %d POSTs delivered (%d for an end already notified: at least once), %d answered 503 and retried; holders: %d task IDs held before their step; Wait: %s",
+		fig.notifySteps, fig.notified, fig.notifyDups, m.sink.refusedCount(), m.holds, joinCounts(fig.waits))
 	t.Logf("faults: %s", joinCounts(faults))
 	t.Logf("seconds: active %.1f, until quiet %.1f (quiet: %v), checks %.1f, total %.1f",
 		activeEnd.Sub(begin).Seconds(), quietAt.Sub(activeEnd).Seconds(), quiet, end.Sub(quietAt).Seconds(), end.Sub(begin).Seconds())
@@ -315,12 +337,17 @@ func retryUnavailable(fn func() error) error {
 	return err
 }
 
-func (m *modelRun) enqueueWorkflow(f *mFlow) {
+// buildWorkflow builds f's workflow; changed gives its first step another
+// payload (the same ID with other steps).
+func (m *modelRun) buildWorkflow(f *mFlow, changed bool) *tide.Workflow {
 	wf := tide.NewWorkflow(f.id)
-	for _, s := range f.steps {
+	for i, s := range f.steps {
 		opts := []tide.Option{tide.Queue(s.queue), tide.MaxRetry(modelMaxRetry)}
 		if s.delay > 0 {
 			opts = append(opts, tide.ProcessIn(s.delay))
+		}
+		if s.notify {
+			opts = append(opts, tide.NotifyURL(m.sink.url()))
 		}
 		var so []tide.StepOption
 		if len(s.after) > 0 {
@@ -329,9 +356,23 @@ func (m *modelRun) enqueueWorkflow(f *mFlow) {
 		if s.runOnFail {
 			so = append(so, tide.OnDependencyFailure(tide.RunDependents))
 		}
-		wf.Add(s.name, tide.NewTask("fm:step", []byte(s.plan.String()), opts...), so...)
+		payload := s.plan.String()
+		if changed && i == 0 {
+			payload = map[bool]string{true: "ok", false: "skip"}[payload != "ok"]
+		}
+		wf.Add(s.name, tide.NewTask("fm:step", []byte(payload), opts...), so...)
 	}
+	return wf
+}
+
+func (m *modelRun) enqueueWorkflow(f *mFlow) {
+	wf := m.buildWorkflow(f, false)
 	f.createdSeq = m.log("N " + f.id)
+	for _, s := range f.steps {
+		if s.held {
+			s.holder = m.hold(s.queue, s.id)
+		}
+	}
 	err := retryUnavailable(func() error {
 		c, cancel := context.WithTimeout(m.ctx, 30*time.Second)
 		defer cancel()
@@ -345,24 +386,41 @@ func (m *modelRun) enqueueWorkflow(f *mFlow) {
 	m.mu.Lock()
 	m.flows = append(m.flows, f)
 	m.mu.Unlock()
+	for _, s := range f.steps {
+		if s.wait {
+			m.waitStep(f, s)
+		}
+	}
 }
 
 func (m *modelRun) enqueueBatch(f *mFlow, i int) {
 	members := f.steps[:len(f.steps)-1]
 	tasks := make([]*tide.Task, len(members))
+	f.createdSeq = m.log(fmt.Sprintf("N batch-%d", i))
 	for j, s := range members {
 		opts := []tide.Option{tide.Queue(s.queue)}
 		if s.delay > 0 {
 			opts = append(opts, tide.ProcessIn(s.delay))
 		}
+		if s.notify {
+			opts = append(opts, tide.NotifyURL(m.sink.url()))
+		}
+		if s.held {
+			// A member's TaskID held by a plain task: it counts as failed.
+			s.id = fmt.Sprintf("fm-held-%d-%d", i, j)
+			s.holder = m.hold(s.queue, s.id)
+			opts = append(opts, tide.TaskID(s.id))
+		}
 		tasks[j] = tide.NewTask("fm:step", []byte(s.plan.String()), opts...)
 	}
-	opts := []tide.Option{tide.MaxRetry(modelMaxRetry),
-		tide.OnBatchDone(tide.NewTask("fm:callback", []byte(f.callback.plan.String()), tide.Queue(f.callback.queue)))}
+	cbOpts := []tide.Option{tide.Queue(f.callback.queue)}
+	if f.callback.notify {
+		cbOpts = append(cbOpts, tide.NotifyURL(m.sink.url()))
+	}
+	opts := []tide.Option{tide.MaxRetry(modelMaxRetry), tide.OnBatchDone(tide.NewTask("fm:callback", []byte(f.callback.plan.String()), cbOpts...))}
 	if f.retention {
 		opts = append(opts, tide.Retention(time.Hour))
 	}
-	f.createdSeq = m.log(fmt.Sprintf("N batch-%d", i))
 	c, cancel := context.WithTimeout(m.ctx, 30*time.Second)
 	info, err := m.env.client.EnqueueBatch(c, tasks, opts...)
 	cancel()
@@ -382,7 +440,9 @@ func (m *modelRun) enqueueBatch(f *mFlow, i int) {
 	}
 	f.id = info.ID
 	for _, s := range f.steps {
-		s.id = f.id + "/" + s.name
+		if !s.held {
+			s.id = f.id + "/" + s.name
+		}
 		f.byName[s.name] = s
 	}
 	if info.CallbackID != f.callback.id {
@@ -391,6 +451,11 @@ func (m *modelRun) enqueueBatch(f *mFlow, i int) {
 	m.mu.Lock()
 	m.flows = append(m.flows, f)
 	m.mu.Unlock()
+	for _, s := range f.steps {
+		if s.wait {
+			m.waitStep(f, s)
+		}
+	}
 }
 
 // The operator's actions, with their weights.
@@ -399,7 +464,7 @@ var opWeights = []struct {
 	w    int
 }{
 	{"archive", 10}, {"delete", 10}, {"run", 8}, {"cancelprocessing", 8}, {"cancel", 8},
-	{"cancelworkflow", 6}, {"archiveall", 1}, {"deleteall", 1}, {"runall", 3}, {"pause", 3},
+	{"cancelworkflow", 6}, {"archiveall", 1}, {"deleteall", 1}, {"runall", 3}, {"pause", 3}, {"reenqueue", 3},
 }
 
 // classify sorts an action's error: the expected ones, those of a fault
@@ -420,6 +485,8 @@ func classify(err error) string {
 		return "state"
 	case errors.Is(err, tide.ErrUnavailable):
 		return "unavailable"
+	case errors.Is(err, tide.ErrWorkflowExists):
+		return "exists"
 	}
 	return "unexpected"
 }
@@ -570,6 +637,8 @@ func (m *modelRun) act(kind string, r *rand.Rand) {
 			mcancel()
 		}
 		finish(id, err, -1)
+	case "reenqueue":
+		m.reenqueue(r, begin, finish)
 	case "pause":
 		q := modelQueues[r.IntN(len(modelQueues))]
 		m.mu.Lock()

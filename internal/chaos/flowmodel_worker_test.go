@@ -31,8 +31,11 @@ const (
 var modelQueues = []string{"fm-a", "fm-b", "fm-c"}
 
 // modelServerConfig is the configuration of every server of the model.
+// Its notifications go to the model's receiver on this host's loopback.
 func modelServerConfig(logger *slog.Logger, id string) tide.Config {
-	return serverConfigFor(modelQueues, modelConcurrency, modelLease, modelShutdown, logger, id)
+	cfg := serverConfigFor(modelQueues, modelConcurrency, modelLease, modelShutdown, logger, id)
+	cfg.NotifyAllowPrivate = true
+	return cfg
 }
 
 // serverConfigFor is the configuration of a model's server (the flow and

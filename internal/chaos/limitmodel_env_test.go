@@ -54,6 +54,7 @@ func TestLimitModel(t *testing.T) {
 	})
 
 	f := newFleet(t, dir, rs.Addr, prefix)
+	f.awaitReady = true
 	f.env = []string{envModel + "=lm", envDirect + "=" + rs.Addr}
 	f.setEnv("w3", envAddr+"="+px.Addr())
 	names := []string{"w1", "w2", "w3"}

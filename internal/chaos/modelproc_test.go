@@ -51,6 +51,10 @@ func runModelProcess(ns string, opts []redisbroker.Option, build modelBuild) int
 	defer lf.Close()
 	sig, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
+	if err := os.WriteFile(readyFile(dir, name, inc), nil, 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return exitSetup
+	}
 	logRDB := redis.NewClient(&redis.Options{Addr: direct})
 	rdb := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: workerReadTimeout})
 	b := redisbroker.New(rdb, append([]redisbroker.Option{redisbroker.WithPrefix(prefix)}, opts...)...)

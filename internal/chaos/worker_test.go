@@ -64,6 +64,11 @@ func logFile(dir, name string, inc int) string {
 func stderrFile(dir, name string, inc int) string {
 	return filepath.Join(dir, fmt.Sprintf("stderr-%s-%02d.txt", name, inc))
 }
+
+// readyFile is written by a model process once it handles SIGTERM.
+func readyFile(dir, name string, inc int) string {
+	return filepath.Join(dir, fmt.Sprintf("ready-%s-%02d", name, inc))
+}
 func exitFile(dir, name string, inc int) string {
 	return filepath.Join(dir, fmt.Sprintf("exit-%s-%02d.txt", name, inc))
 }

@@ -9,7 +9,9 @@
 --                without dependencies) -> 'ok' or 'exists'
 --   'g' go:      digest -> the ready steps (see below), or 'exists'
 --   'e' end:     step, task ID, '1' succeeded or '0' failed, reason, now ms
---                -> the ready steps, or 'x' (no such step or task)
+--                -> the ready steps, or 'x' (no such step or task); a step
+--                cancelled while ready (k:<n>) whose task succeeded is
+--                recorded succeeded
 --   'l' release: step names -> the names among them that were cancelled
 --   'r' ready:   now ms -> the ready steps (as 'g' returns them, for a
 --                repair: the creator died before confirming); a flow still
@@ -156,7 +158,16 @@ if op == 'e' then
   if not st then return 'x' end
   local sp = spec(n)
   if sp[2] ~= ARGV[3] then return 'x' end
-  redis.call('HDEL', H, 'k:' .. n) -- its task ended: cancel finds nothing to stop
+  -- Its task ended: cancel finds nothing to stop.
+  local live = redis.call('HDEL', H, 'k:' .. n) == 1
+  if st == 'C' and live and ok then
+    -- Cancelled while ready, its release unconfirmed, and its task (the
+    -- release had stored it) succeeded before the cancel reached it: the
+    -- step keeps its task's outcome, as an enqueued step does.
+    if n ~= redis.call('HGET', H, '_cb') then redis.call('HINCRBY', H, '_x', -1) end
+    redis.call('HDEL', H, 'e:' .. n)
+    tally(n, 'S', '_ok', nil)
+  end
   if st == 'r' or st == 'e' then
     local canceled = redis.call('HGET', H, '_s') == 'X'
     if ok then
