@@ -154,7 +154,8 @@
 // Bounds: MaxSteps steps per task, MaxStepBytes of results, MaxSignalSize
 // per signal, MaxSleep per sleep or wait. Cost: the lease brings the
 // task's stored records, so a step replayed costs no broker call and a
-// step run costs one (the store of its result). In a batch handler
+// step run costs one (the store of its result), as does a Sleep or
+// WaitSignal on first reach. In a batch handler
 // (HandleBatch) each task is durable through its own context,
 // Task.Context; the batch's context is refused (ErrNotDurable).
 package tide

@@ -336,21 +336,31 @@ func WaitSignal[T any](ctx context.Context, name string, timeout time.Duration) 
 	if _, ok := broker.FindStep(recs, broker.StepTimedOut, name); ok {
 		return zero, fmt.Errorf("tide: WaitSignal %q: %w", name, ErrSignalTimeout)
 	}
-	d, ok := broker.FindStep(recs, broker.StepWait, name)
-	if !ok {
+	d, stored := broker.FindStep(recs, broker.StepWait, name)
+	if !stored {
 		if n, _ := stepCount(recs); n >= MaxSteps {
 			return zero, fmt.Errorf("%w: WaitSignal %q: the task has %d steps (MaxSteps)", ErrStepLimit, name, n)
 		}
 		now := m.b.Now()
-		if d, err = m.save(ctx, broker.StepRecord{Kind: broker.StepWait, Name: name, Started: now, Finished: now.Add(timeout)}); err != nil {
-			return zero, fmt.Errorf("tide: WaitSignal %q: store deadline: %w", name, err)
-		}
+		d = broker.StepRecord{Kind: broker.StepWait, Name: name, Started: now, Finished: now.Add(timeout)}
 	}
+	// On first reach ResolveWait also stores the deadline: one call.
 	r, ok, err := m.b.ResolveWait(ctx, m.lease, name, d.Finished)
 	if err != nil {
 		return zero, fmt.Errorf("tide: WaitSignal %q: %w", name, err)
 	}
 	if !ok {
+		if !stored {
+			if r.Kind == broker.StepWait && r.Name == name {
+				d = r
+				m.dur.mu.Lock()
+				m.dur.recs = append(m.dur.recs, r)
+				m.dur.mu.Unlock()
+			} else if d, err = m.save(ctx, d); err != nil {
+				// A broker that does not store the deadline itself.
+				return zero, fmt.Errorf("tide: WaitSignal %q: store deadline: %w", name, err)
+			}
+		}
 		return zero, m.suspended(broker.WaitSignalPrefix+name, d.Finished)
 	}
 	m.dur.mu.Lock()

@@ -113,3 +113,50 @@ func TestDurableStepRoundTrips(t *testing.T) {
 		})
 	}
 }
+
+// A WaitSignal costs one broker call on first reach (the deadline is
+// stored in the call that asks for the signal) and none on the replay
+// after the signal: the lease brought the signal along.
+func TestDurableWaitRoundTrips(t *testing.T) {
+	t.Parallel()
+	durableEnv(t, func(t *testing.T, b broker.Broker, c *tide.Client, _ func(tide.Config, tide.Handler)) {
+		cb := &durCounter{Broker: b}
+		var mu sync.Mutex
+		var costs []int64
+		done := make(chan struct{})
+		mux := tide.NewServeMux()
+		mux.HandleFunc("wait", func(ctx context.Context, _ *tide.Task) error {
+			before := cb.calls.Load()
+			_, err := tide.WaitSignal[int](ctx, "paid", time.Hour)
+			mu.Lock()
+			costs = append(costs, cb.calls.Load()-before)
+			mu.Unlock()
+			if err == nil {
+				close(done)
+			}
+			return err
+		})
+		s := tide.NewServer(cb, tide.Config{Logger: testLogger(t)})
+		if err := s.Start(mux); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Shutdown)
+		if _, err := c.Enqueue(t.Context(), tide.NewTask("wait", nil), tide.TaskID("w1")); err != nil {
+			t.Fatal(err)
+		}
+		awaitTaskState(t, b, "default", "w1", tide.StateWaiting)
+		if err := c.Signal(t.Context(), "default", "w1", "paid", 7); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the signal did not resume the handler")
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(costs) != 2 || costs[0] != 1 || costs[1] != 0 {
+			t.Fatalf("broker calls per attempt = %v, want [1 0]", costs)
+		}
+	})
+}

@@ -82,9 +82,13 @@ type Durable interface {
 	SaveStep(ctx context.Context, lease LeaseRef, r StepRecord) (StepRecord, error)
 	// ResolveWait decides the leased task's wait for signal name, whose
 	// deadline is deadline: it returns the signal's record (StepSignal)
-	// when one is stored; else, when the broker's clock has reached
-	// deadline, it records and returns the time-out (StepTimedOut), after
-	// which Signal refuses the name; else ok is false: the wait goes on.
+	// when one is stored. Else it stores the wait's deadline record
+	// (StepWait named name, finished at deadline) when there is none, so
+	// that a wait's first reach costs one call; then, when the broker's
+	// clock has reached deadline, it records and returns the time-out
+	// (StepTimedOut), after which Signal refuses the name; else ok is
+	// false (the wait goes on) and r is the deadline record, the first
+	// stored.
 	ResolveWait(ctx context.Context, lease LeaseRef, name string, deadline time.Time) (r StepRecord, ok bool, err error)
 	// Signal stores payload as signal name of the task, and wakes the
 	// task when it is parked waiting for it. It returns ErrTaskNotFound

@@ -23,6 +23,7 @@ var durableTests = []struct {
 	{"DurableSignalFirst", testSignalFirst},
 	{"DurableSignalTimeout", testSignalTimeout},
 	{"DurableParkedCancel", testParkedCancel},
+	{"DurableWaitStoresDeadline", testWaitStoresDeadline},
 }
 
 // durableAdminTests need broker.Admin.
@@ -437,5 +438,27 @@ func testListWaiting(t *testing.T, b broker.Broker, a broker.Admin) {
 		if st == tidetype.StateWaiting && (ts[0].WaitingFor != "signal:paid" || !sameTime(ts[0].NextProcessAt, at)) {
 			t.Fatalf("SearchTasks(waiting): waiting for %q until %v, want signal:paid until %v", ts[0].WaitingFor, ts[0].NextProcessAt, at)
 		}
+	}
+}
+
+// testWaitStoresDeadline: a wait's first ResolveWait stores its deadline
+// record and returns it; a later one keeps the first.
+func testWaitStoresDeadline(t *testing.T, b broker.Broker) {
+	probeDurable(t, b)
+	ctx := t.Context()
+	enqueue(t, b, newMsg("q", "d"))
+	d := dequeueOne(t, b, "q", time.Minute)
+	deadline := msTrunc(b.Now().Add(time.Hour))
+	r, ok, err := b.ResolveWait(ctx, leaseOf(d), "paid", deadline)
+	if err != nil || ok || r.Kind != broker.StepWait || r.Name != "paid" || !sameTime(r.Finished, deadline) {
+		t.Fatalf("first ResolveWait = %+v, %v, %v; want the deadline record, the wait going on", r, ok, err)
+	}
+	r, ok, err = b.ResolveWait(ctx, leaseOf(d), "paid", deadline.Add(time.Hour))
+	if err != nil || ok || r.Kind != broker.StepWait || !sameTime(r.Finished, deadline) {
+		t.Fatalf("second ResolveWait = %+v, %v, %v; want the first deadline record", r, ok, err)
+	}
+	rs := loadSteps(t, b, d)
+	if len(rs) != 1 || rs[0].Kind != broker.StepWait || !sameTime(rs[0].Finished, deadline) {
+		t.Fatalf("records = %+v, want the deadline alone", rs)
 	}
 }

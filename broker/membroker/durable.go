@@ -68,8 +68,16 @@ func (b *Broker) ResolveWait(ctx context.Context, lease broker.LeaseRef, name st
 		return cloneStep(r), true, nil
 	}
 	now := msTime(b.clock.Now())
+	w, ok := broker.FindStep(t.dur, broker.StepWait, name)
+	if !ok {
+		// The wait's first reach: its deadline is stored in the same call.
+		w = broker.StepRecord{Kind: broker.StepWait, Name: name, Started: now, Finished: msTime(deadline)}
+		if err := t.addStep(w); err != nil {
+			return broker.StepRecord{}, false, err
+		}
+	}
 	if now.Before(msTime(deadline)) {
-		return broker.StepRecord{}, false, nil
+		return cloneStep(w), false, nil
 	}
 	r := broker.StepRecord{Kind: broker.StepTimedOut, Name: name, Started: now, Finished: now}
 	if err := t.addStep(r); err != nil {

@@ -12,7 +12,7 @@ var _ broker.Durable = (*Broker)(nil)
 
 // LoadSteps implements broker.Durable (step.lua 'load').
 func (b *Broker) LoadSteps(ctx context.Context, lease broker.LeaseRef) ([]broker.StepRecord, error) {
-	d, err := b.stepCall(ctx, "load steps", lease, "load", "", "", "")
+	_, d, err := b.stepCall(ctx, "load steps", lease, "load", "", "", "")
 	if err != nil {
 		return nil, err
 	}
@@ -21,7 +21,7 @@ func (b *Broker) LoadSteps(ctx context.Context, lease broker.LeaseRef) ([]broker
 
 // SaveStep implements broker.Durable (step.lua 'save').
 func (b *Broker) SaveStep(ctx context.Context, lease broker.LeaseRef, r broker.StepRecord) (broker.StepRecord, error) {
-	d, err := b.stepCall(ctx, "save step", lease, "save", string(r.Kind), r.Name, string(broker.EncodeSteps(nil, r)))
+	_, d, err := b.stepCall(ctx, "save step", lease, "save", string(r.Kind), r.Name, string(broker.EncodeSteps(nil, r)))
 	if err != nil {
 		return broker.StepRecord{}, err
 	}
@@ -34,49 +34,50 @@ func (b *Broker) SaveStep(ctx context.Context, lease broker.LeaseRef, r broker.S
 
 // ResolveWait implements broker.Durable (step.lua 'resolve').
 func (b *Broker) ResolveWait(ctx context.Context, lease broker.LeaseRef, name string, deadline time.Time) (broker.StepRecord, bool, error) {
-	d, err := b.stepCall(ctx, "resolve wait", lease, "resolve", "", name, deadline.UnixMilli())
-	if err != nil || len(d) == 0 {
+	code, d, err := b.stepCall(ctx, "resolve wait", lease, "resolve", "", name, max(deadline.UnixMilli(), 0))
+	if err != nil {
 		return broker.StepRecord{}, false, err
 	}
 	rs := broker.DecodeSteps(d)
 	if len(rs) != 1 {
 		return broker.StepRecord{}, false, callErr("resolve wait", fmt.Errorf("unexpected reply of %d bytes", len(d)))
 	}
-	return rs[0], true, nil
+	return rs[0], code == 0, nil
 }
 
-// stepCall runs step.lua where the leased task may be and returns its data.
-func (b *Broker) stepCall(ctx context.Context, op string, lease broker.LeaseRef, mode, kind, name string, value any) ([]byte, error) {
+// stepCall runs step.lua where the leased task may be and returns its
+// code (0, or 2: a wait goes on) and data.
+func (b *Broker) stepCall(ctx context.Context, op string, lease broker.LeaseRef, mode, kind, name string, value any) (int64, []byte, error) {
 	if err := b.check(); err != nil {
-		return nil, err
+		return 0, nil, err
 	}
 	l, err := b.layoutOf(ctx, lease.Queue)
 	if err != nil {
-		return nil, err
+		return 0, nil, err
 	}
 	for _, p := range b.lookup(lease.Queue, l, leaseKey(lease)) {
 		c := &call{script: b.s.step, keys: p.keys("t", "result", "meta"),
 			args: []any{p.layout, lease.ID, lease.Token, mode, kind, name, value, broker.MaxStepRecords, broker.MaxStepBytes}, queue: lease.Queue}
 		b.run(ctx, []*call{c})
 		if c.err != nil {
-			return nil, callErr(op, c.err)
+			return 0, nil, callErr(op, c.err)
 		}
 		vals, err := c.cmd.Slice()
 		if err != nil || len(vals) != 2 {
-			return nil, callErr(op, fmt.Errorf("unexpected reply: %v", c.cmd.Val()))
+			return 0, nil, callErr(op, fmt.Errorf("unexpected reply: %v", c.cmd.Val()))
 		}
 		code, _ := vals[0].(int64)
 		data, _ := vals[1].(string)
 		switch code {
-		case 0:
-			return []byte(data), nil
+		case 0, 2:
+			return code, []byte(data), nil
 		case 1:
-			return nil, broker.ErrLeaseLost
+			return 0, nil, broker.ErrLeaseLost
 		case 4:
-			return nil, fmt.Errorf("%w (%d records or %d bytes per task)", broker.ErrStepLimit, broker.MaxStepRecords, broker.MaxStepBytes)
+			return 0, nil, fmt.Errorf("%w (%d records or %d bytes per task)", broker.ErrStepLimit, broker.MaxStepRecords, broker.MaxStepBytes)
 		}
 	}
-	return nil, broker.ErrLeaseLost
+	return 0, nil, broker.ErrLeaseLost
 }
 
 // Signal implements broker.Durable (signal.lua), in the task's partition

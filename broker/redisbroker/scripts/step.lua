@@ -6,15 +6,18 @@
 -- ARGV[5] kind  ARGV[6] name ('save', 'resolve')
 -- ARGV[7] the record to store ('save') or the wait's deadline ms ('resolve')
 -- ARGV[8] max records  ARGV[9] max bytes
--- Returns {code, data}: code 0 done, 1 lease lost (nothing stored), 3 no
--- such task here (gone, or it may be in the old span of a repartition),
--- 4 over the bounds (nothing stored). With 0, data is: for 'load' the
--- task's records; for 'save' the stored record of its kind and name (the
--- first: a save run again, or a record stored earlier, keeps what is
--- there); for 'resolve' the signal's record ('s' named name) when stored,
--- else the time-out's ('t'), recorded now when the deadline has come on
--- the Redis clock, else '' (the wait goes on). Records are fenced: only
--- the task's current lease reads or writes them.
+-- Returns {code, data}: code 0 done, 1 lease lost (nothing stored), 2 the
+-- wait goes on ('resolve'), 3 no such task here (gone, or it may be in the
+-- old span of a repartition), 4 over the bounds (nothing stored). With 0,
+-- data is: for 'load' the task's records; for 'save' the stored record of
+-- its kind and name (the first: a save run again, or a record stored
+-- earlier, keeps what is there); for 'resolve' the signal's record ('s'
+-- named name) when stored, else the time-out's ('t'), recorded now when
+-- the deadline has come on the Redis clock. 'resolve' first stores the
+-- wait's deadline record ('d' named name, finished at the deadline) when
+-- none is, so that a wait's first reach costs one call; with 2, data is
+-- that record (the first stored). Records are fenced: only the task's
+-- current lease reads or writes them.
 local bad = layout_error(KEYS[3], ARGV[1])
 if bad then return bad end
 local id = ARGV[2]
@@ -33,7 +36,17 @@ if op == 'resolve' then
   if not s then s, e = dur_find(d, 't', name) end
   if s then return {0, string.sub(d, s, e)} end
   local now = redis_now()
-  if now < tonumber(ARGV[7]) then return {0, ''} end
+  local ws, we = dur_find(d, 'd', name)
+  local w
+  if ws then
+    w = string.sub(d, ws, we)
+  else
+    w = dur_rec('d', name, now, tonumber(ARGV[7]), '')
+    if dur_count(d) >= tonumber(ARGV[8]) or #d + #w > tonumber(ARGV[9]) then return {4, ''} end
+    d = d .. w
+    redis.call('HSET', KEYS[2], f, d)
+  end
+  if now < tonumber(ARGV[7]) then return {2, w} end
   local r = dur_rec('t', name, now, now, '')
   if dur_count(d) >= tonumber(ARGV[8]) then return {4, ''} end
   redis.call('HSET', KEYS[2], f, d .. r)
