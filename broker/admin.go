@@ -165,21 +165,6 @@ func CheckGroup(g string) error {
 	return nil
 }
 
-// CheckGroupID reports a task ID that cannot go with group g on a queue of
-// n partitions for a broker that finds a task only in Partition(ID, n): a
-// group's tasks live in one partition, so there the ID of a grouped task
-// must carry the group as its hash tag ("{g}", see Partition) on a queue
-// of several partitions. The error wraps ErrInvalidTask. The Redis broker
-// does not need it: it keeps an index from the ID's partition to the
-// group's (see FreeGroupID).
-func CheckGroupID(id, g string, n int) error {
-	if n > 1 && HashTag(id) != g {
-		return fmt.Errorf("%w: task ID %q of group %q must hold the group as its tag, e.g. %q, on a queue of %d partitions (a task is found by its ID, and a group's tasks live in one partition); a queue of one partition takes any ID",
-			ErrInvalidTask, id, g, id+"{"+g+"}", n)
-	}
-	return nil
-}
-
 // FreeGroupID reports whether id is the ID of a task of group g that does
 // not carry the group as its hash tag: on a queue of several partitions its
 // ID's partition may not be its group's, and a broker finds it by its ID
