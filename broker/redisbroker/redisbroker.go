@@ -449,6 +449,9 @@ type Broker struct {
 	// cacheExpiry maps a partition's key prefix to the last of its reply
 	// caches whose expiry a call of this process set (enqueuePlainCall).
 	cacheExpiry sync.Map
+	// plainOff maps a partition's key prefix to when (Unix ns) its calls
+	// may try the plain lease and settle scripts again (plainOK).
+	plainOff sync.Map
 	// requests maps a partition's key prefix to the *atomic.Uint64 that
 	// counts this process's requests on it (request).
 	requests  sync.Map
