@@ -1,6 +1,9 @@
 package redisbroker
 
-import "strings"
+import (
+	"strings"
+	"time"
+)
 
 // ScriptFiles maps the SHA1 of each script, as Redis runs it (prelude and
 // body), to its file name.
@@ -40,3 +43,10 @@ func ScriptNames() []string {
 // layout; nil removes it. Tests that set it must not run in parallel with
 // other repartitions.
 func SetAfterHold(f func(queue string)) { afterHold = f }
+
+// PausePlain makes the broker serve the partition with key prefix base by
+// the general lease and settle scripts alone for d (as after a plain
+// script refused a call).
+func PausePlain(b *Broker, base string, d time.Duration) {
+	b.plainOff.Store(base, time.Now().Add(d).UnixNano())
+}
