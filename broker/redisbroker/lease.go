@@ -91,14 +91,16 @@ func (b *Broker) Dequeue(ctx context.Context, queues []string, n int, lease time
 // instead with the same request), else dequeue.lua.
 func (b *Broker) dequeueCall(p part, n int, lease time.Duration) *call {
 	rid, cache, exp, edge := b.request(p)
-	full := &call{
-		script: b.s.dequeue,
-		keys:   append(append(append(p.keys("t", "pending", "active", "paused", "archived", "result", "scheduled", "retry", "seq", "meta"), cache, p.k("lim"), p.k("starts")), p.groupKeys()...), p.k(eventsKey)),
-		args:   []any{p.layout, rid, exp, n, lease.Milliseconds(), p.channel, p.idx, b.eventsArg(p), broker.MaxRatePer.Milliseconds(), broker.MaxQueueRate},
-		queue:  p.queue,
+	full := func() *call {
+		return &call{
+			script: b.s.dequeue,
+			keys:   append(append(append(p.keys("t", "pending", "active", "paused", "archived", "result", "scheduled", "retry", "seq", "meta"), cache, p.k("lim"), p.k("starts")), p.groupKeys()...), p.k(eventsKey)),
+			args:   []any{p.layout, rid, exp, n, lease.Milliseconds(), p.channel, p.idx, b.eventsArg(p), broker.MaxRatePer.Milliseconds(), broker.MaxQueueRate},
+			queue:  p.queue,
+		}
 	}
 	if n > maxPlain || b.eventsArg(p) != "" || !b.plainOK(p.base) {
-		return full
+		return full()
 	}
 	c := &call{
 		script: b.s.dequeuePlain,
@@ -257,13 +259,13 @@ func (b *Broker) Settle(ctx context.Context, ss []broker.Settlement) ([]error, e
 // the same request, as for dequeueCall), else settle.lua.
 func (b *Broker) settleCall(p part, ss []broker.Settlement, idx []int) *call {
 	rid, cache, exp, edge := b.request(p)
-	full := b.settleFullCall(p, ss, idx, rid, cache, exp)
+	full := func() *call { return b.settleFullCall(p, ss, idx, rid, cache, exp) }
 	if len(idx) > maxPlain || b.eventsArg(p) != "" || !b.plainOK(p.base) {
-		return full
+		return full()
 	}
 	for _, i := range idx {
 		if !plainDone(ss[i]) {
-			return full
+			return full()
 		}
 	}
 	args := make([]any, 0, 5+2*len(idx))

@@ -30,11 +30,11 @@ type call struct {
 	// the partition's later calls on that cache need not set it again.
 	expiry [2]string
 
-	// full is, for a call of a plain script (dequeue_plain.lua,
+	// full builds, for a call of a plain script (dequeue_plain.lua,
 	// settle_plain.lua), the general script's call with the same request:
 	// run in its place when the plain one replies plainRefused. base is
 	// then the partition's key prefix.
-	full *call
+	full func() *call
 	base string
 
 	cmd *redis.Cmd
@@ -109,7 +109,7 @@ func (b *Broker) run(ctx context.Context, calls []*call) {
 		}
 		if v, ok := c.cmd.Val().(string); ok && v == plainRefused {
 			b.plainOff.Store(c.base, time.Now().Add(plainPause).UnixNano())
-			f := c.full
+			f := c.full()
 			c.script, c.keys, c.args, c.expiry, c.full = f.script, f.keys, f.args, f.expiry, nil
 			again = append(again, c)
 		}
