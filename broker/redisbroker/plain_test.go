@@ -376,3 +376,30 @@ func keyState(t *testing.T, rdb *redis.Client, prefix string) string {
 	lines = append(lines, fmt.Sprint("reply cache entries: ", caches))
 	return strings.Join(lines, "\n")
 }
+
+// A reply cache gets its expiry from the first call that writes it: a
+// lease that found nothing (and wrote nothing) does not count as having set
+// it, so the enqueue after it, on the same cache, still sets it.
+func TestReplyCacheExpiresAfterAnEmptyLease(t *testing.T) {
+	t.Parallel()
+	e, _ := plainEnv(t)
+	ctx := context.Background()
+	if _, err := e.b.Partitions(ctx, "q"); err != nil {
+		t.Fatal(err)
+	}
+	if ds, err := e.b.Dequeue(ctx, []string{"q"}, 5, time.Minute); err != nil || len(ds) != 0 {
+		t.Fatalf("dequeue of an empty queue: %v, %v", ds, err)
+	}
+	if _, err := e.b.Enqueue(ctx, []*tidetype.TaskInfo{pendingTask("a")}, broker.EnqueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := e.rdb.Keys(ctx, e.prefix+":{q:0}:rq:*").Result()
+	if err != nil || len(keys) == 0 {
+		t.Fatalf("reply caches: %v, %v", keys, err)
+	}
+	for _, k := range keys {
+		if ttl := e.rdb.PTTL(ctx, k).Val(); ttl <= 0 {
+			t.Errorf("reply cache %s has no expiry (PTTL %v)", k, ttl)
+		}
+	}
+}

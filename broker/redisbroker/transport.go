@@ -119,6 +119,22 @@ func (b *Broker) run(ctx context.Context, calls []*call) {
 	}
 }
 
+// wroteCache reports whether a call that was to set its reply cache's
+// expiry surely wrote the cache, and so set it: not when it replied
+// plainRefused or an empty list (a lease that found nothing stores no
+// reply), which leave the cache as it was, maybe not there yet. Later calls
+// on the cache skip the expiry only once one did write it, or the cache
+// they create would never expire.
+func wroteCache(cmd *redis.Cmd) bool {
+	switch v := cmd.Val().(type) {
+	case string:
+		return v != plainRefused
+	case []any:
+		return len(v) > 0
+	}
+	return true
+}
+
 // runOnce is run without the plain scripts' fallback.
 func (b *Broker) runOnce(ctx context.Context, calls []*call) {
 	start := time.Now()
@@ -132,7 +148,7 @@ func (b *Broker) runOnce(ctx context.Context, calls []*call) {
 			if lerr, ok := b.layoutRefused(c.queue, c.cmd.Err()); ok {
 				c.err = lerr
 			}
-			if c.err == nil && c.expiry[0] != "" {
+			if c.err == nil && c.expiry[0] != "" && wroteCache(c.cmd) {
 				b.cacheExpiry.Store(c.expiry[0], c.expiry[1])
 			}
 			if errors.Is(c.err, broker.ErrOutcomeUnknown) {
