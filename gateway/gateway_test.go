@@ -434,9 +434,8 @@ func TestGetTaskWaits(t *testing.T) {
 }
 
 // A grouped task keeps the task_id it was given, without the group's tag,
-// on a queue of one partition: it is read, refused again in another group
-// (409) and deleted by that ID. A queue of several partitions refuses such
-// an ID (400) and takes the tagged form.
+// on a queue of one partition and of several: it is read, refused again in
+// another group (409) and deleted by that ID; the tagged form is taken too.
 func TestGroupedTaskWithFreeID(t *testing.T) {
 	e := setup(t, gateway.Config{})
 	r := e.do("POST", "/v1/tasks", `{"type":"order:cancel","queue":"orders","group":"shop-7","task_id":"order-cancel:42","delay":"15m"}`)
@@ -458,8 +457,18 @@ func TestGroupedTaskWithFreeID(t *testing.T) {
 		t.Fatal(err)
 	}
 	r = e.do("POST", "/v1/tasks", `{"type":"a","queue":"parted","group":"acme","task_id":"o-1"}`)
-	if code, _, msg := r.errorBody(t); r.status != http.StatusBadRequest || code != "invalid_request" || !strings.Contains(msg, `"o-1{acme}"`) {
+	if r.status != http.StatusCreated || r.header.Get("Location") != "/v1/queues/parted/tasks/o-1" {
 		t.Fatalf("POST of a free grouped ID on 4 partitions: %d %s", r.status, r.body)
+	}
+	r = e.do("GET", "/v1/queues/parted/tasks/o-1", "")
+	if m := r.json(t); r.status != http.StatusOK || m["id"] != "o-1" || m["group"] != "acme" {
+		t.Fatalf("GET on 4 partitions: %d %s", r.status, r.body)
+	}
+	if r = e.do("POST", "/v1/tasks", `{"type":"a","queue":"parted","group":"other","task_id":"o-1"}`); r.status != http.StatusConflict {
+		t.Fatalf("POST of the ID in another group on 4 partitions: %d %s, want 409", r.status, r.body)
+	}
+	if r = e.do("DELETE", "/v1/queues/parted/tasks/o-1", ""); r.status != http.StatusNoContent {
+		t.Fatalf("DELETE on 4 partitions: %d %s", r.status, r.body)
 	}
 	if r = e.do("POST", "/v1/tasks", `{"type":"a","queue":"parted","group":"acme","task_id":"o-1{acme}"}`); r.status != http.StatusCreated {
 		t.Fatalf("POST of a tagged ID on 4 partitions: %d %s", r.status, r.body)

@@ -154,6 +154,7 @@ var keyNames = map[string][]string{
 	"group rotation zset":   {"gr"},
 	"held-back groups zset": {"gw"},
 	"group state hash":      {"gs"},
+	"grouped task IDs":      {"gid"},
 	"flow hash":             {"{}"},
 	"failed task IDs":       {"failed"},
 	"step names":            {"names"},

@@ -62,3 +62,10 @@ func SetAfterClaim(f func(id string) error) {
 func SetClockSlack(d time.Duration) time.Duration {
 	return time.Duration(slackNs.Swap(int64(d)))
 }
+
+// PausePlain makes the broker serve the partition with key prefix base by
+// the general lease and settle scripts alone for d (as after a plain
+// script refused a call).
+func PausePlain(b *Broker, base string, d time.Duration) {
+	b.plainOff.Store(base, time.Now().Add(d).UnixNano())
+}

@@ -37,13 +37,7 @@ func (b *Broker) Dequeue(ctx context.Context, queues []string, n int, lease time
 		}
 		for i := 0; i < l.total() && len(out) < n; i++ {
 			p := b.partAt(q, l, (start+i)%l.total())
-			rid, cache, exp, _ := b.request(p)
-			c := &call{
-				script: b.s.dequeue,
-				keys:   append(append(append(p.keys("t", "pending", "active", "paused", "archived", "result", "scheduled", "retry", "seq", "meta"), cache, p.k("lim"), p.k("starts")), p.groupKeys()...), p.k(eventsKey)),
-				args:   []any{p.layout, rid, exp, n - len(out), lease.Milliseconds(), p.channel, p.idx, b.eventsArg(p), broker.MaxRatePer.Milliseconds(), broker.MaxQueueRate},
-				queue:  q,
-			}
+			c := b.dequeueCall(p, n-len(out), lease)
 			b.run(ctx, []*call{c})
 			if c.err != nil {
 				// One unreachable partition (a cluster node failing over)
@@ -90,6 +84,58 @@ func (b *Broker) Dequeue(ctx context.Context, queues []string, n int, lease time
 		return nil, firstErr
 	}
 	return out, nil
+}
+
+// dequeueCall is the call that leases up to n tasks of partition p:
+// dequeue_plain.lua when the partition's queue records no events and the
+// partition was not found lately to hold limits or groups (the script
+// itself refuses, changing nothing, when it does, and dequeue.lua runs
+// instead with the same request), else dequeue.lua.
+func (b *Broker) dequeueCall(p part, n int, lease time.Duration) *call {
+	rid, cache, exp, edge := b.request(p)
+	full := func() *call {
+		return &call{
+			script: b.s.dequeue,
+			keys:   append(append(append(p.keys("t", "pending", "active", "paused", "archived", "result", "scheduled", "retry", "seq", "meta"), cache, p.k("lim"), p.k("starts")), p.groupKeys()...), p.k(eventsKey)),
+			args:   []any{p.layout, rid, exp, n, lease.Milliseconds(), p.channel, p.idx, b.eventsArg(p), broker.MaxRatePer.Milliseconds(), broker.MaxQueueRate},
+			queue:  p.queue,
+		}
+	}
+	if n > maxPlain || b.eventsArg(p) != "" || !b.plainOK(p.base) {
+		return full()
+	}
+	c := &call{
+		script: b.s.dequeuePlain,
+		keys: []string{p.plainKeys[0], p.plainKeys[1], p.k("active"), p.k("paused"), p.plainKeys[2], p.plainKeys[3],
+			p.k("seq"), p.plainKeys[4], cache, p.k("lim"), p.k("starts"), p.k("gid"), p.k("archived"), p.k("result")},
+		args:  []any{p.layout, rid, b.plainExpiry(p, cache, exp, edge), n, lease.Milliseconds(), broker.MaxRatePer.Milliseconds(), broker.MaxQueueRate},
+		queue: p.queue,
+		full:  full,
+		base:  p.base,
+	}
+	return c.withExpiry(p, cache)
+}
+
+// maxPlain is the most tasks a plain script's call takes: they pass their
+// lists to one command each, and Lua unpacks a few thousand values at most.
+const maxPlain = 1000
+
+// plainExpiry is a plain script's reply cache expiry argument: exp, or -exp
+// when the call need not set it (setsExpiry).
+func (b *Broker) plainExpiry(p part, cache string, exp int64, edge bool) int64 {
+	if b.setsExpiry(p.base, cache, edge) {
+		return exp
+	}
+	return -exp
+}
+
+// withExpiry notes, on a plain script's call that sets its reply cache's
+// expiry (a positive ARGV[3]), which cache that is.
+func (c *call) withExpiry(p part, cache string) *call {
+	if c.args[2].(int64) > 0 {
+		c.expiry = [2]string{p.base, cache}
+	}
+	return c
 }
 
 // archiveUndecodable archives a leased task whose body could not be decoded,
@@ -218,8 +264,49 @@ func (b *Broker) Settle(ctx context.Context, ss []broker.Settlement) ([]error, e
 	return errs, nil
 }
 
+// settleCall is the call that applies the settlements at idx of ss, all
+// of partition p: settle_plain.lua when they all delete plain tasks
+// (plainDone), the partition's queue records no events and the partition
+// was not found lately to need settle.lua (which then runs instead, with
+// the same request, as for dequeueCall), else settle.lua.
 func (b *Broker) settleCall(p part, ss []broker.Settlement, idx []int) *call {
-	rid, cache, exp, _ := b.request(p)
+	rid, cache, exp, edge := b.request(p)
+	full := func() *call { return b.settleFullCall(p, ss, idx, rid, cache, exp) }
+	if len(idx) > maxPlain || b.eventsArg(p) != "" || !b.plainOK(p.base) {
+		return full()
+	}
+	for _, i := range idx {
+		if !plainDone(ss[i]) {
+			return full()
+		}
+	}
+	args := make([]any, 0, 5+2*len(idx))
+	args = append(args, p.layout, rid, b.plainExpiry(p, cache, exp, edge), b.today(), b.minute())
+	for _, i := range idx {
+		args = append(args, ss[i].Lease.ID, ss[i].Lease.Token)
+	}
+	c := &call{
+		script: b.s.settlePlain,
+		keys: []string{p.plainKeys[0], p.k("active"), p.k("result"), p.k("h"), p.k("stat"), p.plainKeys[4], cache,
+			p.k("m"), p.k("lim"), p.k("pg"), p.k("wt"), p.k("oc")},
+		args:  args,
+		queue: p.queue,
+		full:  full,
+		base:  p.base,
+	}
+	return c.withExpiry(p, cache)
+}
+
+// plainDone reports whether settle_plain.lua may apply s: a plain task
+// done and deleted (no retention, group, unique key, nor anyone following
+// its end; the script checks the record again).
+func plainDone(s broker.Settlement) bool {
+	t := s.Task
+	return s.Kind == broker.SettleDone && t != nil && t.Retention <= 0 && t.Group == "" && t.UniqueKey == "" && !broker.Followed(t.Headers)
+}
+
+// settleFullCall is settleCall's settle.lua call, for request rid.
+func (b *Broker) settleFullCall(p part, ss []broker.Settlement, idx []int, rid, cache string, exp int64) *call {
 	args := make([]any, 0, 12+9*len(idx))
 	args = append(args, p.layout, rid, exp, p.channel, p.idx, b.today(), b.maxArchived, b.archiveTTL.Milliseconds(), b.minute(), b.doneChannel(p.queue), b.eventsArg(p), p.idTag)
 	for _, i := range idx {

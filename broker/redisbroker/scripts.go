@@ -22,7 +22,7 @@ var scriptFS embed.FS
 // place, differs from it (bindings_test.go maps each name to its key).
 // TestScriptHelperFiles and TestScriptsLinked check the prelude linker.
 type scripts struct {
-	enqueue, enqueuePlain, enqueueOne, dequeue, extend, settle, setResult, remove, maintain, admin, move, registry, drop, limits, share, slots, wait, progress, flow, step, signal, ids *redis.Script
+	enqueue, enqueuePlain, enqueueOne, dequeue, dequeuePlain, extend, settle, settlePlain, setResult, remove, maintain, admin, move, registry, drop, limits, share, slots, wait, progress, flow, step, signal, ids *redis.Script
 
 	byFile map[string]*redis.Script // file name -> script, for tests
 }
@@ -41,8 +41,10 @@ func loadScripts() *scripts {
 		enqueuePlain: s("enqueue_plain.lua"),
 		enqueueOne:   s("enqueue_one.lua"),
 		dequeue:      s("dequeue.lua"),
+		dequeuePlain: s("dequeue_plain.lua"),
 		extend:       s("extend.lua"),
 		settle:       s("settle.lua"),
+		settlePlain:  s("settle_plain.lua"),
 		setResult:    s("setresult.lua"),
 		remove:       s("remove.lua"),
 		maintain:     s("maintain.lua"),

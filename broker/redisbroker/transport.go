@@ -30,8 +30,32 @@ type call struct {
 	// the partition's later calls on that cache need not set it again.
 	expiry [2]string
 
+	// full builds, for a call of a plain script (dequeue_plain.lua,
+	// settle_plain.lua), the general script's call with the same request:
+	// run in its place when the plain one replies plainRefused. base is
+	// then the partition's key prefix.
+	full func() *call
+	base string
+
 	cmd *redis.Cmd
 	err error // after run: nil, or classified (see classify)
+}
+
+// plainRefused is the reply of a plain script that changed nothing because
+// what it found needs its general script.
+const plainRefused = "*"
+
+// plainPause is how long a partition whose plain script refused a call is
+// served by the general scripts alone before the plain ones are tried
+// again: a partition given limits, groups or waiters keeps them for a
+// while, and each refused call costs a round trip.
+const plainPause = 10 * time.Second
+
+// plainOK reports whether partition base may be tried with the plain
+// scripts (no refusal in the last plainPause).
+func (b *Broker) plainOK(base string) bool {
+	v, ok := b.plainOff.Load(base)
+	return !ok || time.Now().UnixNano() >= v.(int64)
 }
 
 // request returns the identity of a new state-changing request on partition
@@ -77,6 +101,42 @@ const repliesPerCache = 50
 // send: the scripts answer a repeated request from their reply cache, so
 // sending again is safe and settles what happened.
 func (b *Broker) run(ctx context.Context, calls []*call) {
+	b.runOnce(ctx, calls)
+	var again []*call
+	for _, c := range calls {
+		if c.full == nil || c.err != nil {
+			continue
+		}
+		if v, ok := c.cmd.Val().(string); ok && v == plainRefused {
+			b.plainOff.Store(c.base, time.Now().Add(plainPause).UnixNano())
+			f := c.full()
+			c.script, c.keys, c.args, c.expiry, c.full = f.script, f.keys, f.args, f.expiry, nil
+			again = append(again, c)
+		}
+	}
+	if len(again) > 0 {
+		b.runOnce(ctx, again)
+	}
+}
+
+// wroteCache reports whether a call that was to set its reply cache's
+// expiry surely wrote the cache, and so set it: not when it replied
+// plainRefused or an empty list (a lease that found nothing stores no
+// reply), which leave the cache as it was, maybe not there yet. Later calls
+// on the cache skip the expiry only once one did write it, or the cache
+// they create would never expire.
+func wroteCache(cmd *redis.Cmd) bool {
+	switch v := cmd.Val().(type) {
+	case string:
+		return v != plainRefused
+	case []any:
+		return len(v) > 0
+	}
+	return true
+}
+
+// runOnce is run without the plain scripts' fallback.
+func (b *Broker) runOnce(ctx context.Context, calls []*call) {
 	start := time.Now()
 	pending := calls
 	wait := 20 * time.Millisecond
@@ -88,7 +148,7 @@ func (b *Broker) run(ctx context.Context, calls []*call) {
 			if lerr, ok := b.layoutRefused(c.queue, c.cmd.Err()); ok {
 				c.err = lerr
 			}
-			if c.err == nil && c.expiry[0] != "" {
+			if c.err == nil && c.expiry[0] != "" && wroteCache(c.cmd) {
 				b.cacheExpiry.Store(c.expiry[0], c.expiry[1])
 			}
 			if errors.Is(c.err, broker.ErrOutcomeUnknown) {
