@@ -158,6 +158,27 @@ func drainAll(t *testing.T, b broker.Broker, queue string, lease time.Duration) 
 	}
 }
 
+// startN dequeues from queue until n tasks started, failing the test when
+// more start or n do not within 10 s, then checks that no more start. A
+// broker that splits a queue's limits among partitions moves slots and
+// rate tokens to where tasks wait in a rebalance that a refused Dequeue
+// asks for, so the n may take several calls.
+func startN(t *testing.T, b broker.Broker, queue string, n int, what string) []*broker.Delivery {
+	t.Helper()
+	var started []*broker.Delivery
+	eventually(t, 10*time.Second, what, func() bool {
+		started = append(started, dequeue(t, b, []string{queue}, 10, time.Minute)...)
+		if len(started) > n {
+			t.Fatalf("%s: Dequeue started %d, want %d", what, len(started), n)
+		}
+		return len(started) == n
+	})
+	if ds := dequeue(t, b, []string{queue}, 10, time.Minute); len(ds) != 0 {
+		t.Fatalf("%s: Dequeue started %d more than %d", what, len(ds), n)
+	}
+	return started
+}
+
 // testLimitConcurrency: Dequeue hands out no more than the limit, asked for
 // more; a settlement gives one slot back; zero means no limit.
 func testLimitConcurrency(t *testing.T, b broker.Broker, a broker.Admin) {
@@ -240,17 +261,7 @@ func testLimitRuntimeChange(t *testing.T, b broker.Broker, a broker.Admin) {
 	for _, d := range got[n:] {
 		settleOK(t, b, outcomeOf(d, broker.SettleDone))
 	}
-	var started []*broker.Delivery
-	eventually(t, 10*time.Second, "the waiting tasks to start once nothing runs", func() bool {
-		started = append(started, dequeue(t, b, []string{q}, 10, time.Minute)...)
-		if len(started) > n {
-			t.Fatalf("with nothing running under the lowered limit %d Dequeue handed out %d", n, len(started))
-		}
-		return len(started) == n
-	})
-	if ds := dequeue(t, b, []string{q}, 10, time.Minute); len(ds) != 0 {
-		t.Fatalf("with %d running under the lowered limit %d Dequeue handed out %d more", n, n, len(ds))
-	}
+	startN(t, b, q, n, fmt.Sprintf("with nothing running, the waiting tasks under the lowered limit %d", n))
 }
 
 // testLimitWakes: a settlement that gives room back to a full queue with

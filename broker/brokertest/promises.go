@@ -1,6 +1,7 @@
 package brokertest
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -126,10 +127,7 @@ func testDeleteQueueKeepsLimits(t *testing.T, b broker.Broker, a broker.Admin) {
 	setLimits(t, a, q, lim)
 	fillPartitions(t, b, q, 2)
 	for round := range 2 {
-		ds := drainAll(t, b, q, time.Minute)
-		if len(ds) != n {
-			t.Fatalf("round %d: Dequeue under Concurrency %d started %d", round, n, len(ds))
-		}
+		ds := startN(t, b, q, n, fmt.Sprintf("round %d under Concurrency %d and Rate %d/h", round, n, 2*n))
 		for _, d := range ds {
 			settleOK(t, b, outcomeOf(d, broker.SettleDone))
 		}
@@ -148,11 +146,7 @@ func testDeleteQueueKeepsLimits(t *testing.T, b broker.Broker, a broker.Admin) {
 		t.Fatalf("the queue came back with its Rate %d/h used up before DeleteQueue: Dequeue started %v", 2*n, idsOf(ds))
 	}
 	setLimits(t, a, q, tidetype.QueueLimits{Concurrency: n})
-	ds := drainAll(t, b, q, time.Minute)
-	if len(ds) != n {
-		t.Fatalf("under Concurrency %d after DeleteQueue Dequeue started %d", n, len(ds))
-	}
-	for _, d := range ds {
+	for _, d := range startN(t, b, q, n, fmt.Sprintf("under Concurrency %d after DeleteQueue", n)) {
 		settleOK(t, b, outcomeOf(d, broker.SettleDone))
 	}
 	// Removed first, the limits go with the queue.
