@@ -59,30 +59,8 @@ local bad = layout_error(KEYS[10], ARGV[1])
 if bad then return bad end
 local cached = req_get(KEYS[11], ARGV[2], tonumber(ARGV[3]))
 if cached then
-  -- The first run kept "<lease expiry>:<first token>:<count>": the tasks
-  -- it leased are those in active at exactly that expiry (no one else has
-  -- their tokens to extend them) whose token is in its range. Those since
-  -- recovered or leased again are not returned.
-  local exp, first, n = string.match(cached, '^(%d+):(%d+):(%d+)$')
-  local found, out = {}, {}
-  if exp then
-    first, n = tonumber(first), tonumber(n)
-    for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], exp, exp)) do
-      local rec = redis.call('HGET', KEYS[1], id)
-      if rec_ok(rec) and rec_state(rec) == 2 then
-        local tk = rec_token(rec)
-        if tk >= first and tk < first + n then
-          found[#found + 1] = {tk, id, rec}
-        end
-      end
-    end
-  end
-  table.sort(found, function(a, b) return a[1] < b[1] end)
-  for _, f in ipairs(found) do
-    out[#out + 1] = f[2]
-    out[#out + 1] = f[3]
-  end
-  return dur_with(KEYS[6], out)
+  -- The tasks the first run leased that are still leased to it.
+  return dur_with(KEYS[6], leased_again(KEYS[3], KEYS[1], cached))
 end
 if redis.call('EXISTS', KEYS[4]) == 1 then return {} end
 local n = tonumber(ARGV[4])

@@ -114,23 +114,4 @@ end
 -- A request run again: as dequeue.lua's (see there), the tasks its first
 -- run leased that are still leased to it.
 redis.call('PEXPIREAT', KEYS[9], exp_at)
-local exp, first, n = string.match(cached, '^(%d+):(%d+):(%d+)$')
-local found, out = {}, {}
-if exp then
-  first, n = tonumber(first), tonumber(n)
-  for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], exp, exp)) do
-    local rec = redis.call('HGET', KEYS[1], id)
-    if rec_ok(rec) and rec_state(rec) == 2 then
-      local tk = rec_token(rec)
-      if tk >= first and tk < first + n then
-        found[#found + 1] = {tk, id, rec}
-      end
-    end
-  end
-end
-table.sort(found, function(a, b) return a[1] < b[1] end)
-for _, f in ipairs(found) do
-  out[#out + 1] = f[2]
-  out[#out + 1] = f[3]
-end
-return dur_with(KEYS[14], out)
+return dur_with(KEYS[14], leased_again(KEYS[3], KEYS[1], cached))

@@ -264,6 +264,35 @@ end
 -- dur_field is the results hash's field of task id's durable records.
 local function dur_field(id) return '\0' .. id end
 
+-- leased_again returns, for a lease request run again whose first run kept
+-- cached ("<lease expiry>:<first token>:<count>"), the flat array id1,
+-- record1, id2, ... of the tasks that run leased: those in the active zset
+-- at exactly that expiry (no one else has their tokens to extend them) whose
+-- token is in its range, in token order. Those since recovered or leased
+-- again are not returned.
+local function leased_again(active, records, cached)
+  local exp, first, n = string.match(cached, '^(%d+):(%d+):(%d+)$')
+  local found, out = {}, {}
+  if exp then
+    first, n = tonumber(first), tonumber(n)
+    for _, id in ipairs(redis.call('ZRANGEBYSCORE', active, exp, exp)) do
+      local rec = redis.call('HGET', records, id)
+      if rec_ok(rec) and rec_state(rec) == 2 then
+        local tk = rec_token(rec)
+        if tk >= first and tk < first + n then
+          found[#found + 1] = {tk, id, rec}
+        end
+      end
+    end
+  end
+  table.sort(found, function(a, b) return a[1] < b[1] end)
+  for _, f in ipairs(found) do
+    out[#out + 1] = f[2]
+    out[#out + 1] = f[3]
+  end
+  return out
+end
+
 -- dur_with returns the flat array id1, record1, id2, record2, ... as id1,
 -- record1, records1, id2, ...: each task's durable records ('' for none)
 -- after its record, read with an HMGET of the results hash per thousand
