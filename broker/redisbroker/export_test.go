@@ -40,3 +40,14 @@ func ScriptNames() []string {
 // layout; nil removes it. Tests that set it must not run in parallel with
 // other repartitions.
 func SetAfterHold(f func(queue string)) { afterHold = f }
+
+// SetLimitsRecorded sets a function that SetQueueLimits runs after it
+// recorded the limits and before it gives the partitions their settings;
+// nil removes it.
+func SetLimitsRecorded(f func(queue string)) {
+	if f == nil {
+		limitsRecorded.Store(nil)
+		return
+	}
+	limitsRecorded.Store(&f)
+}
