@@ -382,6 +382,9 @@ func (b *Broker) adminBulk(ctx context.Context, op, queue string, st tidetype.Ta
 		rid, cache, exp, _ := b.request(p)
 		c := b.adminCall(p, rid, cache, exp, op, int(st), limit-total)
 		b.run(ctx, []*call{c})
+		if c.err != nil && p.old && errors.Is(c.err, broker.ErrLayout) && b.retired(ctx, p) {
+			continue // retired by the repartition: it holds nothing
+		}
 		if c.err != nil {
 			return total, callErr(fmt.Sprintf("%s %s", op, queue), c.err)
 		}

@@ -69,3 +69,14 @@ func SetClockSlack(d time.Duration) time.Duration {
 func PausePlain(b *Broker, base string, d time.Duration) {
 	b.plainOff.Store(base, time.Now().Add(d).UnixNano())
 }
+
+// SetLimitsRecorded sets a function that SetQueueLimits runs after it
+// recorded the limits and before it gives the partitions their settings;
+// nil removes it.
+func SetLimitsRecorded(f func(queue string)) {
+	if f == nil {
+		limitsRecorded.Store(nil)
+		return
+	}
+	limitsRecorded.Store(&f)
+}

@@ -409,7 +409,10 @@ func (b *Broker) lookup(queue string, l layout, id string) []part {
 // freshLayout returns queue's layout after checking every partition's
 // layout key, reading the layout again when one disagrees: for the paths
 // that run no script (admin reads, pause), which would otherwise act on the
-// partitions of a layout that changed under them.
+// partitions of a layout that changed under them. An old partition that the
+// repartition has retired agrees: it holds nothing any more, and the
+// layout stays the same until every old partition is retired (callers that
+// run scripts on old partitions skip the retired ones).
 func (b *Broker) freshLayout(ctx context.Context, queue string) (layout, error) {
 	for attempt := 0; ; attempt++ {
 		l, err := b.layoutOf(ctx, queue)
@@ -426,7 +429,8 @@ func (b *Broker) freshLayout(ctx context.Context, queue string) (layout, error) 
 		}
 		stale := false
 		for i, m := range metas {
-			if m.Val() != b.partAt(queue, l, i).layout {
+			p := b.partAt(queue, l, i)
+			if got := m.Val(); got != p.layout && !(p.old && got == "retired") {
 				stale = true
 			}
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -51,20 +52,42 @@ func (b *Broker) SetQueueLimits(ctx context.Context, queue string, l tidetype.Qu
 	v, _ := res[0].(int64)
 	ce, _ := res[1].(string)
 	re, _ := res[2].(string)
-	err = b.applyLimits(ctx, queue, lay, v, l, ce, re)
-	if errors.Is(err, broker.ErrLayout) {
-		// The layout changed under us (a repartition started or ended):
-		// give the settings to the new one.
-		b.forgetLayout(queue)
-		if lay, err = b.freshLayout(ctx, queue); err == nil {
-			err = b.applyLimits(ctx, queue, lay, v, l, ce, re)
-		}
+	if h := limitsRecorded.Load(); h != nil {
+		(*h)(queue)
 	}
-	if err != nil {
-		return err
+	// The settings depend on the layout (grouped tasks are held while a
+	// repartition runs): a repartition that started or ended while they
+	// were given may have given its own with the same version before ours
+	// came, so the layout is read again after, and the settings given
+	// anew when it changed. A repartition that changes it later reads
+	// this version of the limits when it gives its settings.
+	for attempt := 0; ; attempt++ {
+		err = b.applyLimits(ctx, queue, lay, v, l, ce, re)
+		if err != nil && !errors.Is(err, broker.ErrLayout) {
+			return err
+		}
+		b.forgetLayout(queue)
+		nl, lerr := b.freshLayout(ctx, queue)
+		if lerr != nil {
+			return lerr
+		}
+		if err == nil && nl.tag == lay.tag {
+			break
+		}
+		if attempt == 2 {
+			if err == nil {
+				err = fmt.Errorf("%w: %w: queue %q is changing its layout; try again", broker.ErrUnavailable, broker.ErrLayout, queue)
+			}
+			return err
+		}
+		lay = nl
 	}
 	return b.rebalance(ctx, queue)
 }
+
+// limitsRecorded, when set (by tests), runs in SetQueueLimits after the
+// limits are recorded and before the partitions get their settings.
+var limitsRecorded atomic.Pointer[func(queue string)]
 
 // QueueLimits implements broker.Admin.
 func (b *Broker) QueueLimits(ctx context.Context, queue string) (tidetype.QueueLimits, error) {

@@ -286,7 +286,14 @@
 // the move, also for tasks enqueued while the move runs. When an old
 // partition holds nothing more, its groups' rate windows and throttles are
 // copied to their new partitions; only then, once every old partition is
-// retired, do grouped tasks start again.
+// retired, do grouped tasks start again. The hold is part of each
+// partition's settings, which SetQueueLimits gives for the layout it read:
+// it reads the layout again after giving them and gives them anew when a
+// repartition started or ended meanwhile (the repartition may have given
+// its own of the same limits first), so that no partition keeps the hold
+// of a repartition that is over. While old partitions retire, the admin
+// calls take a retired one for what it is, an empty part of the same
+// layout.
 //
 // When a settlement or a lease recovery gives room back to a partition that
 // was full and has tasks waiting (ungrouped, or grouped ones of a group that

@@ -32,8 +32,7 @@ import (
 func TestLimitModel(t *testing.T) {
 	if os.Getenv("TIDE_LIMITMODEL_REDIS") == "" {
 		t.Skip("run on demand with TIDE_LIMITMODEL_REDIS=1: on Redis the model still finds open bugs " +
-			"(Ordered tasks left waiting in some runs of seeds 1 and 2; SetQueueLimits during a repartition's " +
-			"retire phase refused); see docs/guide.md")
+			"(the queue Rate exceeded within a second of a change of limits in some runs of seeds 1 and 2); see docs/guide.md")
 	}
 	dir := runDir(t, "limitmodel-")
 	rs := redistest.StartIn(t, dir)
