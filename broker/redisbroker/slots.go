@@ -3,6 +3,7 @@ package redisbroker
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -309,6 +310,10 @@ func liveNode(n *slotNode) bool {
 // forgetBatch is the most starts one forget call names.
 const forgetBatch = 1000
 
+// forgetLockTTL is how long a rebalance holds the queue's forget lock at
+// most (longer than a background rebalance may take).
+const forgetLockTTL = 10 * time.Second
+
 // dropUnbacked keeps the starts the partitions count in the Rate's period
 // within the Rate's limit. More starts than tokens in a period happen when a
 // rate is switched on or its period lengthened after them (they count: see
@@ -318,6 +323,15 @@ const forgetBatch = 1000
 // tokens its starts use first), and is safe: no task starts until a start
 // in the period leaves it, and the forgotten ones, older than every start
 // counted, have left by then.
+//
+// The excess is a count over several partitions, so two rebalances must
+// not both forget it: one that read the counts before another forgot would
+// forget as many again, starts that back tokens, and that many tasks would
+// start over the limit. So the forgetting rebalance holds the queue's
+// forget lock (on the bank), counts the starts again under it (the oldest
+// op's count) and forgets only what is still in excess; one that finds the
+// lock taken forgets nothing (planSlots then leaves no token free, and a
+// later rebalance forgets).
 func (b *Broker) dropUnbacked(ctx context.Context, queue string, ns []*slotNode, lim tidetype.QueueLimits) error {
 	bank := ns[0]
 	total := int64(lim.Rate.Limit)
@@ -346,6 +360,19 @@ func (b *Broker) dropUnbacked(ctx context.Context, queue string, ns []*slotNode,
 	if excess <= 0 {
 		return nil
 	}
+	token := strconv.FormatUint(rand.Uint64(), 36)
+	lock := b.slotCall(queue, bank, "lock", token, forgetLockTTL.Milliseconds())
+	if err := b.runAll(ctx, "rebalance "+queue, []*call{lock}); err != nil {
+		return err
+	}
+	if ok, _ := lock.cmd.Int64(); ok != 1 {
+		return nil
+	}
+	defer func() {
+		// A lock left behind (this call failed) only delays the next
+		// forgetting until it runs out.
+		b.run(context.WithoutCancel(ctx), []*call{b.slotCall(queue, bank, "unlock", token)})
+	}()
 	calls := make([]*call, len(with))
 	for i, n := range with {
 		calls[i] = b.slotCall(queue, n, "oldest", min(excess, n.used), lim.Rate.Per.Milliseconds())
@@ -359,18 +386,33 @@ func (b *Broker) dropUnbacked(ctx context.Context, queue string, ns []*slotNode,
 		age    int64
 	}
 	var all []start
+	var fresh int64
 	for i, n := range with {
 		v, err := calls[i].cmd.StringSlice()
-		if err != nil || len(v)%2 != 0 {
+		if err != nil || len(v)%2 != 1 {
 			return callErr("rebalance "+queue, fmt.Errorf("unexpected oldest reply %v (%v)", calls[i].cmd.Val(), err))
 		}
-		for j := 0; j < len(v); j += 2 {
+		u, err := strconv.ParseInt(v[0], 10, 64)
+		if err != nil {
+			return callErr("rebalance "+queue, fmt.Errorf("unexpected oldest reply %v", v))
+		}
+		n.used = u
+		fresh += u
+		for j := 1; j < len(v); j += 2 {
 			age, err := strconv.ParseInt(v[j+1], 10, 64)
 			if err != nil {
 				return callErr("rebalance "+queue, fmt.Errorf("unexpected oldest reply %v", v))
 			}
 			all = append(all, start{n, v[j], age})
 		}
+	}
+	// Counted again under the lock: what another rebalance forgot since
+	// the slots were read is no longer in excess. (Starts made since only
+	// add to the count, and the nodes without starts then are left out:
+	// both make it forget fewer.)
+	excess = min(excess, fresh-max(total, tokens))
+	if excess <= 0 {
+		return nil
 	}
 	slices.SortStableFunc(all, func(a, b start) int { return int(b.age - a.age) })
 	all = all[:min(int64(len(all)), excess)]

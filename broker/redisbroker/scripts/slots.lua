@@ -27,7 +27,8 @@
 -- most tasks to run at once: a cap under c while other partitions want
 -- slots), cs and rs ('1': the partition holds its fair share of a limit it
 -- would use more of, so wanting more is no news), ru (until when rs holds:
--- a token elsewhere may be free from then on), xs, xo, xi:<source>.
+-- a token elsewhere may be free from then on), xs, xo, xi:<source>; the
+-- bank's fl: the forget lock (op lock).
 local part = ARGV[1] == 'p'
 local L = KEYS[1]
 local op = ARGV[3]
@@ -107,18 +108,40 @@ if op == 'state' then
 end
 
 if op == 'oldest' then
-  -- ARGV[4] k  ARGV[5] the rate's period, ms. Returns member, age (ms) of
-  -- the k oldest starts in the period, oldest first.
+  -- ARGV[4] k  ARGV[5] the rate's period, ms. Returns the starts in the
+  -- period now, then member, age (ms) of the k oldest of them, oldest
+  -- first.
   local per = tonumber(ARGV[5])
-  if not part or not per then return {} end
+  if not part or not per then return {'0'} end
   local now = redis_now()
   local zs = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. string.format('%d', now - per), '+inf', 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[4]))
-  local out = {}
+  local out = {tostring(used(now, per))}
   for j = 1, #zs, 2 do
     out[#out + 1] = zs[j]
     out[#out + 1] = string.format('%d', math.max(now - tonumber(zs[j + 1]), 0))
   end
   return out
+end
+
+if op == 'lock' or op == 'unlock' then
+  -- On the bank only. ARGV[4] the caller's token  ARGV[5] (lock) how long
+  -- the lock holds, ms. lock: takes the queue's forget lock (bank field fl,
+  -- "<token>:<until ms>") unless another token holds it; returns 1 taken,
+  -- 0 held elsewhere. unlock: drops it if the token holds it. Forgetting
+  -- starts (Broker.dropUnbacked) decides from counts of several partitions:
+  -- two rebalances that did it at once would each forget the excess.
+  if part then return redis.error_reply('ERR slots.lua: ' .. op .. ' is a bank op') end
+  local fl = redis.call('HGET', L, 'fl')
+  local tok, untl
+  if fl then tok, untl = string.match(fl, '^(.*):(%d+)$') end
+  local now = redis_now()
+  if op == 'unlock' then
+    if tok == ARGV[4] then redis.call('HDEL', L, 'fl') end
+    return 1
+  end
+  if tok and tok ~= ARGV[4] and tonumber(untl) > now then return 0 end
+  redis.call('HSET', L, 'fl', ARGV[4] .. ':' .. string.format('%d', now + tonumber(ARGV[5])))
+  return 1
 end
 
 if op == 'forget' then
