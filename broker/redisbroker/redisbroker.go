@@ -210,7 +210,10 @@
 // the period leaves it, and by then the forgotten ones, older than every
 // start counted, have left too; so no partition holds fewer tokens than
 // starts, and the starts of any period over all partitions stay within the
-// limit. While demands exceed
+// limit. The excess is counted over several partitions, so one rebalance at
+// a time forgets (a lock, field fl of the bank), counting the starts again
+// under the lock: two that forgot from the same counts would forget it
+// twice, starts that back tokens. While demands exceed
 // the limit, each partition gets a cap (ct) at its share, so that one that
 // holds more stops reusing the slots its tasks free and gives them away.
 // The caps are hints: a stale one can slow the flow of slots, never exceed a
