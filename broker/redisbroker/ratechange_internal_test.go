@@ -67,3 +67,98 @@ func TestRateLoweredAndLengthenedOverlappingRebalances(t *testing.T) {
 		t.Fatalf("the nodes hold %d rate tokens, want 6", r)
 	}
 }
+
+// The same for a Rate switched on: 12 starts without a rate, 2 s old,
+// then a Rate of 9 per 3 s. The 3 excess starts are forgotten once, by
+// one of two overlapping rebalances, so nothing starts while the 9 other
+// starts are in the period.
+func TestRateSwitchedOnOverlappingRebalances(t *testing.T) {
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	b := slotBroker(t, addr, prefix, 2)
+	ctx := context.Background()
+	const q = "rate-on-overlapping"
+	fillQueue(t, b, q, append(idsIn("a", 0, 2, 6), idsIn("b", 1, 2, 6)...))
+	if n := leaseAll(t, b, q, 1); n != 12 {
+		t.Fatalf("leased %d tasks without limits, want 12", n)
+	}
+	ageStarts(t, b, q, 0, 2*time.Second)
+	ageStarts(t, b, q, 1, 2*time.Second)
+	on := tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 9, Per: 3 * time.Second}}
+	var stale []*slotNode
+	SetLimitsRecorded(func(queue string) {
+		if queue != q || stale != nil {
+			return
+		}
+		l, err := b.layoutOf(ctx, q)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		stale = b.slotNodes(q, l)
+		if err := b.readSlots(ctx, q, stale, on); err != nil {
+			t.Error(err)
+		}
+	})
+	defer SetLimitsRecorded(nil)
+	if err := b.SetQueueLimits(ctx, q, on); err != nil {
+		t.Fatal(err)
+	}
+	SetLimitsRecorded(nil)
+	if stale == nil {
+		t.Fatal("the slots were not read while the limits changed")
+	}
+	if err := b.dropUnbacked(ctx, q, stale, on); err != nil {
+		t.Fatal(err)
+	}
+	fillQueue(t, b, q, append(idsIn("c", 0, 2, 6), idsIn("d", 1, 2, 6)...))
+	if n := leaseAll(t, b, q, 5); n != 0 {
+		t.Fatalf("%d tasks started with 12 starts in the last 3s, under a Rate of 9 per 3s", n)
+	}
+}
+
+// One rebalance at a time forgets: while another holds the queue's forget
+// lock, a rebalance that finds starts in excess forgets none of them.
+func TestForgetLockHeldForgetsNothing(t *testing.T) {
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	b := slotBroker(t, addr, prefix, 2)
+	ctx := context.Background()
+	const q = "rate-forget-lock"
+	fillQueue(t, b, q, append(idsIn("a", 0, 2, 6), idsIn("b", 1, 2, 6)...))
+	if n := leaseAll(t, b, q, 1); n != 12 {
+		t.Fatalf("leased %d tasks without limits, want 12", n)
+	}
+	on := tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 9, Per: 3 * time.Second}}
+	l, err := b.layoutOf(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := b.slotNodes(q, l)
+	lock := b.slotCall(q, ns[0], "lock", "other", int64(60000))
+	if err := b.runAll(ctx, "lock", []*call{lock}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := lock.cmd.Int64(); ok != 1 {
+		t.Fatal("the free lock was not taken")
+	}
+	if err := b.SetQueueLimits(ctx, q, on); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.readSlots(ctx, q, ns, on); err != nil {
+		t.Fatal(err)
+	}
+	if u := ns[1].used + ns[2].used; u != 12 {
+		t.Fatalf("%d starts counted with the lock held elsewhere, want all 12", u)
+	}
+	if err := b.runAll(ctx, "unlock", []*call{b.slotCall(q, ns[0], "unlock", "other")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.rebalance(ctx, q); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.readSlots(ctx, q, ns, on); err != nil {
+		t.Fatal(err)
+	}
+	if u := ns[1].used + ns[2].used; u != 9 {
+		t.Fatalf("%d starts counted once the lock is free, want 9", u)
+	}
+}
