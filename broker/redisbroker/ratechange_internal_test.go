@@ -32,29 +32,7 @@ func TestRateLoweredAndLengthenedOverlappingRebalances(t *testing.T) {
 	ageStarts(t, b, q, 0, 2200*time.Millisecond)
 	ageStarts(t, b, q, 1, 2200*time.Millisecond)
 	lowered := tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 6, Per: 3 * time.Second}}
-	var stale []*slotNode
-	SetLimitsRecorded(func(queue string) {
-		if queue != q || stale != nil {
-			return
-		}
-		l, err := b.layoutOf(ctx, q)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		stale = b.slotNodes(q, l)
-		if err := b.readSlots(ctx, q, stale, lowered); err != nil {
-			t.Error(err)
-		}
-	})
-	defer SetLimitsRecorded(nil)
-	if err := b.SetQueueLimits(ctx, q, lowered); err != nil {
-		t.Fatal(err)
-	}
-	SetLimitsRecorded(nil)
-	if stale == nil {
-		t.Fatal("the slots were not read while the limits changed")
-	}
+	stale := setLimitsReadingSlots(t, b, q, lowered)
 	// The other rebalance goes on from what it read.
 	if err := b.dropUnbacked(ctx, q, stale, lowered); err != nil {
 		t.Fatal(err)
@@ -84,29 +62,7 @@ func TestRateSwitchedOnOverlappingRebalances(t *testing.T) {
 	ageStarts(t, b, q, 0, 2*time.Second)
 	ageStarts(t, b, q, 1, 2*time.Second)
 	on := tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 9, Per: 3 * time.Second}}
-	var stale []*slotNode
-	SetLimitsRecorded(func(queue string) {
-		if queue != q || stale != nil {
-			return
-		}
-		l, err := b.layoutOf(ctx, q)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		stale = b.slotNodes(q, l)
-		if err := b.readSlots(ctx, q, stale, on); err != nil {
-			t.Error(err)
-		}
-	})
-	defer SetLimitsRecorded(nil)
-	if err := b.SetQueueLimits(ctx, q, on); err != nil {
-		t.Fatal(err)
-	}
-	SetLimitsRecorded(nil)
-	if stale == nil {
-		t.Fatal("the slots were not read while the limits changed")
-	}
+	stale := setLimitsReadingSlots(t, b, q, on)
 	if err := b.dropUnbacked(ctx, q, stale, on); err != nil {
 		t.Fatal(err)
 	}
@@ -161,4 +117,35 @@ func TestForgetLockHeldForgetsNothing(t *testing.T) {
 	if u := ns[1].used + ns[2].used; u != 9 {
 		t.Fatalf("%d starts counted once the lock is free, want 9", u)
 	}
+}
+
+// setLimitsReadingSlots sets lim on queue q and returns the queue's slots
+// as a rebalance read them while SetQueueLimits ran: after the limits were
+// recorded, before the partitions got their settings.
+func setLimitsReadingSlots(t *testing.T, b *Broker, q string, lim tidetype.QueueLimits) []*slotNode {
+	t.Helper()
+	ctx := context.Background()
+	var stale []*slotNode
+	SetLimitsRecorded(func(queue string) {
+		if queue != q || stale != nil {
+			return
+		}
+		l, err := b.layoutOf(ctx, q)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		stale = b.slotNodes(q, l)
+		if err := b.readSlots(ctx, q, stale, lim); err != nil {
+			t.Error(err)
+		}
+	})
+	defer SetLimitsRecorded(nil)
+	if err := b.SetQueueLimits(ctx, q, lim); err != nil {
+		t.Fatal(err)
+	}
+	if stale == nil {
+		t.Fatal("the slots were not read while the limits changed")
+	}
+	return stale
 }
