@@ -68,7 +68,6 @@ func TestStepReleasedWithoutItsKey(t *testing.T) {
 		}
 		return fmt.Errorf("step b was not archived: %+v %v", b, err)
 	})
-	srv.Shutdown()
 	if !encrypt.IsSealed(b.Payload) || !strings.Contains(b.LastErr, "unknown key 2") {
 		t.Fatalf("step b stored with payload %q, LastErr %q; want it sealed and archived for its key", b.Payload, b.LastErr)
 	}
@@ -82,7 +81,8 @@ func TestStepReleasedWithoutItsKey(t *testing.T) {
 	mu.Unlock()
 
 	// Its end is recorded: the workflow failed at b, whose payload stays
-	// readable where the key is, and b does not run again.
+	// readable where the key is, and b does not run again. The end is a
+	// follow-up task the server runs, so the server runs until it is seen.
 	testwait.Until(t, 10*time.Second, func() error {
 		wi, err := tide.NewInspector(owner).GetWorkflow(ctx, "wf-rotated")
 		if err == nil && wi.State == tide.FlowFailed {
@@ -93,6 +93,12 @@ func TestStepReleasedWithoutItsKey(t *testing.T) {
 		}
 		return fmt.Errorf("workflow did not fail at b: %+v %v", wi, err)
 	})
+	srv.Shutdown()
+	mu.Lock()
+	if got := seen["b"]; len(got) != 0 {
+		t.Fatalf("step b ran without its key, with payloads %q", got)
+	}
+	mu.Unlock()
 	if got, err := tide.NewInspector(owner).GetTaskInfo(ctx, "default", "wf-rotated/b"); err != nil || string(got.Payload) != secret {
 		t.Fatalf("step b read with its key: %+v, %v; want its payload", got, err)
 	}
