@@ -3,6 +3,7 @@ package brokertest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -71,7 +72,29 @@ func testWaitOutcomes(t *testing.T, b broker.Broker) {
 		return awaitWait(t, ch)
 	}
 	t.Run("DoneDeleted", func(t *testing.T) {
-		r := settleWith(t, "wait-done", newMsg("wait-done", "a"), broker.SettleDone)
+		// The task is deleted as it ends, so a waiter that registers only
+		// after the settle (a starved machine can delay its goroutine past
+		// the pause) rightly finds no task. Each try waits longer; a broker
+		// that never tells a registered waiter fails every try.
+		var r waitResult
+		for try, pause := 0, 20*time.Millisecond; try < 5; try, pause = try+1, pause*3 {
+			id := fmt.Sprintf("a%d", try)
+			m := newMsg("wait-done", id)
+			enqueue(t, b, m)
+			ch := waitAsync(t, w, "wait-done", id)
+			d := dequeueOne(t, b, "wait-done", time.Minute)
+			time.Sleep(pause)
+			settleOK(t, b, outcomeOf(d, broker.SettleDone))
+			if r = awaitWait(t, ch); !errors.Is(r.err, broker.ErrTaskNotFound) {
+				if r.err == nil && r.info != nil {
+					if r.info.ID != id {
+						t.Fatalf("Wait for %s answered for %s", id, r.info.ID)
+					}
+					r.info.ID = "a"
+				}
+				break
+			}
+		}
 		if r.err != nil || r.info.State != tidetype.StateCompleted || r.info.ID != "a" || r.info.CompletedAt.IsZero() {
 			t.Fatalf("Wait = %+v, %v; want the completed task", r.info, r.err)
 		}
