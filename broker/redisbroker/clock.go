@@ -10,6 +10,17 @@ import (
 // local clock and Redis's.
 const clockSyncEvery = 30 * time.Second
 
+// A kept sample whose round trip is over clockGoodRTT (its offset may be off
+// by half of it: a busy machine or network can make that a hundred
+// milliseconds and more, which due times would then carry) is measured again
+// after clockRetryEvery instead of clockSyncEvery, the wait doubling with
+// each poor sample (a Redis that is always that far away is not asked
+// every second), until one is good.
+const (
+	clockGoodRTT    = 5 * time.Millisecond
+	clockRetryEvery = time.Second
+)
+
 // clock tells Redis time without asking Redis each time: the local clock plus
 // the offset measured with TIME, from the sample with the shortest round
 // trip among the recent ones (its error is at most half that round trip).
@@ -21,6 +32,7 @@ type clock struct {
 	rtt    time.Duration // of the sample the offset comes from
 	kept   time.Time     // local time of that sample
 	synced time.Time     // local time of the last measurement; zero: never
+	retry  time.Duration // wait before measuring a poor kept sample again
 	tried  time.Time     // local time of the last attempt before the first success
 }
 
@@ -56,7 +68,8 @@ func (b *Broker) Now() time.Time {
 func (b *Broker) syncClock(ctx context.Context) {
 	c := &b.clock
 	c.mu.Lock()
-	due := c.synced.IsZero() || c.local().Sub(c.synced) >= clockSyncEvery
+	since := c.local().Sub(c.synced)
+	due := c.synced.IsZero() || since >= clockSyncEvery || (c.rtt > clockGoodRTT && since >= c.retry)
 	c.mu.Unlock()
 	if !due {
 		return
@@ -80,6 +93,14 @@ func (c *clock) observe(redisTime, sent, recv time.Time) {
 	defer c.mu.Unlock()
 	if c.synced.IsZero() || rtt <= c.rtt || recv.Sub(c.kept) >= 4*clockSyncEvery {
 		c.offset, c.rtt, c.kept = off, rtt, recv
+	}
+	switch {
+	case c.rtt <= clockGoodRTT:
+		c.retry = clockRetryEvery
+	case c.synced.IsZero():
+		c.retry = clockRetryEvery
+	default:
+		c.retry = min(2*c.retry, clockSyncEvery)
 	}
 	c.synced = recv
 }
