@@ -1,0 +1,178 @@
+package redisbroker
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/internal/testwait"
+	"github.com/tidequeue/tide/tidetype"
+)
+
+// The tests of this file drive a Rate switched on (or off and on again)
+// around the end of a repartition step by step: the repartition waits for
+// a task of the old span that the test holds leased, the test starts tasks
+// in the new span meanwhile, then lets the repartition end and changes the
+// limits. Their periods are a minute, so no start leaves its window while a
+// test runs.
+
+// settleAll settles ds as done.
+func settleAll(t *testing.T, b *Broker, ds []*broker.Delivery) {
+	t.Helper()
+	if len(ds) == 0 {
+		return
+	}
+	var ss []broker.Settlement
+	for _, d := range ds {
+		ss = append(ss, broker.Settlement{Lease: d.Lease(), Kind: broker.SettleDone, Task: d.Task})
+	}
+	errs, err := b.Settle(context.Background(), ss)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range errs {
+		if e != nil {
+			t.Fatal(e)
+		}
+	}
+}
+
+// leaseSettle rebalances queue and leases what it can, rounds times,
+// settling each task at once, and returns how many it leased.
+func leaseSettle(t *testing.T, b *Broker, queue string, rounds int) int {
+	t.Helper()
+	ctx := context.Background()
+	n := 0
+	for range rounds {
+		if err := b.rebalance(ctx, queue); err != nil {
+			t.Fatal(err)
+		}
+		ds, err := b.Dequeue(ctx, []string{queue}, 50, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += len(ds)
+		settleAll(t, b, ds)
+	}
+	return n
+}
+
+// repartitionHeld repartitions queue q of b (of parts partitions) to n
+// while a task of the old span runs: it leases task "hold" (enqueued in
+// old partition 0), starts the repartition, runs during while the
+// repartition waits for that task, settles it and returns when the
+// repartition has ended. A broker's cached layout is the one with both
+// spans while during runs.
+func repartitionHeld(t *testing.T, b *Broker, q string, parts, n int, during func()) {
+	t.Helper()
+	ctx := context.Background()
+	hold := idsIn("hold", 0, parts, 1)
+	fillQueue(t, b, q, hold)
+	var held []*broker.Delivery
+	testwait.For(t, 10*time.Second, "the old span's task to start", func() bool {
+		ds, err := b.Dequeue(ctx, []string{q}, 10, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, ds...)
+		return len(held) > 0
+	})
+	if len(held) != 1 || held[0].Task.ID != hold[0] {
+		t.Fatalf("leased %d tasks before the repartition, want %s alone", len(held), hold[0])
+	}
+	done := make(chan error, 1)
+	go func() { done <- b.Repartition(ctx, q, n, nil) }()
+	testwait.For(t, 10*time.Second, "the repartition to record both spans", func() bool {
+		v, err := b.rdb.HGet(ctx, b.prefix+":partitions", q).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Contains(v, "<")
+	})
+	b.forgetLayout(q)
+	l, err := b.freshLayout(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.old == nil || l.cur.n != n {
+		t.Fatalf("layout %q while the repartition runs, want %d partitions next to the old ones", l.tag, n)
+	}
+	during()
+	settleAll(t, b, held)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	b.forgetLayout(q)
+	if l, err := b.freshLayout(ctx, q); err != nil || l.old != nil || l.cur.n != n {
+		t.Fatalf("layout %q (%v) after the repartition, want %d partitions alone", l.tag, err, n)
+	}
+}
+
+// A Rate switched on just after a repartition ended counts the starts its
+// new partitions made while it ran: 12 tasks start in the new span and one
+// in the old without a rate, then a Rate of 9 per minute leaves no room.
+func TestRateSwitchedOnAfterARepartitionCountsItsStarts(t *testing.T) {
+	t.Parallel()
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	b := slotBroker(t, addr, prefix, 2)
+	ctx := context.Background()
+	const q = "rate-on-after-repart"
+	repartitionHeld(t, b, q, 2, 3, func() {
+		fillQueue(t, b, q, idsIn("a", 0, 1, 12))
+		if n := leaseSettle(t, b, q, 2); n != 12 {
+			t.Fatalf("leased %d tasks in the new span without limits, want 12", n)
+		}
+	})
+	if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 9, Per: time.Minute}}); err != nil {
+		t.Fatal(err)
+	}
+	fillQueue(t, b, q, idsIn("b", 0, 1, 9))
+	if n := leaseSettle(t, b, q, 5); n != 0 {
+		t.Fatalf("%d tasks started after 13 starts in the minute, under a Rate of 9 per minute", n)
+	}
+	if _, r := slotTotals(t, b, q); r != 9 {
+		t.Fatalf("the nodes hold %d rate tokens, want 9", r)
+	}
+}
+
+// The same when a SetQueueLimits during the repartition switched the rate
+// off: 13 per minute while 7 tasks start (one in the old span, 6 in the
+// new), switched off while 6 more start in the new span, and switched on
+// again after the end: the 13 starts fill the minute.
+func TestRateSwitchedOffDuringARepartitionAndOnAfter(t *testing.T) {
+	t.Parallel()
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	b := slotBroker(t, addr, prefix, 2)
+	ctx := context.Background()
+	const q = "rate-off-on-repart"
+	rate := tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 13, Per: time.Minute}}
+	if err := b.SetQueueLimits(ctx, q, rate); err != nil {
+		t.Fatal(err)
+	}
+	repartitionHeld(t, b, q, 2, 3, func() {
+		fillQueue(t, b, q, idsIn("a", 0, 1, 6))
+		if n := leaseSettle(t, b, q, 5); n != 6 {
+			t.Fatalf("leased %d tasks in the new span under 13 per minute with 1 start, want 6", n)
+		}
+		if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{}); err != nil {
+			t.Fatal(err)
+		}
+		fillQueue(t, b, q, idsIn("b", 0, 1, 6))
+		if n := leaseSettle(t, b, q, 2); n != 6 {
+			t.Fatalf("leased %d tasks in the new span without limits, want 6", n)
+		}
+	})
+	if err := b.SetQueueLimits(ctx, q, rate); err != nil {
+		t.Fatal(err)
+	}
+	fillQueue(t, b, q, idsIn("c", 0, 1, 9))
+	if n := leaseSettle(t, b, q, 5); n != 0 {
+		t.Fatalf("%d tasks started after 13 starts in the minute, under a Rate of 13 per minute", n)
+	}
+	if _, r := slotTotals(t, b, q); r != 13 {
+		t.Fatalf("the nodes hold %d rate tokens, want 13", r)
+	}
+}
