@@ -176,3 +176,60 @@ func TestRateSwitchedOffDuringARepartitionAndOnAfter(t *testing.T) {
 		t.Fatalf("the nodes hold %d rate tokens, want 13", r)
 	}
 }
+
+// Starts that travel with their tokens keep counting when the rate is
+// switched off and on again before the transfer is applied: partition 0
+// gives its 7 tokens, every one used by a start, to partition 1, and the
+// process dies before applying it (as a SIGKILL or a cut-off server leaves
+// a rebalance; a repartition's old partition hands its tokens over the
+// same way). The rate is switched off (no rebalance runs without limits,
+// so the transfer stays outstanding) and on again: the rebalance that
+// completes the transfer finds partition 1 in the new era, where the
+// tokens do not count, but the starts must: 13 starts fill the minute's
+// 13.
+func TestRateOffAndOnKeepsStartsOfAnOutstandingTransfer(t *testing.T) {
+	t.Parallel()
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	b := slotBroker(t, addr, prefix, 2)
+	ctx := context.Background()
+	const q = "rate-off-on-transfer"
+	rate := tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 13, Per: time.Minute}}
+	if err := b.SetQueueLimits(ctx, q, rate); err != nil {
+		t.Fatal(err)
+	}
+	fillQueue(t, b, q, append(idsIn("a", 0, 2, 7), idsIn("b", 1, 2, 6)...))
+	if n := leaseSettle(t, b, q, 5); n != 13 {
+		t.Fatalf("leased %d tasks under 13 per minute, want 13", n)
+	}
+	l, err := b.layoutOf(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := b.slotNodes(q, l)
+	if err := b.readSlots(ctx, q, ns, rate); err != nil {
+		t.Fatal(err)
+	}
+	if ns[1].r != 7 || ns[1].used != 7 {
+		t.Fatalf("partition 0 holds %d tokens with %d starts, want 7 and 7", ns[1].r, ns[1].used)
+	}
+	give := b.slotCall(q, ns[1], "give", ns[1].id, ns[2].id, 0, 7, "")
+	if err := b.runAll(ctx, "give", []*call{give}); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := give.cmd.Slice(); err != nil || v[0] != "ok" {
+		t.Fatalf("give: %v %v", v, err)
+	}
+	if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.SetQueueLimits(ctx, q, rate); err != nil {
+		t.Fatal(err)
+	}
+	fillQueue(t, b, q, append(idsIn("c", 0, 2, 5), idsIn("d", 1, 2, 5)...))
+	if n := leaseSettle(t, b, q, 5); n != 0 {
+		t.Fatalf("%d tasks started after 13 starts in the minute, under a Rate of 13 per minute", n)
+	}
+	if _, r := slotTotals(t, b, q); r != 13 {
+		t.Fatalf("the nodes hold %d rate tokens, want 13", r)
+	}
+}

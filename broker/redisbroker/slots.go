@@ -196,7 +196,7 @@ func (b *Broker) complete(ctx context.Context, queue string, ns []*slotNode, ts 
 			if !d.bank && d.p.idx >= 0 {
 				idx = strconv.Itoa(d.p.idx)
 			}
-			applies = append(applies, b.slotCall(queue, d, "apply", t.src.id, t.seq, t.ce, t.re, p.dc, p.dr, p.ages, b.channel(queue), idx))
+			applies = append(applies, b.slotCall(queue, d, "apply", t.src.id, t.seq, t.ce, t.re, p.dc, p.dr, p.ages, b.channel(queue), idx, broker.MaxRatePer.Milliseconds()))
 			owner = append(owner, ti)
 		}
 	}
