@@ -2,6 +2,7 @@ package redisbroker
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -51,6 +52,11 @@ func leaseSettle(t *testing.T, b *Broker, queue string, rounds int) int {
 			t.Fatal(err)
 		}
 		ds, err := b.Dequeue(ctx, []string{queue}, 50, time.Minute)
+		if errors.Is(err, broker.ErrLayout) {
+			// A process's cached layout was stale: it reads the
+			// layout again on the next call, as a server would.
+			continue
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -231,5 +237,124 @@ func TestRateOffAndOnKeepsStartsOfAnOutstandingTransfer(t *testing.T) {
 	}
 	if _, r := slotTotals(t, b, q); r != 13 {
 		t.Fatalf("the nodes hold %d rate tokens, want 13", r)
+	}
+}
+
+// A Rate switched on just after a repartition ended, while another
+// process, whose cached layout still has both spans, rebalances in
+// between (after the rate is recorded, before the partitions have their
+// settings) and again from what it read then: the 13 starts still fill the
+// 9 tokens and nothing starts, in either process.
+func TestRateSwitchedOnAfterARepartitionOverlappingRebalances(t *testing.T) {
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	b := slotBroker(t, addr, prefix, 2)
+	other := slotBroker(t, addr, prefix, 2)
+	ctx := context.Background()
+	const q = "rate-on-after-repart-overlap"
+	repartitionHeld(t, b, q, 2, 3, func() {
+		if l, err := other.layoutOf(ctx, q); err != nil || l.old == nil {
+			t.Fatalf("the other process's layout %q (%v), want both spans", l.tag, err)
+		}
+		fillQueue(t, b, q, idsIn("a", 0, 1, 12))
+		if n := leaseSettle(t, b, q, 2); n != 12 {
+			t.Fatalf("leased %d tasks in the new span without limits, want 12", n)
+		}
+	})
+	if l, err := other.layoutOf(ctx, q); err != nil || l.old == nil {
+		t.Fatalf("the other process's layout %q (%v), want both spans still", l.tag, err)
+	}
+	on := tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 9, Per: time.Minute}}
+	var stale []*slotNode
+	SetLimitsRecorded(func(queue string) {
+		if queue != q || stale != nil {
+			return
+		}
+		l, err := other.layoutOf(ctx, q)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		stale = other.slotNodes(q, l)
+		if err := other.readSlots(ctx, q, stale, on); err != nil {
+			t.Error(err)
+		}
+		if err := other.rebalance(ctx, q); err != nil {
+			t.Error(err)
+		}
+	})
+	err := b.SetQueueLimits(ctx, q, on)
+	SetLimitsRecorded(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stale == nil {
+		t.Fatal("the slots were not read while the limits changed")
+	}
+	if err := other.dropUnbacked(ctx, q, stale, on); err != nil {
+		t.Fatal(err)
+	}
+	fillQueue(t, b, q, idsIn("b", 0, 1, 9))
+	for _, x := range []*Broker{other, b, other} {
+		if n := leaseSettle(t, x, q, 3); n != 0 {
+			t.Fatalf("%d tasks started after 13 starts in the minute, under a Rate of 9 per minute", n)
+		}
+	}
+	if _, r := slotTotals(t, b, q); r != 9 {
+		t.Fatalf("the nodes hold %d rate tokens, want 9", r)
+	}
+}
+
+// A Rate switched on while the repartition ends: SetQueueLimits reads the
+// layout with both spans and records the rate, and the repartition ends
+// before the partitions get their settings (its own end gives them the
+// recorded limits and rebalances). The 13 starts of the minute, 12 of them
+// made by the new span, leave no room under 9 per minute.
+func TestRateSwitchedOnAsARepartitionEnds(t *testing.T) {
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	b := slotBroker(t, addr, prefix, 2)
+	op := slotBroker(t, addr, prefix, 2)
+	ctx := context.Background()
+	const q = "rate-on-as-repart-ends"
+	on := tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 9, Per: time.Minute}}
+	recorded := make(chan struct{})
+	ended := make(chan struct{})
+	limDone := make(chan error, 1)
+	repartitionHeld(t, b, q, 2, 3, func() {
+		fillQueue(t, b, q, idsIn("a", 0, 1, 12))
+		if n := leaseSettle(t, b, q, 2); n != 12 {
+			t.Fatalf("leased %d tasks in the new span without limits, want 12", n)
+		}
+		if l, err := op.freshLayout(ctx, q); err != nil || l.old == nil {
+			t.Fatalf("the operator's layout %q (%v), want both spans", l.tag, err)
+		}
+		// The operator's SetQueueLimits records the rate, then waits
+		// for the repartition's end before it gives the settings.
+		SetLimitsRecorded(func(queue string) {
+			if queue != q {
+				return
+			}
+			select {
+			case <-recorded:
+				return
+			default:
+			}
+			close(recorded)
+			<-ended
+		})
+		go func() { limDone <- op.SetQueueLimits(ctx, q, on) }()
+		<-recorded
+	})
+	close(ended)
+	err := <-limDone
+	SetLimitsRecorded(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fillQueue(t, b, q, idsIn("b", 0, 1, 9))
+	if n := leaseSettle(t, b, q, 5); n != 0 {
+		t.Fatalf("%d tasks started after 13 starts in the minute, under a Rate of 9 per minute", n)
+	}
+	if _, r := slotTotals(t, b, q); r != 9 {
+		t.Fatalf("the nodes hold %d rate tokens, want 9", r)
 	}
 }
