@@ -151,3 +151,69 @@ func TestHeldGroupBackAsksForASlot(t *testing.T) {
 	}
 	settleAll(t, b, append(started, running))
 }
+
+// A partition whose last task ends with nothing left to run gives its free
+// slot away when another partition holds its fair share of a contended
+// Concurrency: the settle wakes servers for it, whose dequeue finds the
+// free slot under its cap and asks for a rebalance. Concurrency 2 over two
+// partitions, 3 tasks waiting in partition 0 and 1 in partition 1: one slot
+// each, partition 0 held at its share (it does not ask for more). When
+// partition 1's task ends, partition 0 gets its slot and starts a second
+// task, without waiting for the periodic rebalance.
+func TestDrySlotGoesToAPartitionAtItsShare(t *testing.T) {
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	b := slotBroker(t, addr, prefix, 2)
+	ctx := context.Background()
+	const q = "dry-slot"
+	fillQueue(t, b, q, append(idsIn("a", 0, 2, 3), idsIn("b", 1, 2, 1)...))
+	if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Concurrency: 2}); err != nil {
+		t.Fatal(err)
+	}
+	l, err := b.layoutOf(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cs, _ := b.rdb.HGet(ctx, b.partAt(q, l, 0).k("lim"), "cs").Result(); cs != "1" {
+		t.Fatalf("partition 0 is not held at its fair share (cs %q)", cs)
+	}
+	running := dequeuePart(t, b, q, 0, 10)
+	if len(running) != 1 {
+		t.Fatalf("partition 0 started %d tasks on its one slot, want 1", len(running))
+	}
+	ds := dequeuePart(t, b, q, 1, 10)
+	if len(ds) != 1 {
+		t.Fatalf("partition 1 started %d tasks, want 1", len(ds))
+	}
+	if more := dequeuePart(t, b, q, 0, 10); len(more) != 0 {
+		t.Fatalf("partition 0 started %d more tasks with both slots in use", len(more))
+	}
+	sub := b.rdb.Subscribe(ctx, b.channel(q))
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil { // the subscription's confirmation
+		t.Fatal(err)
+	}
+	settleAll(t, b, ds)
+	// The servers woken for partition 1 dequeue it.
+	woken := false
+	for !woken {
+		msg, err := sub.ReceiveTimeout(ctx, 10*time.Second)
+		if err != nil {
+			t.Fatalf("no server woken for partition 1 when its last task ended with its slot free: %v", err)
+		}
+		if m, ok := msg.(*redis.Message); ok && m.Payload == "p1" {
+			woken = true
+		}
+	}
+	if more := dequeuePart(t, b, q, 1, 10); len(more) != 0 {
+		t.Fatalf("partition 1 started %d tasks with none left", len(more))
+	}
+	var started []*broker.Delivery
+	testwait.For(t, 10*time.Second, "partition 0 to start a task on partition 1's free slot", func() bool {
+		started = append(started, dequeuePart(t, b, q, 0, 10)...)
+		return len(started) > 0
+	})
+	if len(started) != 1 {
+		t.Fatalf("partition 0 started %d tasks with one running under Concurrency 2, want 1", len(started))
+	}
+	settleAll(t, b, append(started, running...))
+}
