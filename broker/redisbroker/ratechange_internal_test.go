@@ -2,6 +2,8 @@ package redisbroker
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -148,4 +150,58 @@ func setLimitsReadingSlots(t *testing.T, b *Broker, q string, lim tidetype.Queue
 		t.Fatal("the slots were not read while the limits changed")
 	}
 	return stale
+}
+
+// A forget lock left by a rebalance that died holding it stops forgetting
+// only until it runs out: with the lock of a dead process past its time,
+// the next rebalance forgets the excess starts.
+func TestForgetLockOfADeadRebalanceRunsOut(t *testing.T) {
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	b := slotBroker(t, addr, prefix, 2)
+	ctx := context.Background()
+	const q = "rate-forget-lock-dead"
+	fillQueue(t, b, q, append(idsIn("a", 0, 2, 6), idsIn("b", 1, 2, 6)...))
+	if n := leaseAll(t, b, q, 1); n != 12 {
+		t.Fatalf("leased %d tasks without limits, want 12", n)
+	}
+	on := tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 9, Per: time.Minute}}
+	l, err := b.layoutOf(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := b.slotNodes(q, l)
+	// The dead process's lock, taken for a minute...
+	if err := b.runAll(ctx, "lock", []*call{b.slotCall(q, ns[0], "lock", "dead", int64(60000))}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.SetQueueLimits(ctx, q, on); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.readSlots(ctx, q, ns, on); err != nil {
+		t.Fatal(err)
+	}
+	if u := ns[1].used + ns[2].used; u != 12 {
+		t.Fatalf("%d starts counted with the dead process's lock in force, want all 12", u)
+	}
+	// ... and a minute later (its time moved back).
+	fl, err := b.rdb.HGet(ctx, b.bankKey(q), "fl").Result()
+	if err != nil || !strings.HasPrefix(fl, "dead:") {
+		t.Fatalf("forget lock %q (%v), want the dead process's", fl, err)
+	}
+	until, err := strconv.ParseInt(strings.TrimPrefix(fl, "dead:"), 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.rdb.HSet(ctx, b.bankKey(q), "fl", "dead:"+strconv.FormatInt(until-61000, 10)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.rebalance(ctx, q); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.readSlots(ctx, q, ns, on); err != nil {
+		t.Fatal(err)
+	}
+	if u := ns[1].used + ns[2].used; u != 9 {
+		t.Fatalf("%d starts counted once the dead process's lock ran out, want 9", u)
+	}
 }

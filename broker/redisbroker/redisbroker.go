@@ -188,8 +188,11 @@
 // SetQueueLimits runs before it returns, the old limit holds. A limit
 // switched on begins a new era (the limits version): the bank holds the
 // whole limit, each partition starts with no slots of that era, and parts of
-// records of another era count for nothing. Slots recorded before the bank
-// existed are era "0".
+// records of another era count for nothing; the starts such a part carries
+// (ages of used tokens) are entered where it is applied all the same, as
+// its source no longer counts them and a rate switched off and on again
+// counts every start of its period. Slots recorded before the bank existed
+// are era "0".
 //
 // Rebalancing (slots.go) follows the backlog. It reads every node, takes
 // each partition's demand (running plus waiting tasks for Concurrency,

@@ -196,7 +196,7 @@ func (b *Broker) complete(ctx context.Context, queue string, ns []*slotNode, ts 
 			if !d.bank && d.p.idx >= 0 {
 				idx = strconv.Itoa(d.p.idx)
 			}
-			applies = append(applies, b.slotCall(queue, d, "apply", t.src.id, t.seq, t.ce, t.re, p.dc, p.dr, p.ages, b.channel(queue), idx))
+			applies = append(applies, b.slotCall(queue, d, "apply", t.src.id, t.seq, t.ce, t.re, p.dc, p.dr, p.ages, b.channel(queue), idx, broker.MaxRatePer.Milliseconds()))
 			owner = append(owner, ti)
 		}
 	}
@@ -311,7 +311,14 @@ func liveNode(n *slotNode) bool {
 const forgetBatch = 1000
 
 // forgetLockTTL is how long a rebalance holds the queue's forget lock at
-// most (longer than a background rebalance may take).
+// most (longer than a background rebalance may take). A lock left by a
+// rebalance that died holding it stops forgetting for that long: the rate
+// then starts nothing until its starts leave the period or the lock runs
+// out, and never exceeds it. It is not shorter on purpose: a forget sent
+// before the lock ran out may reach Redis later (held up by the network,
+// as the fault proxy does for seconds), after another rebalance took the
+// lock and counted the starts it was about to forget, which would then be
+// forgotten twice.
 const forgetLockTTL = 10 * time.Second
 
 // dropUnbacked keeps the starts the partitions count in the Rate's period

@@ -31,8 +31,8 @@ import (
 // and the log talk to Redis directly.
 func TestLimitModel(t *testing.T) {
 	if os.Getenv("TIDE_LIMITMODEL_REDIS") == "" {
-		t.Skip("run on demand with TIDE_LIMITMODEL_REDIS=1: on Redis the model still finds open bugs " +
-			"(the queue Rate exceeded within a second of a change of limits in some runs of seeds 1 and 2); see docs/guide.md")
+		t.Skip("run on demand with TIDE_LIMITMODEL_REDIS=1: on Redis the model is not reliably green on a loaded machine " +
+			"(tasks waiting a little over a second with a slot free under a GroupRate or Rate, in some runs of seeds 1 and 2); see docs/guide.md")
 	}
 	dir := runDir(t, "limitmodel-")
 	rs := redistest.StartIn(t, dir)

@@ -36,7 +36,9 @@
 -- queue's slots. A partition that holds its fair share (cs, rs) does not
 -- ask, but for rate tokens only until ru, when a token in use somewhere
 -- becomes free (maybe where nothing waits): a call refused after that asks
--- again, and one refused before announces ru too.
+-- again, and one refused before announces ru too; and a refused call that
+-- puts back a group whose hold ended asks (the share was computed without
+-- it, and a slot may be free elsewhere with nothing to run).
 -- When the partition holds grouped tasks, due scheduled and retry tasks are
 -- not leased directly but made ready by Maintain (grouped ones join their
 -- group), and the groups with ready tasks are served round-robin, one task per turn, the ungrouped tasks
@@ -73,13 +75,27 @@ local function want(fair)
   return {}
 end
 -- release_held puts back in the rotation the groups whose hold (a throttle,
--- a GroupRate window) has ended: a group comes back when let go.
+-- a GroupRate window) has ended: a group comes back when let go. Returns
+-- whether one with a task ready came back.
 local function release_held(G, now)
+  local back = false
   for _, g in ipairs(redis.call('ZRANGEBYSCORE', G.w, '-inf', now)) do
     redis.call('ZREM', G.w, g)
     redis.call('HDEL', G.s, 't:' .. g) -- a throttle that ended
-    if g_next(G, g, 1)[1] then g_enter(G, g, nil) end
+    if g_next(G, g, 1)[1] then
+      g_enter(G, g, nil)
+      back = true
+    end
   end
+  return back
+end
+-- want_held is want for a call that found no room: groups whose hold
+-- ended come back first, and when one did the call asks even at the
+-- partition's fair share, which was computed without them (another
+-- partition's slot may be free with nothing to run).
+local function want_held(fair, now)
+  if redis.call('EXISTS', KEYS[14]) == 1 and release_held(g_keys(14), now) then fair = nil end
+  return want(fair)
 end
 if lim[1] then
   local cap, act = tonumber(lim[1]), redis.call('ZCARD', KEYS[3])
@@ -89,8 +105,7 @@ if lim[1] then
     if act < tonumber(lim[1]) then return {'!'} end -- free slots over its cap: to give away
     -- Groups whose hold ended are waiting tasks too: back in the rotation,
     -- they count in the rebalance that the reply asks for (slots.lua).
-    if redis.call('EXISTS', KEYS[14]) == 1 then release_held(g_keys(14), redis_now()) end
-    return want(lim[10])
+    return want_held(lim[10], redis_now())
   end
   if room < n then n = room end
 end
@@ -118,8 +133,7 @@ if lim[2] then
       redis.call('HSET', KEYS[12], 'w', at)
       redis.call('PUBLISH', ARGV[6], 'p' .. ARGV[7] .. ':' .. at)
     end
-    if redis.call('EXISTS', KEYS[14]) == 1 then release_held(g_keys(14), now) end
-    return want(fair)
+    return want_held(fair, now)
   end
   if room < n then n = room end
 end

@@ -44,8 +44,10 @@
 -- retention or the archive's bounds, so trimming keeps pace with any
 -- completion rate. When the partition was at its concurrency slots and now has
 -- room while tasks wait, or was at a cap under its slots (ct, see slots.lua)
--- and now has free slots to give away, idle servers are woken ("p" event;
--- a Dequeue that meets free slots over a cap rebalances), as they are
+-- and now has free slots to give away, or was capped (a contended limit)
+-- and is left with free slots and nothing to run, idle servers are woken
+-- ("p" event; a Dequeue that meets free slots over a cap, or free slots
+-- under a cap with nothing to start, rebalances), as they are
 -- when a settled grouped task lets its group run again. A grouped task
 -- leaving active gives its group's slot back; done and archive also free
 -- an ordered group's place, which retry and defer keep. Done, completed and
@@ -210,6 +212,12 @@ if was_full and redis.call('ZCARD', KEYS[2]) < share and (redis.call('LLEN', KEY
 end
 if was_capped and redis.call('ZCARD', KEYS[2]) < share then
   redis.call('PUBLISH', ARGV[4], 'p' .. ARGV[5]) -- servers look, and rebalance
+elseif cap and #left > 0 and redis.call('ZCARD', KEYS[2]) < share and redis.call('LLEN', KEYS[3]) == 0 and not g_waiting(G, redis_now()) then
+  -- Capped at its share of a contended limit, its slots now free with
+  -- nothing to run: another partition held at its share does not ask
+  -- for them, so servers look here, and the dequeue that finds free slots
+  -- under the cap rebalances.
+  redis.call('PUBLISH', ARGV[4], 'p' .. ARGV[5])
 end
 if first_retry and (not before or first_retry < before) then
   redis.call('PUBLISH', ARGV[4], 's' .. ARGV[5] .. ':' .. string.format('%d', first_retry))

@@ -262,9 +262,10 @@ if op == 'apply' then
   -- ARGV[4] source ID  ARGV[5] record number  ARGV[6] its concurrency era
   -- ARGV[7] its rate era  ARGV[8] slots  ARGV[9] tokens  ARGV[10] ages of
   -- the used tokens ('.'-separated ms)  ARGV[11] event channel
-  -- ARGV[12] partition index ('' for none). Returns 'ok', 'dup' (applied
-  -- before) or 'gone' (the node is retired: the part is lost, never
-  -- doubled).
+  -- ARGV[12] partition index ('' for none)  ARGV[13] how long starts are
+  -- kept, ms (broker.MaxRatePer; '' or missing: the rate's period).
+  -- Returns 'ok', 'dup' (applied before) or 'gone' (the node is retired:
+  -- the part is lost, never doubled).
   if not alive() then return 'gone' end
   local seq = tonumber(ARGV[5])
   local last = num('xi:' .. ARGV[4])
@@ -280,15 +281,21 @@ if op == 'apply' then
   if dr ~= 0 and f[3] and (f[4] or '0') == ARGV[7] then
     redis.call('HINCRBY', L, 'r', dr)
     added = added or dr > 0
-    if part and ARGV[10] ~= '' then
-      local now = redis_now()
-      local i = 0
-      for age in string.gmatch(ARGV[10], '%d+') do
-        i = i + 1
-        redis.call('ZADD', KEYS[2], now - tonumber(age), 'x' .. ARGV[4] .. '.' .. ARGV[5] .. '.' .. i)
-      end
-      keep_starts(num('per'))
+  end
+  if part and ARGV[10] ~= '' then
+    -- The starts come whatever became of the tokens: the source no
+    -- longer counts them, and a rate switched off and on again since
+    -- the give (a new era, in which the tokens do not count here) or
+    -- changed later counts every start of its period.
+    local now = redis_now()
+    local i = 0
+    for age in string.gmatch(ARGV[10], '%d+') do
+      i = i + 1
+      redis.call('ZADD', KEYS[2], now - tonumber(age), 'x' .. ARGV[4] .. '.' .. ARGV[5] .. '.' .. i)
     end
+    keep_starts(num('per'))
+    local keep = tonumber(ARGV[13] or '')
+    if keep and redis.call('PTTL', KEYS[2]) < keep then redis.call('PEXPIRE', KEYS[2], keep) end
   end
   if added and part and ARGV[12] ~= '' and waiting(redis_now(), 1) > 0 then
     redis.call('PUBLISH', ARGV[11], 'p' .. ARGV[12])
