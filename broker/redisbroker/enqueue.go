@@ -435,11 +435,12 @@ func (gs *grouping) add(p part, i int) {
 }
 
 func (b *Broker) enqueueCall(p part, items []item, idx []int) *call {
+	plain := b.eventsArg(p) == "" && plainItems(items, idx)
+	if plain && len(idx) == 1 && items[idx[0]].t.State == tidetype.StatePending {
+		return b.enqueueOneCall(p, items[idx[0]])
+	}
 	rid, cache, exp, edge := b.request(p)
-	if b.eventsArg(p) == "" && plainItems(items, idx) {
-		if len(idx) == 1 && items[idx[0]].t.State == tidetype.StatePending {
-			return b.enqueueOneCall(p, items[idx[0]], rid, cache, exp, edge)
-		}
+	if plain {
 		return b.enqueuePlainCall(p, items, idx, rid, cache, exp, edge)
 	}
 	w := b.idemWindow.Milliseconds()
@@ -545,26 +546,48 @@ func (b *Broker) setsExpiry(base, cache string, edge bool) bool {
 	return !ok || v.(string) != cache || edge || rand.N(64) == 0
 }
 
-// enqueueOneCall is enqueuePlainCall for one pending task: enqueue_one.lua,
-// with 4 keys and 8 arguments rather than 6 and 10, and no helper defined
-// unless the task meets another. Its reply reads as enqueue.lua's.
-func (b *Broker) enqueueOneCall(p part, it item, rid, cache string, exp int64, edge bool) *call {
-	setExp := b.setsExpiry(p.base, cache, edge)
+// enqueueOneCall is enqueuePlainCall for one pending task:
+// enqueue_one.lua, with 4 keys and 6 arguments rather than 6 and 10, no
+// helper defined unless the task meets another, and its request named by
+// a reply slot (replySlot) rather than a random ID in a reply cache. Its
+// reply reads as enqueue.lua's.
+func (b *Broker) enqueueOneCall(p part, it item) *call {
+	cache, slot, exp, edge := b.replySlot(p)
+	v, ok := b.slotExpiry.Load(p.base)
+	setExp := !ok || v.(string) != cache || edge || rand.N(64) == 0
 	if !setExp {
 		exp = -exp
+	}
+	// The bit that claims the slot tells the script who chose the ID.
+	off := slotBits[slot]
+	if !it.own {
+		off = slotBits[repliesPerCache+slot]
 	}
 	t := it.t
 	c := &call{
 		script: b.s.enqueueOne,
 		keys:   []string{p.plainKeys[0], p.plainKeys[1], p.plainKeys[4], cache},
-		args:   []any{p.layout, rid, exp, p.channel, p.idx, t.ID, codec.Encode(t, 0), taskKind(it)},
+		args:   []any{p.layout, off, exp, p.pub, t.ID, codec.Encode(t, 0)},
 		queue:  p.queue,
 	}
 	if setExp {
 		c.expiry = [2]string{p.base, cache}
+		c.slots = true
 	}
 	return c
 }
+
+// slotBits are the bits that claim reply slots (enqueue_one.lua's
+// ARGV[2]): for a task with an ID the broker chose, 8 × slot + 1 for
+// slots 0 to 49, then for one with the caller's ID, 8 × slot.
+var slotBits = func() []string {
+	s := make([]string, 2*repliesPerCache)
+	for i := range repliesPerCache {
+		s[i] = strconv.Itoa(8*i + 1)
+		s[repliesPerCache+i] = strconv.Itoa(8 * i)
+	}
+	return s
+}()
 
 // runAndWait runs the calls and then WAIT on every primary they touch: WAIT
 // counts the replicas that have the connection's earlier writes, so each

@@ -86,6 +86,7 @@ func (b *Broker) spanPart(queue string, l layout, s span, p, idx int, old bool) 
 		events:    l.events,
 		base:      base,
 		channel:   b.channel(queue),
+		pub:       "p" + strconv.Itoa(idx) + " " + b.channel(queue),
 		plainKeys: [5]string{base + "t", base + "pending", base + "scheduled", base + "retry", base + "meta"},
 		idTag:     idTag(s.n, p),
 	}

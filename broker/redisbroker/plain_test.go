@@ -390,7 +390,9 @@ func TestReplyCacheExpiresAfterAnEmptyLease(t *testing.T) {
 	if ds, err := e.b.Dequeue(ctx, []string{"q"}, 5, time.Minute); err != nil || len(ds) != 0 {
 		t.Fatalf("dequeue of an empty queue: %v, %v", ds, err)
 	}
-	if _, err := e.b.Enqueue(ctx, []*tidetype.TaskInfo{pendingTask("a")}, broker.EnqueueOptions{}); err != nil {
+	// Two tasks: a single one keeps its reply in reply slots of its own
+	// (enqueue_one.lua), not in the reply cache the lease named.
+	if _, err := e.b.Enqueue(ctx, []*tidetype.TaskInfo{pendingTask("a"), pendingTask("b")}, broker.EnqueueOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	keys, err := e.rdb.Keys(ctx, e.prefix+":{q:0}:rq:*").Result()

@@ -23,6 +23,9 @@
 //	<prefix>:{<queue>:<p>}:rq:<n>:<process>.<k>
 //	                                  reply cache of slice n (an eighth of the replay window), the
 //	                                  k-th fifty requests of one process (see below)
+//	<prefix>:{<queue>:<p>}:rs:<n>:<process>.<k>
+//	                                  reply slots of slice n: one byte a single Enqueue, the k-th fifty
+//	                                  of one process (enqueue_one.lua)
 //	<prefix>:{<queue>:<p>}:ik:<n>     idempotency keys used in window n → task ID
 //	<prefix>:{<queue>:<p>}:paused     flag
 //	<prefix>:{<queue>:<p>}:owner      the server maintaining the partition
@@ -526,14 +529,19 @@ type Broker struct {
 	plainOff sync.Map
 	// requests maps a partition's key prefix to the *atomic.Uint64 that
 	// counts this process's requests on it (request).
-	requests  sync.Map
-	tag       string // names this process's reply caches (request)
-	layoutMu  sync.Mutex
-	evictMu   sync.Mutex
-	evictDone atomic.Bool
-	evictErr  error
-	nextStart atomic.Uint32
-	reb       rebalancer // background rebalances of the limits' slots (slots.go)
+	requests sync.Map
+	// slots maps a partition's key prefix to the *slotSeq of this
+	// process's single enqueues on it (replySlot); slotExpiry is
+	// cacheExpiry for their reply slots.
+	slots      sync.Map
+	slotExpiry sync.Map
+	tag        string // names this process's reply caches (request)
+	layoutMu   sync.Mutex
+	evictMu    sync.Mutex
+	evictDone  atomic.Bool
+	evictErr   error
+	nextStart  atomic.Uint32
+	reb        rebalancer // background rebalances of the limits' slots (slots.go)
 }
 
 var (
@@ -621,6 +629,8 @@ type part struct {
 	events  bool   // the queue records task events
 	base    string // "<prefix>:{<queue>:<p>[@<epoch>]}:"
 	channel string
+	// pub is enqueue_one.lua's ARGV[4]: "p<idx> <channel>".
+	pub string
 	// plainKeys are the keys of enqueue_plain.lua but the reply cache,
 	// named with the partition.
 	plainKeys [5]string

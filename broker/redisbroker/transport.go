@@ -29,6 +29,7 @@ type call struct {
 	// partition (its key prefix) and the cache: once the call succeeds,
 	// the partition's later calls on that cache need not set it again.
 	expiry [2]string
+	slots  bool // expiry names reply slots (replySlot), not a reply cache
 
 	// full builds, for a call of a plain script (dequeue_plain.lua,
 	// settle_plain.lua), the general script's call with the same request:
@@ -84,6 +85,48 @@ func (b *Broker) request(p part) (rid, cache string, expireAt int64, edge bool) 
 	edge = i%repliesPerCache == 0 || i%repliesPerCache == repliesPerCache-1
 	cache = p.k("rq:" + strconv.FormatInt(n, 10) + ":" + b.tag + "." + strconv.FormatUint(i/repliesPerCache, 36))
 	return base64.RawURLEncoding.EncodeToString(raw[:]), cache, (n+1)*g + w, edge
+}
+
+// slotSeq counts this process's single enqueues on one partition
+// (replySlot) and keeps the name of the reply slots key they last used.
+type slotSeq struct {
+	next atomic.Uint64
+	last atomic.Pointer[slotKey]
+}
+
+// slotKey is a reply slots key's name and what it was made from.
+type slotKey struct {
+	n    int64  // slice
+	k    uint64 // the k-th fifty
+	name string
+}
+
+// replySlot is request for a single Enqueue that enqueue_one.lua stores:
+// the request is named by a reply slots key (a string, one byte a request,
+// named like a reply cache but "rs:" for "rq:") and its slot in it, handed
+// out once each by this process, rather than by a random ID. The key
+// expires as a reply cache does; edge reports the first and last slot of
+// the key.
+func (b *Broker) replySlot(p part) (cache string, slot int, expireAt int64, edge bool) {
+	w := b.window.Milliseconds()
+	g := max(w/8, 1000)
+	n := b.Now().UnixMilli() / g
+	v, ok := b.slots.Load(p.base)
+	if !ok {
+		v, _ = b.slots.LoadOrStore(p.base, new(slotSeq))
+	}
+	seq := v.(*slotSeq)
+	i := seq.next.Add(1) - 1
+	k := i / repliesPerCache
+	slot = int(i % repliesPerCache)
+	edge = slot == 0 || slot == repliesPerCache-1
+	if l := seq.last.Load(); l != nil && l.n == n && l.k == k {
+		cache = l.name
+	} else {
+		cache = p.k("rs:" + strconv.FormatInt(n, 10) + ":" + b.tag + "." + strconv.FormatUint(k, 36))
+		seq.last.Store(&slotKey{n: n, k: k, name: cache})
+	}
+	return cache, slot, (n+1)*g + w, edge
 }
 
 // repliesPerCache is how many requests of a process share one reply cache
@@ -149,7 +192,11 @@ func (b *Broker) runOnce(ctx context.Context, calls []*call) {
 				c.err = lerr
 			}
 			if c.err == nil && c.expiry[0] != "" && wroteCache(c.cmd) {
-				b.cacheExpiry.Store(c.expiry[0], c.expiry[1])
+				if c.slots {
+					b.slotExpiry.Store(c.expiry[0], c.expiry[1])
+				} else {
+					b.cacheExpiry.Store(c.expiry[0], c.expiry[1])
+				}
 			}
 			if errors.Is(c.err, broker.ErrOutcomeUnknown) {
 				again = append(again, c)
