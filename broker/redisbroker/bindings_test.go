@@ -123,6 +123,7 @@ var keyNames = map[string][]string{
 	"unique locks hash":               {"u"},
 	"layout meta":                     {"meta"},
 	"reply cache":                     {"rq"},
+	"reply slots":                     {"rs"},
 	"attempt histories hash":          {"h"},
 	"progress hash":                   {"pg"},
 	"events stream":                   {"events"},

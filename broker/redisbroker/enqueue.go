@@ -552,26 +552,27 @@ func (b *Broker) setsExpiry(base, cache string, edge bool) bool {
 // a reply slot (replySlot) rather than a random ID in a reply cache. Its
 // reply reads as enqueue.lua's.
 func (b *Broker) enqueueOneCall(p part, it item) *call {
-	cache, slot, exp, edge := b.replySlot(p)
+	key, slot, edge := b.replySlot(p)
 	v, ok := b.slotExpiry.Load(p.base)
-	setExp := !ok || v.(string) != cache || edge || rand.N(64) == 0
+	setExp := !ok || v.(string) != key.name || edge || rand.N(64) == 0
+	exp := key.boxed[1]
 	if !setExp {
-		exp = -exp
+		exp = key.boxed[2]
 	}
 	// The bit that claims the slot tells the script who chose the ID.
-	off := slotBits[slot]
+	bit := slotBits[slot]
 	if !it.own {
-		off = slotBits[repliesPerCache+slot]
+		bit = slotBits[repliesPerCache+slot]
 	}
 	t := it.t
 	c := &call{
 		script: b.s.enqueueOne,
-		keys:   []string{p.plainKeys[0], p.plainKeys[1], p.plainKeys[4], cache},
-		args:   []any{p.layout, off, exp, p.pub, t.ID, codec.Encode(t, 0)},
-		queue:  p.queue,
+		argv: []any{"evalsha", b.oneSHA, 4, p.one[0], p.one[1], p.one[2], key.boxed[0],
+			p.one[3], bit, exp, p.one[4], t.ID, codec.Encode(t, 0)},
+		queue: p.queue,
 	}
 	if setExp {
-		c.expiry = [2]string{p.base, cache}
+		c.expiry = [2]string{p.base, key.name}
 		c.slots = true
 	}
 	return c
@@ -580,8 +581,8 @@ func (b *Broker) enqueueOneCall(p part, it item) *call {
 // slotBits are the bits that claim reply slots (enqueue_one.lua's
 // ARGV[2]): for a task with an ID the broker chose, 8 × slot + 1 for
 // slots 0 to 49, then for one with the caller's ID, 8 × slot.
-var slotBits = func() []string {
-	s := make([]string, 2*repliesPerCache)
+var slotBits = func() []any {
+	s := make([]any, 2*repliesPerCache)
 	for i := range repliesPerCache {
 		s[i] = strconv.Itoa(8*i + 1)
 		s[repliesPerCache+i] = strconv.Itoa(8 * i)
@@ -636,9 +637,9 @@ func (b *Broker) runAndWait(ctx context.Context, calls []*call, groups []*group,
 					for _, gi := range n.calls {
 						c := calls[gi]
 						if useEval {
-							c.cmd = c.script.Eval(ctx, pipe, c.keys, c.args...)
+							c.cmd = c.eval(ctx, pipe)
 						} else {
-							c.cmd = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
+							c.cmd = c.evalSha(ctx, pipe)
 						}
 					}
 					n.wait = pipe.Do(ctx, "WAIT", replicas, waitMS(time.Until(deadline), slice))
@@ -714,7 +715,7 @@ func waitSlice(rdb redis.UniversalClient) time.Duration {
 
 func anyNoScript(calls []*call, idx []int) bool {
 	for _, gi := range idx {
-		if err := calls[gi].cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		if noScript(calls[gi].cmd.Err()) {
 			return true
 		}
 	}

@@ -78,6 +78,7 @@ func (b *Broker) spanPart(queue string, l layout, s span, p, idx int, old bool) 
 		tag += "@" + strconv.Itoa(s.epoch)
 	}
 	base := b.prefix + ":{" + tag + "}:"
+	pub := "p" + strconv.Itoa(idx) + " " + b.channel(queue)
 	return part{
 		queue:     queue,
 		idx:       idx,
@@ -86,7 +87,7 @@ func (b *Broker) spanPart(queue string, l layout, s span, p, idx int, old bool) 
 		events:    l.events,
 		base:      base,
 		channel:   b.channel(queue),
-		pub:       "p" + strconv.Itoa(idx) + " " + b.channel(queue),
+		one:       [5]any{base + "t", base + "pending", base + "meta", l.metaOf(old), pub},
 		plainKeys: [5]string{base + "t", base + "pending", base + "scheduled", base + "retry", base + "meta"},
 		idTag:     idTag(s.n, p),
 	}

@@ -405,3 +405,61 @@ func TestReplyCacheExpiresAfterAnEmptyLease(t *testing.T) {
 		}
 	}
 }
+
+// A single Enqueue is sent by the script's SHA, with its command built
+// once; when Redis has not cached the script (a restart, SCRIPT FLUSH) it
+// is sent again with the script's body, alone or pipelined with other
+// partitions' calls.
+func TestSingleEnqueueAfterScriptFlush(t *testing.T) {
+	t.Parallel()
+	e := setup(t, redisbroker.WithQueuePartitions("q", 4))
+	ctx := context.Background()
+	flush := func() {
+		t.Helper()
+		if err := e.rdb.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 3 {
+		flush()
+		task := pendingTask("")
+		if i == 1 {
+			task = pendingTask(fmt.Sprintf("own-%d", i))
+		}
+		if errs, err := e.b.Enqueue(ctx, []*tidetype.TaskInfo{task}, broker.EnqueueOptions{}); err != nil || errs[0] != nil {
+			t.Fatalf("single Enqueue after SCRIPT FLUSH: %v, %v", errs, err)
+		}
+	}
+	// Tasks in different partitions, one a partition: one pipeline of
+	// single-task calls.
+	flush()
+	var many []*tidetype.TaskInfo
+	taken := map[int]bool{}
+	for i := 0; len(many) < 4; i++ {
+		id := fmt.Sprintf("many-%d", i)
+		if p := broker.Partition(id, 4); !taken[p] {
+			taken[p] = true
+			many = append(many, pendingTask(id))
+		}
+	}
+	errs, err := e.b.Enqueue(ctx, many, broker.EnqueueOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("task %d: %v", i, err)
+		}
+	}
+	n := 0
+	for p := range 4 {
+		c, err := e.rdb.HLen(ctx, fmt.Sprintf("%s:{q:%d}:t", e.prefix, p)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += int(c)
+	}
+	if n != 7 {
+		t.Fatalf("%d tasks stored, want 7", n)
+	}
+}

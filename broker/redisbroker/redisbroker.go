@@ -535,6 +535,7 @@ type Broker struct {
 	// cacheExpiry for their reply slots.
 	slots      sync.Map
 	slotExpiry sync.Map
+	oneSHA     any    // enqueue_one.lua's SHA, boxed once (enqueueOneCall)
 	tag        string // names this process's reply caches (request)
 	layoutMu   sync.Mutex
 	evictMu    sync.Mutex
@@ -566,6 +567,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Broker {
 	}
 	b.clock.local = time.Now
 	b.coalesce.send = b.enqueueNow
+	b.oneSHA = b.s.enqueueOne.Hash()
 	b.reb.ctx, b.reb.stop = context.WithCancel(context.Background())
 	var tag [4]byte
 	_, _ = rand.Read(tag[:])
@@ -629,8 +631,10 @@ type part struct {
 	events  bool   // the queue records task events
 	base    string // "<prefix>:{<queue>:<p>[@<epoch>]}:"
 	channel string
-	// pub is enqueue_one.lua's ARGV[4]: "p<idx> <channel>".
-	pub string
+	// one holds enqueue_one.lua's keys and arguments that are the
+	// partition's, boxed once: the records, pending and meta keys, the
+	// layout, and "p<idx> <channel>" (what to publish, and where).
+	one [5]any
 	// plainKeys are the keys of enqueue_plain.lua but the reply cache,
 	// named with the partition.
 	plainKeys [5]string

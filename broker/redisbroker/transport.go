@@ -24,6 +24,10 @@ type call struct {
 	keys   []string
 	args   []any
 	queue  string // whose layout the script checks
+	// argv, when not nil, is the whole EVALSHA command (its keys and
+	// arguments boxed once, many of them for good: enqueueOneCall) and
+	// stands for keys and args.
+	argv []any
 
 	// expiry names, for a call that sets its reply cache's expiry, the
 	// partition (its key prefix) and the cache: once the call succeeds,
@@ -94,11 +98,15 @@ type slotSeq struct {
 	last atomic.Pointer[slotKey]
 }
 
-// slotKey is a reply slots key's name and what it was made from.
+// slotKey is a reply slots key's name and what it was made from, with
+// what enqueueOneCall sends of it boxed once.
 type slotKey struct {
 	n    int64  // slice
 	k    uint64 // the k-th fifty
 	name string
+	exp  int64 // when the key expires (ms)
+	// boxed: the name, the expiry and the expiry negated
+	boxed [3]any
 }
 
 // replySlot is request for a single Enqueue that enqueue_one.lua stores:
@@ -107,7 +115,7 @@ type slotKey struct {
 // out once each by this process, rather than by a random ID. The key
 // expires as a reply cache does; edge reports the first and last slot of
 // the key.
-func (b *Broker) replySlot(p part) (cache string, slot int, expireAt int64, edge bool) {
+func (b *Broker) replySlot(p part) (key *slotKey, slot int, edge bool) {
 	w := b.window.Milliseconds()
 	g := max(w/8, 1000)
 	n := b.Now().UnixMilli() / g
@@ -120,13 +128,13 @@ func (b *Broker) replySlot(p part) (cache string, slot int, expireAt int64, edge
 	k := i / repliesPerCache
 	slot = int(i % repliesPerCache)
 	edge = slot == 0 || slot == repliesPerCache-1
-	if l := seq.last.Load(); l != nil && l.n == n && l.k == k {
-		cache = l.name
-	} else {
-		cache = p.k("rs:" + strconv.FormatInt(n, 10) + ":" + b.tag + "." + strconv.FormatUint(k, 36))
-		seq.last.Store(&slotKey{n: n, k: k, name: cache})
+	if key = seq.last.Load(); key == nil || key.n != n || key.k != k {
+		name := p.k("rs:" + strconv.FormatInt(n, 10) + ":" + b.tag + "." + strconv.FormatUint(k, 36))
+		exp := (n+1)*g + w
+		key = &slotKey{n: n, k: k, name: name, exp: exp, boxed: [3]any{name, exp, -exp}}
+		seq.last.Store(key)
 	}
-	return cache, slot, (n+1)*g + w, edge
+	return key, slot, edge
 }
 
 // repliesPerCache is how many requests of a process share one reply cache
@@ -222,17 +230,20 @@ func (b *Broker) runOnce(ctx context.Context, calls []*call) {
 func (b *Broker) send(ctx context.Context, calls []*call) {
 	if len(calls) == 1 {
 		c := calls[0]
-		c.cmd = c.script.Run(ctx, b.rdb, c.keys, c.args...)
+		c.cmd = c.evalSha(ctx, b.rdb)
+		if noScript(c.cmd.Err()) {
+			c.cmd = c.eval(ctx, b.rdb)
+		}
 		return
 	}
 	pipe := b.rdb.Pipeline()
 	for _, c := range calls {
-		c.cmd = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
+		c.cmd = c.evalSha(ctx, pipe)
 	}
 	_, _ = pipe.Exec(ctx) // errors are read per command
 	var retry []*call
 	for _, c := range calls {
-		if err := c.cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		if noScript(c.cmd.Err()) {
 			retry = append(retry, c)
 		}
 	}
@@ -241,9 +252,46 @@ func (b *Broker) send(ctx context.Context, calls []*call) {
 	}
 	pipe = b.rdb.Pipeline()
 	for _, c := range retry {
-		c.cmd = c.script.Eval(ctx, pipe, c.keys, c.args...)
+		c.cmd = c.eval(ctx, pipe)
 	}
 	_, _ = pipe.Exec(ctx)
+}
+
+// noScript reports Redis's reply to an EVALSHA of a script it has not
+// cached.
+func noScript(err error) bool {
+	return err != nil && (errors.Is(err, redis.ErrNoScript) || strings.HasPrefix(err.Error(), "NOSCRIPT"))
+}
+
+// scripter is where a call's script is run or queued: a client or a
+// pipeline.
+type scripter interface {
+	redis.Scripter
+	Process(ctx context.Context, cmd redis.Cmder) error
+}
+
+// evalSha runs or queues c's script by its SHA on x.
+func (c *call) evalSha(ctx context.Context, x scripter) *redis.Cmd {
+	if c.argv == nil {
+		return c.script.EvalSha(ctx, x, c.keys, c.args...)
+	}
+	cmd := redis.NewCmd(ctx, c.argv...)
+	cmd.SetFirstKeyPos(3) // a cluster client routes by the first key
+	_ = x.Process(ctx, cmd)
+	return cmd
+}
+
+// eval runs or queues c's script with its body (EVAL), for Redis to cache.
+func (c *call) eval(ctx context.Context, x scripter) *redis.Cmd {
+	if c.argv == nil {
+		return c.script.Eval(ctx, x, c.keys, c.args...)
+	}
+	n := c.argv[2].(int)
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = c.argv[3+i].(string)
+	}
+	return c.script.Eval(ctx, x, keys, c.argv[3+n:]...)
 }
 
 // classify turns a go-redis error into the broker's vocabulary, so that no
