@@ -310,8 +310,11 @@ func parseSpan(s string) (span, error) {
 // layoutRefused reports a script's refusal of the caller's layout (the
 // TIDELAYOUT error reply) and forgets the cached layout of queue.
 func (b *Broker) layoutRefused(queue string, err error) (error, bool) {
+	if err == nil {
+		return nil, false
+	}
 	var re redis.Error
-	if err == nil || !errors.As(err, &re) || !strings.HasPrefix(re.Error(), "TIDELAYOUT ") {
+	if !errors.As(err, &re) || !strings.HasPrefix(re.Error(), "TIDELAYOUT ") {
 		return nil, false
 	}
 	b.forgetLayout(queue)
