@@ -91,6 +91,15 @@
 // broker.ErrOutcomeUnknown. A task ID the broker chose is never drawn again
 // unless the script proves that the task holding it is another one.
 //
+// A single Enqueue of a plain pending task (enqueue_one.lua) keeps its
+// reply in reply slots instead: a string of one byte a request, the n-th
+// fifty single enqueues of one process on the partition to a key, expiring
+// like a reply cache. The request is named by its key and slot, which the
+// broker hands out once each, rather than by a random ID, and claims its
+// slot with one SETBIT, at the same cost however full the key is, where
+// claiming an entry in a reply cache scans the hash; it keeps about a byte
+// a request rather than 20.
+//
 // # Plain calls
 //
 // Redis turns every key and argument of a script call into a Lua string,
