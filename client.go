@@ -216,6 +216,24 @@ func (c *Client) task(t *Task, opts []Option) (*TaskInfo, broker.EnqueueOptions,
 	return prepare(t, opts, c.now())
 }
 
+// applyOptions applies the task's options and then the call's to o.
+func applyOptions(o *enqueueOptions, lists ...[]Option) error {
+	for _, list := range lists {
+		for _, opt := range list {
+			if opt == nil {
+				return fmt.Errorf("%w: nil Option", ErrInvalidTask)
+			}
+			if err := opt.apply(o); err != nil {
+				if errors.Is(err, ErrInvalidTask) {
+					return err
+				}
+				return fmt.Errorf("%w: %v", ErrInvalidTask, err)
+			}
+		}
+	}
+	return nil
+}
+
 // prepare applies t's options and opts at now: the task as Enqueue stores it
 // and the options of the Enqueue call itself.
 func prepare(t *Task, opts []Option, clock time.Time) (*TaskInfo, broker.EnqueueOptions, error) {
@@ -243,18 +261,16 @@ func prepare(t *Task, opts []Option, clock time.Time) (*TaskInfo, broker.Enqueue
 		return nil, none, fmt.Errorf("%w: %s headers are %d bytes, over the %d-byte limit (MaxHeadersSize)", ErrInvalidTask, t.typ, hsize, MaxHeadersSize)
 	}
 	o := enqueueOptions{queue: DefaultQueue, maxRetry: DefaultMaxRetry}
-	for _, list := range [][]Option{t.opts, opts} {
-		for _, opt := range list {
-			if opt == nil {
-				return nil, none, fmt.Errorf("%w: nil Option", ErrInvalidTask)
-			}
-			if err := opt.apply(&o); err != nil {
-				if errors.Is(err, ErrInvalidTask) {
-					return nil, none, err
-				}
-				return nil, none, fmt.Errorf("%w: %v", ErrInvalidTask, err)
-			}
+	if len(t.opts)+len(opts) > 0 {
+		// Options write through a pointer, which puts what it points to
+		// on the heap: a copy, so that a call without options allocates
+		// none.
+		po := new(enqueueOptions)
+		*po = o
+		if err := applyOptions(po, t.opts, opts); err != nil {
+			return nil, none, err
 		}
+		o = *po
 	}
 	now := clock.Truncate(time.Millisecond)
 	due := now

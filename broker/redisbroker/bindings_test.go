@@ -41,7 +41,7 @@ func keySuffix(k string) string {
 	} else if i := strings.LastIndex(k, ":"); i >= 0 {
 		k = k[i+1:]
 	}
-	for _, windowed := range []string{"rq:", "ik:", "bank:"} {
+	for _, windowed := range []string{"rq:", "rs:", "ik:", "bank:"} {
 		if strings.HasPrefix(k, windowed) {
 			// Reply caches and idempotency keys carry a window, a bank
 			// its queue.
@@ -123,6 +123,7 @@ var keyNames = map[string][]string{
 	"unique locks hash":               {"u"},
 	"layout meta":                     {"meta"},
 	"reply cache":                     {"rq"},
+	"reply slots":                     {"rs"},
 	"attempt histories hash":          {"h"},
 	"progress hash":                   {"pg"},
 	"events stream":                   {"events"},

@@ -47,8 +47,10 @@ type enqReq struct {
 	items []item
 	errs  []error
 	err   error
-	done  chan struct{} // closed when errs/err are set
-	lead  chan struct{} // closed when this queued request must lead a trip
+	// done is closed when errs/err are set; nil for a request that leads
+	// its own trip from the start, which sets them itself.
+	done chan struct{}
+	lead chan struct{} // closed when this queued request must lead a trip
 }
 
 // target is how many queued callers make a round trip worth sending while
@@ -57,7 +59,7 @@ type enqReq struct {
 func (bt *coalescer) target() int { return max(1, int(bt.peak/2+0.5)) }
 
 func (bt *coalescer) enqueue(ctx context.Context, items []item) ([]error, error) {
-	r := &enqReq{ctx: ctx, items: items, done: make(chan struct{})}
+	r := &enqReq{ctx: ctx, items: items}
 	bt.mu.Lock()
 	if now := float64(bt.flying + len(bt.queue) + 1); now > bt.peak {
 		bt.peak = now
@@ -67,7 +69,7 @@ func (bt *coalescer) enqueue(ctx context.Context, items []item) ([]error, error)
 	if bt.inflight == 0 || (bt.inflight < maxInflight && len(bt.queue)+1 >= bt.target()) {
 		bt.inflight++
 	} else {
-		r.lead = make(chan struct{})
+		r.done, r.lead = make(chan struct{}), make(chan struct{})
 		bt.queue = append(bt.queue, r)
 		bt.mu.Unlock()
 		select {
@@ -94,8 +96,7 @@ func (bt *coalescer) enqueue(ctx context.Context, items []item) ([]error, error)
 		bt.inflight--
 	}
 	bt.mu.Unlock()
-	<-r.done
-	return r.errs, r.err
+	return r.errs, r.err // run answered r, the trip's first request
 }
 
 // take removes queued requests, up to maxTripTasks tasks in all counting
@@ -121,14 +122,20 @@ func (bt *coalescer) run(trip []*enqReq) {
 	for _, r := range trip {
 		if err := r.ctx.Err(); err != nil {
 			r.err = err
-			close(r.done)
+			r.answered()
 			continue
 		}
 		live = append(live, r)
-		all = append(all, r.items...)
 	}
-	if len(live) == 0 {
+	switch len(live) {
+	case 0:
 		return
+	case 1:
+		all = live[0].items // a lone caller's tasks as they are
+	default:
+		for _, r := range live {
+			all = append(all, r.items...)
+		}
 	}
 	// The leader's context bounds the shared call; it must not be cancelled
 	// by one caller giving up while others wait, so only its values are kept.
@@ -145,6 +152,14 @@ func (bt *coalescer) run(trip []*enqReq) {
 			r.errs = errs[off : off+len(r.items)]
 		}
 		off += len(r.items)
+		r.answered()
+	}
+}
+
+// answered wakes the caller of r, which waits for its answer unless it
+// leads the trip.
+func (r *enqReq) answered() {
+	if r.done != nil {
 		close(r.done)
 	}
 }

@@ -435,11 +435,12 @@ func (gs *grouping) add(p part, i int) {
 }
 
 func (b *Broker) enqueueCall(p part, items []item, idx []int) *call {
+	plain := b.eventsArg(p) == "" && plainItems(items, idx)
+	if plain && len(idx) == 1 && items[idx[0]].t.State == tidetype.StatePending {
+		return b.enqueueOneCall(p, items[idx[0]])
+	}
 	rid, cache, exp, edge := b.request(p)
-	if b.eventsArg(p) == "" && plainItems(items, idx) {
-		if len(idx) == 1 && items[idx[0]].t.State == tidetype.StatePending {
-			return b.enqueueOneCall(p, items[idx[0]], rid, cache, exp, edge)
-		}
+	if plain {
 		return b.enqueuePlainCall(p, items, idx, rid, cache, exp, edge)
 	}
 	w := b.idemWindow.Milliseconds()
@@ -545,26 +546,49 @@ func (b *Broker) setsExpiry(base, cache string, edge bool) bool {
 	return !ok || v.(string) != cache || edge || rand.N(64) == 0
 }
 
-// enqueueOneCall is enqueuePlainCall for one pending task: enqueue_one.lua,
-// with 4 keys and 8 arguments rather than 6 and 10, and no helper defined
-// unless the task meets another. Its reply reads as enqueue.lua's.
-func (b *Broker) enqueueOneCall(p part, it item, rid, cache string, exp int64, edge bool) *call {
-	setExp := b.setsExpiry(p.base, cache, edge)
+// enqueueOneCall is enqueuePlainCall for one pending task:
+// enqueue_one.lua, with 4 keys and 6 arguments rather than 6 and 10, no
+// helper defined unless the task meets another, and its request named by
+// a reply slot (replySlot) rather than a random ID in a reply cache. Its
+// reply reads as enqueue.lua's.
+func (b *Broker) enqueueOneCall(p part, it item) *call {
+	key, slot, edge := b.replySlot(p)
+	v, ok := b.slotExpiry.Load(p.base)
+	setExp := !ok || v.(string) != key.name || edge || rand.N(64) == 0
+	exp := key.boxed[1]
 	if !setExp {
-		exp = -exp
+		exp = key.boxed[2]
+	}
+	// The bit that claims the slot tells the script who chose the ID.
+	bit := slotBits[slot]
+	if !it.own {
+		bit = slotBits[repliesPerCache+slot]
 	}
 	t := it.t
 	c := &call{
 		script: b.s.enqueueOne,
-		keys:   []string{p.plainKeys[0], p.plainKeys[1], p.plainKeys[4], cache},
-		args:   []any{p.layout, rid, exp, p.channel, p.idx, t.ID, codec.Encode(t, 0), taskKind(it)},
-		queue:  p.queue,
+		argv: []any{"evalsha", b.oneSHA, 4, p.one[0], p.one[1], p.one[2], key.boxed[0],
+			p.one[3], bit, exp, p.one[4], t.ID, codec.Encode(t, 0)},
+		queue: p.queue,
 	}
 	if setExp {
-		c.expiry = [2]string{p.base, cache}
+		c.expiry = [2]string{p.base, key.name}
+		c.slots = true
 	}
 	return c
 }
+
+// slotBits are the bits that claim reply slots (enqueue_one.lua's
+// ARGV[2]): for a task with an ID the broker chose, 8 × slot + 1 for
+// slots 0 to 49, then for one with the caller's ID, 8 × slot.
+var slotBits = func() []any {
+	s := make([]any, 2*repliesPerCache)
+	for i := range repliesPerCache {
+		s[i] = strconv.Itoa(8*i + 1)
+		s[repliesPerCache+i] = strconv.Itoa(8 * i)
+	}
+	return s
+}()
 
 // runAndWait runs the calls and then WAIT on every primary they touch: WAIT
 // counts the replicas that have the connection's earlier writes, so each
@@ -613,9 +637,9 @@ func (b *Broker) runAndWait(ctx context.Context, calls []*call, groups []*group,
 					for _, gi := range n.calls {
 						c := calls[gi]
 						if useEval {
-							c.cmd = c.script.Eval(ctx, pipe, c.keys, c.args...)
+							c.cmd = c.eval(ctx, pipe)
 						} else {
-							c.cmd = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
+							c.cmd = c.evalSha(ctx, pipe)
 						}
 					}
 					n.wait = pipe.Do(ctx, "WAIT", replicas, waitMS(time.Until(deadline), slice))
@@ -691,7 +715,7 @@ func waitSlice(rdb redis.UniversalClient) time.Duration {
 
 func anyNoScript(calls []*call, idx []int) bool {
 	for _, gi := range idx {
-		if err := calls[gi].cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		if noScript(calls[gi].cmd.Err()) {
 			return true
 		}
 	}

@@ -78,6 +78,7 @@ func (b *Broker) spanPart(queue string, l layout, s span, p, idx int, old bool) 
 		tag += "@" + strconv.Itoa(s.epoch)
 	}
 	base := b.prefix + ":{" + tag + "}:"
+	pub := "p" + strconv.Itoa(idx) + " " + b.channel(queue)
 	return part{
 		queue:     queue,
 		idx:       idx,
@@ -86,6 +87,7 @@ func (b *Broker) spanPart(queue string, l layout, s span, p, idx int, old bool) 
 		events:    l.events,
 		base:      base,
 		channel:   b.channel(queue),
+		one:       [5]any{base + "t", base + "pending", base + "meta", l.metaOf(old), pub},
 		plainKeys: [5]string{base + "t", base + "pending", base + "scheduled", base + "retry", base + "meta"},
 		idTag:     idTag(s.n, p),
 	}
@@ -308,8 +310,11 @@ func parseSpan(s string) (span, error) {
 // layoutRefused reports a script's refusal of the caller's layout (the
 // TIDELAYOUT error reply) and forgets the cached layout of queue.
 func (b *Broker) layoutRefused(queue string, err error) (error, bool) {
+	if err == nil {
+		return nil, false
+	}
 	var re redis.Error
-	if err == nil || !errors.As(err, &re) || !strings.HasPrefix(re.Error(), "TIDELAYOUT ") {
+	if !errors.As(err, &re) || !strings.HasPrefix(re.Error(), "TIDELAYOUT ") {
 		return nil, false
 	}
 	b.forgetLayout(queue)

@@ -390,7 +390,9 @@ func TestReplyCacheExpiresAfterAnEmptyLease(t *testing.T) {
 	if ds, err := e.b.Dequeue(ctx, []string{"q"}, 5, time.Minute); err != nil || len(ds) != 0 {
 		t.Fatalf("dequeue of an empty queue: %v, %v", ds, err)
 	}
-	if _, err := e.b.Enqueue(ctx, []*tidetype.TaskInfo{pendingTask("a")}, broker.EnqueueOptions{}); err != nil {
+	// Two tasks: a single one keeps its reply in reply slots of its own
+	// (enqueue_one.lua), not in the reply cache the lease named.
+	if _, err := e.b.Enqueue(ctx, []*tidetype.TaskInfo{pendingTask("a"), pendingTask("b")}, broker.EnqueueOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	keys, err := e.rdb.Keys(ctx, e.prefix+":{q:0}:rq:*").Result()
@@ -401,5 +403,63 @@ func TestReplyCacheExpiresAfterAnEmptyLease(t *testing.T) {
 		if ttl := e.rdb.PTTL(ctx, k).Val(); ttl <= 0 {
 			t.Errorf("reply cache %s has no expiry (PTTL %v)", k, ttl)
 		}
+	}
+}
+
+// A single Enqueue is sent by the script's SHA, with its command built
+// once; when Redis has not cached the script (a restart, SCRIPT FLUSH) it
+// is sent again with the script's body, alone or pipelined with other
+// partitions' calls.
+func TestSingleEnqueueAfterScriptFlush(t *testing.T) {
+	t.Parallel()
+	e := setup(t, redisbroker.WithQueuePartitions("q", 4))
+	ctx := context.Background()
+	flush := func() {
+		t.Helper()
+		if err := e.rdb.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 3 {
+		flush()
+		task := pendingTask("")
+		if i == 1 {
+			task = pendingTask(fmt.Sprintf("own-%d", i))
+		}
+		if errs, err := e.b.Enqueue(ctx, []*tidetype.TaskInfo{task}, broker.EnqueueOptions{}); err != nil || errs[0] != nil {
+			t.Fatalf("single Enqueue after SCRIPT FLUSH: %v, %v", errs, err)
+		}
+	}
+	// Tasks in different partitions, one a partition: one pipeline of
+	// single-task calls.
+	flush()
+	var many []*tidetype.TaskInfo
+	taken := map[int]bool{}
+	for i := 0; len(many) < 4; i++ {
+		id := fmt.Sprintf("many-%d", i)
+		if p := broker.Partition(id, 4); !taken[p] {
+			taken[p] = true
+			many = append(many, pendingTask(id))
+		}
+	}
+	errs, err := e.b.Enqueue(ctx, many, broker.EnqueueOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("task %d: %v", i, err)
+		}
+	}
+	n := 0
+	for p := range 4 {
+		c, err := e.rdb.HLen(ctx, fmt.Sprintf("%s:{q:%d}:t", e.prefix, p)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += int(c)
+	}
+	if n != 7 {
+		t.Fatalf("%d tasks stored, want 7", n)
 	}
 }

@@ -23,6 +23,9 @@
 //	<prefix>:{<queue>:<p>}:rq:<n>:<process>.<k>
 //	                                  reply cache of slice n (an eighth of the replay window), the
 //	                                  k-th fifty requests of one process (see below)
+//	<prefix>:{<queue>:<p>}:rs:<n>:<process>.<k>
+//	                                  reply slots of slice n: one byte a single Enqueue, the k-th fifty
+//	                                  of one process (enqueue_one.lua)
 //	<prefix>:{<queue>:<p>}:ik:<n>     idempotency keys used in window n → task ID
 //	<prefix>:{<queue>:<p>}:paused     flag
 //	<prefix>:{<queue>:<p>}:owner      the server maintaining the partition
@@ -87,6 +90,15 @@
 // half gone; then the call fails with an error wrapping
 // broker.ErrOutcomeUnknown. A task ID the broker chose is never drawn again
 // unless the script proves that the task holding it is another one.
+//
+// A single Enqueue of a plain pending task (enqueue_one.lua) keeps its
+// reply in reply slots instead: a string of one byte a request, the n-th
+// fifty single enqueues of one process on the partition to a key, expiring
+// like a reply cache. The request is named by its key and slot, which the
+// broker hands out once each, rather than by a random ID, and claims its
+// slot with one SETBIT, at the same cost however full the key is, where
+// claiming an entry in a reply cache scans the hash; it keeps about a byte
+// a request rather than 20.
 //
 // # Plain calls
 //
@@ -529,14 +541,20 @@ type Broker struct {
 	plainOff sync.Map
 	// requests maps a partition's key prefix to the *atomic.Uint64 that
 	// counts this process's requests on it (request).
-	requests  sync.Map
-	tag       string // names this process's reply caches (request)
-	layoutMu  sync.Mutex
-	evictMu   sync.Mutex
-	evictDone atomic.Bool
-	evictErr  error
-	nextStart atomic.Uint32
-	reb       rebalancer // background rebalances of the limits' slots (slots.go)
+	requests sync.Map
+	// slots maps a partition's key prefix to the *slotSeq of this
+	// process's single enqueues on it (replySlot); slotExpiry is
+	// cacheExpiry for their reply slots.
+	slots      sync.Map
+	slotExpiry sync.Map
+	oneSHA     any    // enqueue_one.lua's SHA, boxed once (enqueueOneCall)
+	tag        string // names this process's reply caches (request)
+	layoutMu   sync.Mutex
+	evictMu    sync.Mutex
+	evictDone  atomic.Bool
+	evictErr   error
+	nextStart  atomic.Uint32
+	reb        rebalancer // background rebalances of the limits' slots (slots.go)
 }
 
 var (
@@ -561,6 +579,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Broker {
 	}
 	b.clock.local = time.Now
 	b.coalesce.send = b.enqueueNow
+	b.oneSHA = b.s.enqueueOne.Hash()
 	b.reb.ctx, b.reb.stop = context.WithCancel(context.Background())
 	var tag [4]byte
 	_, _ = rand.Read(tag[:])
@@ -624,6 +643,10 @@ type part struct {
 	events  bool   // the queue records task events
 	base    string // "<prefix>:{<queue>:<p>[@<epoch>]}:"
 	channel string
+	// one holds enqueue_one.lua's keys and arguments that are the
+	// partition's, boxed once: the records, pending and meta keys, the
+	// layout, and "p<idx> <channel>" (what to publish, and where).
+	one [5]any
 	// plainKeys are the keys of enqueue_plain.lua but the reply cache,
 	// named with the partition.
 	plainKeys [5]string

@@ -136,6 +136,50 @@ func TestResentEnqueueConflictAnswersConflict(t *testing.T) {
 	}
 }
 
+// A single Enqueue sent three times (two replies dropped) answers each
+// time like its first run: its reply slot keeps the first run's reply
+// when a later run claims the slot again, so a conflict stays a conflict
+// and a stored task is stored once.
+func TestResentEnqueueTwiceAnswersTheFirstReply(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name     string
+		opts     []tide.Option
+		conflict bool
+	}{
+		{"Conflict", []tide.Option{tide.TaskID("order-cancel:45")}, true},
+		{"GeneratedID", nil, false},
+		{"TaskID", []tide.Option{tide.TaskID("order-cancel:46")}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFaulty(t)
+			ctx := context.Background()
+			opts := append(c.opts, tide.Queue("q"))
+			if c.conflict {
+				if _, err := f.c.Enqueue(ctx, tide.NewTask("t", []byte("p")), opts...); err != nil {
+					t.Fatal(err)
+				}
+			}
+			seen := f.proxy.Seen("EVALSHA")
+			f.proxy.DelayReplies(faultproxy.Commands("EVALSHA"), 500*time.Millisecond, 2)
+			_, err := f.c.Enqueue(ctx, tide.NewTask("t", []byte("p")), opts...)
+			if f.proxy.Seen("EVALSHA") < seen+3 {
+				t.Fatal("the enqueue was not sent three times: the fault did not happen")
+			}
+			if c.conflict && !errors.Is(err, tide.ErrTaskIDConflict) {
+				t.Fatalf("an Enqueue of a taken ID sent three times: %v, want ErrTaskIDConflict", err)
+			}
+			if !c.conflict && err != nil {
+				t.Fatalf("Enqueue sent three times: %v", err)
+			}
+			if n := f.stored(t); n != 1 {
+				t.Fatalf("%d tasks stored", n)
+			}
+		})
+	}
+}
+
 // A re-sent Enqueue that arrives after its task already ran and was deleted
 // (a server was quicker than the client's read timeout) must not store the
 // task again: the reply cache, not the task's record, remembers the request.
@@ -501,7 +545,7 @@ func TestReplyCachesExpire(t *testing.T) {
 	c := tide.NewClient(b)
 	ctx := context.Background()
 	caches := func() []string {
-		keys, err := rdb.Keys(ctx, prefix+":{q:0}:rq:*").Result()
+		keys, err := rdb.Keys(ctx, prefix+":{q:0}:r[qs]:*").Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -597,6 +641,26 @@ func TestReplyCachesStayCompact(t *testing.T) {
 		}
 		if enc, err := rdb.ObjectEncoding(ctx, k).Result(); err != nil || enc != "listpack" {
 			t.Errorf("reply cache %s (%d replies) is encoded as %q, want listpack (%v)", k, n, enc, err)
+		}
+	}
+	// The single enqueues' reply slots: a byte a request, fifty at most
+	// a key.
+	slots, err := rdb.Keys(ctx, prefix+":{q:0}:rs:*").Result()
+	if err != nil || len(slots) == 0 {
+		t.Fatalf("no reply slots: %v", err)
+	}
+	for _, k := range slots {
+		v, err := rdb.Get(ctx, k).Bytes()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(v) > 50 {
+			t.Errorf("reply slots %s hold %d bytes, want at most 50", k, len(v))
+		}
+		for _, b := range v {
+			if b != 0 {
+				entries++
+			}
 		}
 	}
 	// 350 + 1 enqueues, 11 dequeues that leased, 11 settlements.

@@ -66,12 +66,13 @@ func loadScripts() *scripts {
 
 // lib holds the helpers of lib.lua, one "local function" block each.
 type lib struct {
-	names []string          // in file order
-	code  map[string]string // name -> block
+	names []string                   // in file order
+	code  map[string]string          // name -> block
+	calls map[string]map[string]bool // name -> calledNames of its block
 }
 
 func parseLib(src string) lib {
-	l := lib{code: map[string]string{}}
+	l := lib{code: map[string]string{}, calls: map[string]map[string]bool{}}
 	blocks := strings.Split(src, "\nlocal function ")
 	for _, b := range blocks[1:] {
 		name := b[:strings.IndexAny(b, "( ")]
@@ -88,6 +89,7 @@ func parseLib(src string) lib {
 		}
 		l.names = append(l.names, name)
 		l.code[name] = "local function " + strings.Join(lines[:n], "\n") + "\n"
+		l.calls[name] = calledNames(l.code[name])
 	}
 	return l
 }
@@ -97,16 +99,16 @@ func parseLib(src string) lib {
 // only what is needed keeps each call cheap.
 func (l lib) prelude(body string) string {
 	need := map[string]bool{}
-	var visit func(text string)
-	visit = func(text string) {
+	var visit func(called map[string]bool)
+	visit = func(called map[string]bool) {
 		for _, n := range l.names {
-			if !need[n] && strings.Contains(text, n+"(") {
+			if !need[n] && called[n] {
 				need[n] = true
-				visit(l.code[n])
+				visit(l.calls[n])
 			}
 		}
 	}
-	visit(body)
+	visit(calledNames(body))
 	var sb strings.Builder
 	for _, n := range l.names {
 		if need[n] {
@@ -114,6 +116,32 @@ func (l lib) prelude(body string) string {
 		}
 	}
 	return sb.String()
+}
+
+// calledNames returns every name that text holds followed by "(": each
+// run of letters, digits and '_' just before a '(', and every tail of it
+// (a name is looked for as text, "x_get(" holds "get("). One pass over
+// text, where looking for each helper's name in it took a pass a helper
+// (a broker links every script when it is made).
+func calledNames(text string) map[string]bool {
+	called := map[string]bool{}
+	for i := 0; i < len(text); i++ {
+		if text[i] != '(' {
+			continue
+		}
+		j := i
+		for j > 0 && isNameByte(text[j-1]) {
+			j--
+		}
+		for k := j; k < i; k++ {
+			called[text[k:i]] = true
+		}
+	}
+	return called
+}
+
+func isNameByte(c byte) bool {
+	return c == '_' || '0' <= c && c <= '9' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z'
 }
 
 // helpersMark is the line of a script body after which its helpers are

@@ -24,11 +24,16 @@ type call struct {
 	keys   []string
 	args   []any
 	queue  string // whose layout the script checks
+	// argv, when not nil, is the whole EVALSHA command (its keys and
+	// arguments boxed once, many of them for good: enqueueOneCall) and
+	// stands for keys and args.
+	argv []any
 
 	// expiry names, for a call that sets its reply cache's expiry, the
 	// partition (its key prefix) and the cache: once the call succeeds,
 	// the partition's later calls on that cache need not set it again.
 	expiry [2]string
+	slots  bool // expiry names reply slots (replySlot), not a reply cache
 
 	// full builds, for a call of a plain script (dequeue_plain.lua,
 	// settle_plain.lua), the general script's call with the same request:
@@ -84,6 +89,52 @@ func (b *Broker) request(p part) (rid, cache string, expireAt int64, edge bool) 
 	edge = i%repliesPerCache == 0 || i%repliesPerCache == repliesPerCache-1
 	cache = p.k("rq:" + strconv.FormatInt(n, 10) + ":" + b.tag + "." + strconv.FormatUint(i/repliesPerCache, 36))
 	return base64.RawURLEncoding.EncodeToString(raw[:]), cache, (n+1)*g + w, edge
+}
+
+// slotSeq counts this process's single enqueues on one partition
+// (replySlot) and keeps the name of the reply slots key they last used.
+type slotSeq struct {
+	next atomic.Uint64
+	last atomic.Pointer[slotKey]
+}
+
+// slotKey is a reply slots key's name and what it was made from, with
+// what enqueueOneCall sends of it boxed once.
+type slotKey struct {
+	n    int64  // slice
+	k    uint64 // the k-th fifty
+	name string
+	exp  int64 // when the key expires (ms)
+	// boxed: the name, the expiry and the expiry negated
+	boxed [3]any
+}
+
+// replySlot is request for a single Enqueue that enqueue_one.lua stores:
+// the request is named by a reply slots key (a string, one byte a request,
+// named like a reply cache but "rs:" for "rq:") and its slot in it, handed
+// out once each by this process, rather than by a random ID. The key
+// expires as a reply cache does; edge reports the first and last slot of
+// the key.
+func (b *Broker) replySlot(p part) (key *slotKey, slot int, edge bool) {
+	w := b.window.Milliseconds()
+	g := max(w/8, 1000)
+	n := b.Now().UnixMilli() / g
+	v, ok := b.slots.Load(p.base)
+	if !ok {
+		v, _ = b.slots.LoadOrStore(p.base, new(slotSeq))
+	}
+	seq := v.(*slotSeq)
+	i := seq.next.Add(1) - 1
+	k := i / repliesPerCache
+	slot = int(i % repliesPerCache)
+	edge = slot == 0 || slot == repliesPerCache-1
+	if key = seq.last.Load(); key == nil || key.n != n || key.k != k {
+		name := p.k("rs:" + strconv.FormatInt(n, 10) + ":" + b.tag + "." + strconv.FormatUint(k, 36))
+		exp := (n+1)*g + w
+		key = &slotKey{n: n, k: k, name: name, exp: exp, boxed: [3]any{name, exp, -exp}}
+		seq.last.Store(key)
+	}
+	return key, slot, edge
 }
 
 // repliesPerCache is how many requests of a process share one reply cache
@@ -149,7 +200,11 @@ func (b *Broker) runOnce(ctx context.Context, calls []*call) {
 				c.err = lerr
 			}
 			if c.err == nil && c.expiry[0] != "" && wroteCache(c.cmd) {
-				b.cacheExpiry.Store(c.expiry[0], c.expiry[1])
+				if c.slots {
+					b.slotExpiry.Store(c.expiry[0], c.expiry[1])
+				} else {
+					b.cacheExpiry.Store(c.expiry[0], c.expiry[1])
+				}
 			}
 			if errors.Is(c.err, broker.ErrOutcomeUnknown) {
 				again = append(again, c)
@@ -175,17 +230,20 @@ func (b *Broker) runOnce(ctx context.Context, calls []*call) {
 func (b *Broker) send(ctx context.Context, calls []*call) {
 	if len(calls) == 1 {
 		c := calls[0]
-		c.cmd = c.script.Run(ctx, b.rdb, c.keys, c.args...)
+		c.cmd = c.evalSha(ctx, b.rdb)
+		if noScript(c.cmd.Err()) {
+			c.cmd = c.eval(ctx, b.rdb)
+		}
 		return
 	}
 	pipe := b.rdb.Pipeline()
 	for _, c := range calls {
-		c.cmd = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
+		c.cmd = c.evalSha(ctx, pipe)
 	}
 	_, _ = pipe.Exec(ctx) // errors are read per command
 	var retry []*call
 	for _, c := range calls {
-		if err := c.cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		if noScript(c.cmd.Err()) {
 			retry = append(retry, c)
 		}
 	}
@@ -194,9 +252,46 @@ func (b *Broker) send(ctx context.Context, calls []*call) {
 	}
 	pipe = b.rdb.Pipeline()
 	for _, c := range retry {
-		c.cmd = c.script.Eval(ctx, pipe, c.keys, c.args...)
+		c.cmd = c.eval(ctx, pipe)
 	}
 	_, _ = pipe.Exec(ctx)
+}
+
+// noScript reports Redis's reply to an EVALSHA of a script it has not
+// cached.
+func noScript(err error) bool {
+	return err != nil && (errors.Is(err, redis.ErrNoScript) || strings.HasPrefix(err.Error(), "NOSCRIPT"))
+}
+
+// scripter is where a call's script is run or queued: a client or a
+// pipeline.
+type scripter interface {
+	redis.Scripter
+	Process(ctx context.Context, cmd redis.Cmder) error
+}
+
+// evalSha runs or queues c's script by its SHA on x.
+func (c *call) evalSha(ctx context.Context, x scripter) *redis.Cmd {
+	if c.argv == nil {
+		return c.script.EvalSha(ctx, x, c.keys, c.args...)
+	}
+	cmd := redis.NewCmd(ctx, c.argv...)
+	cmd.SetFirstKeyPos(3) // a cluster client routes by the first key
+	_ = x.Process(ctx, cmd)
+	return cmd
+}
+
+// eval runs or queues c's script with its body (EVAL), for Redis to cache.
+func (c *call) eval(ctx context.Context, x scripter) *redis.Cmd {
+	if c.argv == nil {
+		return c.script.Eval(ctx, x, c.keys, c.args...)
+	}
+	n := c.argv[2].(int)
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = c.argv[3+i].(string)
+	}
+	return c.script.Eval(ctx, x, keys, c.argv[3+n:]...)
 }
 
 // classify turns a go-redis error into the broker's vocabulary, so that no

@@ -105,8 +105,20 @@ const (
 // than MaxUniqueKey or a body over MaxBody is cut; brokers validate
 // messages before encoding them.
 func Encode(m *tidetype.TaskInfo, token uint64) []byte {
-	body := make([]byte, 0, 24+len(m.Type)+len(m.Payload))
-	body = appendString(body, m.Type)
+	uniq := m.UniqueKey
+	if len(uniq) > MaxUniqueKey {
+		uniq = uniq[:MaxUniqueKey]
+	}
+	failed := m.LastErr != "" || !m.LastFailedAt.IsZero()
+	size := HeaderSize + 24 + len(m.Type) + len(m.Payload) + len(uniq)
+	if failed {
+		size += 6 + len(m.LastErr)
+	}
+	// The body is written in place after the header, which is filled in
+	// last: one allocation a record (two with headers, whose size is not
+	// counted ahead).
+	out := make([]byte, HeaderSize, size)
+	body := appendString(out, m.Type)
 	body = appendBytes(body, m.Payload)
 	var flags byte
 	if len(m.Headers) > 0 {
@@ -157,19 +169,10 @@ func Encode(m *tidetype.TaskInfo, token uint64) []byte {
 	if flags&hasGroup != 0 {
 		body = appendString(body, m.Group)
 	}
-	if len(body) > MaxBody {
-		body = body[:MaxBody]
+	if len(body) > HeaderSize+MaxBody {
+		body = body[:HeaderSize+MaxBody]
 	}
-	uniq := m.UniqueKey
-	if len(uniq) > MaxUniqueKey {
-		uniq = uniq[:MaxUniqueKey]
-	}
-	failed := m.LastErr != "" || !m.LastFailedAt.IsZero()
-	size := HeaderSize + len(body) + len(uniq)
-	if failed {
-		size += 6 + len(m.LastErr)
-	}
-	out := make([]byte, HeaderSize, size)
+	out, body = body, body[HeaderSize:]
 	out[0] = Version
 	out[offState] = byte(m.State)
 	if m.Headers[broker.FlowHeader] != "" {
@@ -184,7 +187,6 @@ func Encode(m *tidetype.TaskInfo, token uint64) []byte {
 	putU48(out[offProcessAt:], ms(m.NextProcessAt))
 	out[offBodyLen], out[offBodyLen+1], out[offBodyLen+2] = byte(len(body)>>16), byte(len(body)>>8), byte(len(body))
 	out[offUniqLen] = byte(len(uniq))
-	out = append(out, body...)
 	out = append(out, uniq...)
 	if failed {
 		var at [6]byte
