@@ -581,7 +581,11 @@ func New(rdb redis.UniversalClient, opts ...Option) *Broker {
 	b.coalesce.send = b.enqueueNow
 	b.oneSHA = b.s.enqueueOne.Hash()
 	b.reb.ctx, b.reb.stop = context.WithCancel(context.Background())
-	var tag [4]byte
+	// 72 random bits: a single Enqueue's reply slot is named by this tag,
+	// a slice and a count (replySlot), so two processes drawing the same
+	// tag in the same slice would take each other's slots and answer a
+	// first run as a re-send, storing nothing.
+	var tag [9]byte
 	_, _ = rand.Read(tag[:])
 	b.tag = base64.RawURLEncoding.EncodeToString(tag[:])
 	if cc, ok := rdb.(*redis.ClusterClient); ok {
