@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tidequeue/tide"
+	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/internal/redistest"
 )
@@ -54,6 +55,24 @@ func init() {
 		os.Exit(1)
 	}
 	os.Exit(0)
+}
+
+// countingBroker counts a server's lease and settle calls.
+type countingBroker struct {
+	*redisbroker.Broker
+	dequeues, leased, settles atomic.Int64
+}
+
+func (c *countingBroker) Dequeue(ctx context.Context, queues []string, n int, lease time.Duration) ([]*broker.Delivery, error) {
+	ds, err := c.Broker.Dequeue(ctx, queues, n, lease)
+	c.dequeues.Add(1)
+	c.leased.Add(int64(len(ds)))
+	return ds, err
+}
+
+func (c *countingBroker) Settle(ctx context.Context, ss []broker.Settlement) ([]error, error) {
+	c.settles.Add(1)
+	return c.Broker.Settle(ctx, ss)
 }
 
 // cpuTime is the CPU (user + system) this process has used.
@@ -115,7 +134,8 @@ func benchServerCost(b *testing.B, life bool) {
 	var got atomic.Int64
 	done := make(chan struct{})
 	n := int64(b.N)
-	srv := tide.NewServer(redisbroker.New(srdb, redisbroker.WithPrefix(prefix)), tide.Config{
+	cb := &countingBroker{Broker: redisbroker.New(srdb, redisbroker.WithPrefix(prefix))}
+	srv := tide.NewServer(cb, tide.Config{
 		Concurrency: 50,
 		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
@@ -156,4 +176,6 @@ func benchServerCost(b *testing.B, life bool) {
 		b.Fatalf("after the run the queue holds %d tasks (%d pending, %d active), want none", qi.Size, qi.Pending, qi.Active)
 	}
 	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/task")
+	b.ReportMetric(float64(cb.leased.Load())/float64(cb.dequeues.Load()), "tasks/lease-call")
+	b.ReportMetric(float64(b.N)/float64(cb.settles.Load()), "tasks/settle-call")
 }
