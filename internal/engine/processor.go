@@ -66,8 +66,9 @@ type processor struct {
 	log    *slog.Logger
 	queues []string
 
-	slots chan struct{} // one token per free worker slot
-	wakeC chan struct{} // work may have arrived
+	slots chan struct{}  // one token per free worker slot
+	jobs  chan *inflight // to an idle worker; closed when fetching stopped
+	wakeC chan struct{}  // work may have arrived
 
 	fetchStop chan struct{} // closed: stop fetching
 	hardCtx   context.Context
@@ -90,10 +91,13 @@ type processor struct {
 // inflight is a task being processed. Its watchdog cancels the handler's
 // context with broker.ErrLeaseLost at deadline, the local time from which
 // the lease may have ended on the broker (see leaseBudget); a successful
-// renewal moves the deadline. Every field but cancel, typ and started is
-// guarded by processor.mu.
+// renewal moves the deadline. Every field but ctx, cancel, ref, d, typ and
+// started, which do not change, is guarded by processor.mu.
 type inflight struct {
+	ctx      context.Context // the handler's
 	cancel   context.CancelCauseFunc
+	ref      broker.LeaseRef
+	d        *broker.Delivery
 	typ      string
 	started  time.Time
 	deadline time.Time     // on the processor's leaseClock
@@ -154,6 +158,7 @@ func newProcessor(cfg Config) *processor {
 		log:         cfg.Logger,
 		queues:      qs,
 		slots:       make(chan struct{}, cfg.Concurrency),
+		jobs:        make(chan *inflight),
 		wakeC:       make(chan struct{}, 1),
 		fetchStop:   make(chan struct{}),
 		hardCtx:     hard,
@@ -219,6 +224,7 @@ func (p *processor) stop() {
 	p.stopOnce.Do(func() {
 		close(p.fetchStop)
 		p.fetcher.Wait()
+		close(p.jobs) // idle workers exit; busy ones when their task ends
 
 		done := make(chan struct{})
 		go func() { p.workers.Wait(); close(done) }()
@@ -337,20 +343,42 @@ func (p *processor) launch(d *broker.Delivery, sent, now time.Time) {
 		return
 	}
 	ctx, cancel := context.WithCancelCause(p.hardCtx)
-	f := &inflight{cancel: cancel, typ: d.Task.Type, started: now, deadline: deadline, fired: make(chan struct{})}
+	f := &inflight{ctx: ctx, cancel: cancel, ref: ref, d: d, typ: d.Task.Type, started: now, deadline: deadline, fired: make(chan struct{})}
 	p.mu.Lock()
 	p.active[ref] = f
 	f.watchdog = p.clock.AfterFunc(left, func() { p.expire(ref, f) })
 	p.mu.Unlock()
-	p.workers.Go(func() { p.work(ctx, f, ref, d) })
+	// An idle worker takes the task; when none waits, a new one starts. A
+	// worker is idle only while it holds no slot, so there are never more
+	// workers than slots, and a task never waits for one.
+	select {
+	case p.jobs <- f:
+	default:
+		p.workers.Go(func() { p.worker(f) })
+	}
 }
 
-// work runs the handler of d and hands its settlement to the settler. The
-// worker slot is given back only when the handler has returned, also when
-// its watchdog stopped it.
-func (p *processor) work(ctx context.Context, f *inflight, ref broker.LeaseRef, d *broker.Delivery) {
+// worker runs f, then the tasks handed to it while it waits idle, until
+// fetching stopped. Workers are kept rather than started a task each: a
+// goroutine's start, and the growth of its stack to what a handler call
+// needs, cost more than the handler of a small task.
+func (p *processor) worker(f *inflight) {
+	for {
+		p.work(f)
+		var ok bool
+		if f, ok = <-p.jobs; !ok {
+			return
+		}
+	}
+}
+
+// work runs the handler of f's delivery and hands its settlement to the
+// settler. The worker slot is given back only when the handler has
+// returned, also when its watchdog stopped it.
+func (p *processor) work(f *inflight) {
+	ref, d := f.ref, f.d
 	defer func() { p.slots <- struct{}{} }()
-	s, write := p.cfg.Run(ctx, d)
+	s, write := p.cfg.Run(f.ctx, d)
 	p.mu.Lock()
 	delete(p.active, ref)
 	fired := f.disarm()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -66,6 +67,40 @@ func TestProcessor(t *testing.T) {
 		p.stop()
 		if m := most.Load(); m != 4 {
 			t.Fatalf("%d tasks ran at once with Concurrency 4", m)
+		}
+	})
+
+	// Workers are kept: with one slot, every task runs on the one worker
+	// goroutine, not on a goroutine started for it.
+	t.Run("ReusesWorkers", func(t *testing.T) {
+		t.Parallel()
+		var mu sync.Mutex
+		gs := map[string]bool{}
+		bd := setup(t, func(ctx context.Context, d *broker.Delivery) (broker.Settlement, bool) {
+			buf := make([]byte, 64)
+			g, _, _ := strings.Cut(string(buf[:runtime.Stack(buf, false)]), " [")
+			mu.Lock()
+			gs[g] = true
+			mu.Unlock()
+			return broker.Settlement{Kind: broker.SettleDone}, true
+		})
+		bd.cfg.Concurrency = 1
+		ids := []string{"a", "b", "c", "d", "e"}
+		bd.enqueue(t, 0, ids...)
+		p := newProcessor(bd.cfg)
+		p.start()
+		p.wake()
+		testwait.For(t, 10*time.Second, "every task to be settled", func() bool {
+			for _, id := range ids {
+				if bd.state(t, id) != 0 {
+					return false
+				}
+			}
+			return true
+		})
+		p.stop()
+		if len(gs) != 1 {
+			t.Fatalf("5 tasks with Concurrency 1 ran on %d goroutines (%v), want 1", len(gs), gs)
 		}
 	})
 
