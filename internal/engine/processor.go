@@ -83,12 +83,18 @@ type processor struct {
 
 	mu     sync.Mutex
 	active map[broker.LeaseRef]*inflight
+	// One watchdog timer serves every task (see watch): it is set for
+	// dogAt, the earliest deadline it knows of, zero while it is not set;
+	// dogOff stops it for good.
+	dog    leaseTimer
+	dogAt  time.Time
+	dogOff bool
 
 	fetcher, workers, background sync.WaitGroup
 	stopOnce                     sync.Once
 }
 
-// inflight is a task being processed. Its watchdog cancels the handler's
+// inflight is a task being processed. The watchdog cancels the handler's
 // context with broker.ErrLeaseLost at deadline, the local time from which
 // the lease may have ended on the broker (see leaseBudget); a successful
 // renewal moves the deadline. Every field but ctx, cancel, ref, d, typ and
@@ -100,44 +106,73 @@ type inflight struct {
 	d        *broker.Delivery
 	typ      string
 	started  time.Time
-	deadline time.Time     // on the processor's leaseClock
-	watchdog leaseTimer    // fires at deadline
-	fired    chan struct{} // closed when the watchdog's function has run
-	disarmed bool          // the watchdog was stopped for good
+	deadline time.Time // on the processor's leaseClock
+	disarmed bool      // the watchdog stopped the handler, or leaves it alone for good
 }
 
 // renew moves f's deadline to d, computed from the send time of a renewal
-// that succeeded, unless the watchdog already fired (a stopped handler is
-// never resumed) or d is not later. p.mu must be held.
+// that succeeded, unless the watchdog already stopped its handler (a
+// stopped handler is never resumed) or d is not later. The watchdog's timer
+// stays set for the earlier deadline; when it fires it finds f's moved and
+// sets itself again (see watch). p.mu must be held.
 func (p *processor) renew(f *inflight, d time.Time) {
-	if f.disarmed || !d.After(f.deadline) || !f.watchdog.Stop() {
+	if f.disarmed || !d.After(f.deadline) {
 		return
 	}
 	f.deadline = d
-	f.watchdog.Reset(d.Sub(p.clock.Now()))
 }
 
-// disarm stops f's watchdog for good. It returns a channel to wait on when
-// the watchdog's function already started, else nil. p.mu must be held.
-func (f *inflight) disarm() <-chan struct{} {
-	if f.disarmed {
-		return nil
+// arm makes sure the watchdog's timer fires no later than deadline d, a
+// time still to come. p.mu must be held.
+func (p *processor) arm(d time.Time) {
+	if p.dogOff || (!p.dogAt.IsZero() && !d.Before(p.dogAt)) {
+		return
 	}
-	f.disarmed = true
-	if f.watchdog.Stop() {
-		return nil
+	p.dogAt = d
+	// Never a wait of zero or less: a leaseClock may then run the function
+	// in the caller (the tests' fake does), and watch takes p.mu, which is
+	// held here.
+	in := max(d.Sub(p.clock.Now()), time.Nanosecond)
+	if p.dog == nil {
+		p.dog = p.clock.AfterFunc(in, p.watch)
+		return
 	}
-	return f.fired
+	p.dog.Reset(in)
 }
 
-// expire is the watchdog of the task ref: its lease may have ended on the
-// broker, where it can be recovered and handed to another worker, so the
-// handler is stopped now, whether or not a renewal is still on its way.
-func (p *processor) expire(ref broker.LeaseRef, f *inflight) {
-	defer close(f.fired)
-	f.cancel(broker.ErrLeaseLost)
-	p.log.Warn("tide: no lease renewal was answered in time; handler stopped before its lease can run out (the task will be recovered and retried)",
-		"queue", ref.Queue, "id", ref.ID)
+// watch is the watchdog, one timer for every task, set for the earliest
+// deadline: it stops each handler whose deadline has come, for its lease
+// may have ended on the broker, where the task can be recovered and handed
+// to another worker, whether or not a renewal is still on its way; then it
+// sets itself for the earliest deadline left. A timer a task would cost
+// each task a timer's start and stop; this one fires about once a lease
+// (deadlines come in the order of the requests, and a task's ends with it).
+// It works under p.mu, so that a handler it stopped is stopped before its
+// worker, or stop, goes on.
+func (p *processor) watch() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.dogAt = time.Time{}
+	if p.dogOff {
+		return
+	}
+	now := p.clock.Now()
+	var next time.Time
+	for ref, f := range p.active {
+		switch {
+		case f.disarmed:
+		case !now.Before(f.deadline):
+			f.disarmed = true
+			f.cancel(broker.ErrLeaseLost)
+			p.log.Warn("tide: no lease renewal was answered in time; handler stopped before its lease can run out (the task will be recovered and retried)",
+				"queue", ref.Queue, "id", ref.ID)
+		case next.IsZero() || f.deadline.Before(next):
+			next = f.deadline
+		}
+	}
+	if !next.IsZero() {
+		p.arm(next)
+	}
 }
 
 func newProcessor(cfg Config) *processor {
@@ -250,19 +285,14 @@ func (p *processor) stop() {
 		close(p.settleStop)
 		close(p.keeperEnd)
 		p.background.Wait()
-		// Handlers that ignored cancellation are left behind; their
-		// watchdogs must not fire after stop returns.
-		var fired []<-chan struct{}
+		// Handlers that ignored cancellation are left behind; the
+		// watchdog must not stop them after stop returns.
 		p.mu.Lock()
-		for _, f := range p.active {
-			if c := f.disarm(); c != nil {
-				fired = append(fired, c)
-			}
+		p.dogOff = true
+		if p.dog != nil {
+			p.dog.Stop()
 		}
 		p.mu.Unlock()
-		for _, c := range fired {
-			<-c
-		}
 	})
 }
 
@@ -343,10 +373,10 @@ func (p *processor) launch(d *broker.Delivery, sent, now time.Time) {
 		return
 	}
 	ctx, cancel := context.WithCancelCause(p.hardCtx)
-	f := &inflight{ctx: ctx, cancel: cancel, ref: ref, d: d, typ: d.Task.Type, started: now, deadline: deadline, fired: make(chan struct{})}
+	f := &inflight{ctx: ctx, cancel: cancel, ref: ref, d: d, typ: d.Task.Type, started: now, deadline: deadline}
 	p.mu.Lock()
 	p.active[ref] = f
-	f.watchdog = p.clock.AfterFunc(left, func() { p.expire(ref, f) })
+	p.arm(deadline)
 	p.mu.Unlock()
 	// An idle worker takes the task; when none waits, a new one starts. A
 	// worker is idle only while it holds no slot, so there are never more
@@ -381,11 +411,8 @@ func (p *processor) work(f *inflight) {
 	s, write := p.cfg.Run(f.ctx, d)
 	p.mu.Lock()
 	delete(p.active, ref)
-	fired := f.disarm()
+	f.disarmed = true
 	p.mu.Unlock()
-	if fired != nil {
-		<-fired
-	}
 	f.cancel(nil)
 	if !write {
 		return

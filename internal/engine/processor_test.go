@@ -314,6 +314,62 @@ func TestProcessorWatchdog(t *testing.T) {
 	})
 }
 
+// TestProcessorWatchdogSharesOneTimer checks the watchdog with tasks leased
+// at different times: each handler is stopped at its own deadline, no
+// earlier and no later, and one timer serves them all.
+func TestProcessorWatchdogSharesOneTimer(t *testing.T) {
+	t.Parallel()
+	const budget = 540 * time.Millisecond // of a 600ms lease
+	ctxs := make(chan context.Context, 3)
+	release := make(chan struct{})
+	bd := setup(t, func(ctx context.Context, d *broker.Delivery) (broker.Settlement, bool) {
+		ctxs <- ctx
+		<-ctx.Done()
+		<-release
+		return broker.Settlement{}, false
+	})
+	bd.cfg.LeaseDuration = 600 * time.Millisecond
+	sb := &stallBroker{Broker: bd.b, clock: bd.clock, dequeued: make(chan time.Time, 1),
+		extends: make(chan time.Time, 16), reply: make(chan struct{}), done: make(chan struct{})}
+	bd.cfg.Broker = sb
+	p := newProcessor(bd.cfg)
+	ft := &fakeTimers{c: bd.clock}
+	p.clock = ft
+	p.start()
+	t.Cleanup(func() {
+		close(release)
+		close(sb.done)
+		p.stop()
+	})
+	var sent []time.Time
+	var hctx []context.Context
+	for _, id := range []string{"a", "b", "c"} {
+		bd.enqueue(t, 0, id)
+		p.wake()
+		sent = append(sent, <-sb.dequeued)
+		hctx = append(hctx, <-ctxs)
+		ft.Advance(100 * time.Millisecond)
+	}
+	for i := range hctx {
+		ft.Advance(sent[i].Add(budget).Sub(ft.Now()) - time.Millisecond)
+		for j, ctx := range hctx {
+			if stopped := ctx.Err() != nil; stopped != (j < i) {
+				t.Fatalf("1ms before task %d's deadline, task %d stopped = %v (%v)", i, j, stopped, context.Cause(ctx))
+			}
+		}
+		ft.Advance(time.Millisecond)
+		if c := context.Cause(hctx[i]); !errors.Is(c, broker.ErrLeaseLost) {
+			t.Fatalf("at task %d's deadline its context's cause is %v, want ErrLeaseLost", i, c)
+		}
+	}
+	ft.mu.Lock()
+	n := len(ft.ts)
+	ft.mu.Unlock()
+	if n != 1 {
+		t.Fatalf("the watchdog of 3 tasks used %d timers, want 1", n)
+	}
+}
+
 // TestProcessorLateDequeue checks that a delivery whose Dequeue answered
 // only after the lease could have ended is not run: its task may already be
 // someone else's. The task stays leased until lease recovery takes it back.
