@@ -60,12 +60,15 @@ func init() {
 // countingBroker counts a server's lease and settle calls.
 type countingBroker struct {
 	*redisbroker.Broker
-	dequeues, leased, settles atomic.Int64
+	dequeues, empty, leased, settles atomic.Int64
 }
 
 func (c *countingBroker) Dequeue(ctx context.Context, queues []string, n int, lease time.Duration) ([]*broker.Delivery, error) {
 	ds, err := c.Broker.Dequeue(ctx, queues, n, lease)
 	c.dequeues.Add(1)
+	if len(ds) == 0 {
+		c.empty.Add(1)
+	}
 	c.leased.Add(int64(len(ds)))
 	return ds, err
 }
@@ -178,4 +181,5 @@ func benchServerCost(b *testing.B, life bool) {
 	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/task")
 	b.ReportMetric(float64(cb.leased.Load())/float64(cb.dequeues.Load()), "tasks/lease-call")
 	b.ReportMetric(float64(b.N)/float64(cb.settles.Load()), "tasks/settle-call")
+	b.ReportMetric(float64(cb.empty.Load())/float64(cb.dequeues.Load()), "empty-lease-calls/lease-call")
 }

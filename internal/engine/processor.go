@@ -316,6 +316,13 @@ func (p *processor) fetchLoop() {
 			}
 		}
 		order := queueOrder(p.queues, p.cfg.Queues, p.cfg.StrictPriority, r)
+		// A wake that came before this call is answered by it: the call
+		// sees whatever the wake announced. Left pending, it would only
+		// make the next wait end at once in an empty call.
+		select {
+		case <-p.wakeC:
+		default:
+		}
 		start := time.Now()
 		sent := p.clock.Now() // no lease handed out by this call starts earlier
 		ctx, cancel := context.WithTimeout(context.Background(), brokerCallTimeout)

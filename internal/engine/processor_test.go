@@ -370,6 +370,48 @@ func TestProcessorWatchdogSharesOneTimer(t *testing.T) {
 	}
 }
 
+// TestProcessorWakeAnsweredByNextCall checks that a wake that came before
+// a Dequeue call (here while the call before it was on its way) is taken
+// when the call is made, not left to end the wait after it in an empty
+// call.
+func TestProcessorWakeAnsweredByNextCall(t *testing.T) {
+	t.Parallel()
+	bd := setup(t, nil)
+	wb := &wakeBroker{Broker: bd.b}
+	bd.cfg.Broker = wb
+	bd.enqueue(t, 0, "a")
+	p := newProcessor(bd.cfg)
+	wb.p = p
+	p.start()
+	t.Cleanup(p.stop)
+	p.wake()
+	testwait.For(t, 10*time.Second, "the task to be settled and the fetcher to look again", func() bool {
+		return bd.state(t, "a") == 0 && wb.calls.Load() >= 2
+	})
+	if n := wb.pending.Load(); n != 0 {
+		t.Fatalf("%d Dequeue calls were made with a wake pending: the call answers it, and the wake left pending ends the next wait in an empty call", n)
+	}
+}
+
+// wakeBroker wakes its processor during the first Dequeue call, as a
+// notification of a task that call takes would, and counts the calls made
+// with a wake pending.
+type wakeBroker struct {
+	broker.Broker
+	p              *processor
+	calls, pending atomic.Int32
+}
+
+func (w *wakeBroker) Dequeue(ctx context.Context, qs []string, n int, lease time.Duration) ([]*broker.Delivery, error) {
+	if len(w.p.wakeC) > 0 {
+		w.pending.Add(1)
+	}
+	if w.calls.Add(1) == 1 {
+		w.p.wake()
+	}
+	return w.Broker.Dequeue(ctx, qs, n, lease)
+}
+
 // TestProcessorLateDequeue checks that a delivery whose Dequeue answered
 // only after the lease could have ended is not run: its task may already be
 // someone else's. The task stays leased until lease recovery takes it back.
