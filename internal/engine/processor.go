@@ -71,8 +71,6 @@ type processor struct {
 	wakeC chan struct{}  // work may have arrived
 
 	fetchStop chan struct{} // closed: stop fetching
-	hardCtx   context.Context
-	hardStop  context.CancelCauseFunc // cancels every handler with ErrShutdown
 
 	settlements chan broker.Settlement
 	settleStop  chan struct{} // closed: flush and exit
@@ -83,6 +81,7 @@ type processor struct {
 
 	mu     sync.Mutex
 	active map[broker.LeaseRef]*inflight
+	hard   bool // every handler is cancelled with ErrShutdown (hardStop)
 	// One watchdog timer serves every task (see watch): it is set for
 	// dogAt, the earliest deadline it knows of, zero while it is not set;
 	// dogOff stops it for good.
@@ -187,7 +186,6 @@ func newProcessor(cfg Config) *processor {
 		}
 		return qs[i] < qs[j]
 	})
-	hard, cancel := context.WithCancelCause(context.Background())
 	p := &processor{
 		cfg:         cfg,
 		log:         cfg.Logger,
@@ -196,8 +194,6 @@ func newProcessor(cfg Config) *processor {
 		jobs:        make(chan *inflight),
 		wakeC:       make(chan struct{}, 1),
 		fetchStop:   make(chan struct{}),
-		hardCtx:     hard,
-		hardStop:    cancel,
 		settlements: make(chan broker.Settlement, cfg.Concurrency*2),
 		settleStop:  make(chan struct{}),
 		settleDone:  make(chan struct{}),
@@ -254,6 +250,19 @@ func (p *processor) activeCount() int {
 	return len(p.active)
 }
 
+// hardStop cancels every handler with ErrShutdown, and any launched later.
+// A handler's context is not derived from one the processor cancels: a
+// child of a shared context costs each task an entry in its parent's
+// children and the parent's lock, twice.
+func (p *processor) hardStop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.hard = true
+	for _, f := range p.active {
+		f.cancel(ErrShutdown)
+	}
+}
+
 // stop implements the shutdown sequence described on Engine.Stop.
 func (p *processor) stop() {
 	p.stopOnce.Do(func() {
@@ -269,7 +278,7 @@ func (p *processor) stop() {
 		case <-grace.C:
 			n := p.activeCount()
 			p.log.Warn("tide: shutdown timeout reached; cancelling in-flight tasks, they will be requeued", "tasks", n, "timeout", p.cfg.ShutdownTimeout)
-			p.hardStop(ErrShutdown)
+			p.hardStop()
 			// Handlers must return once their context is done; give them a
 			// moment to do so before leaving them to lease recovery.
 			extra := time.NewTimer(max(p.cfg.LeaseDuration/2, time.Second))
@@ -281,7 +290,7 @@ func (p *processor) stop() {
 			extra.Stop()
 		}
 		grace.Stop()
-		p.hardStop(ErrShutdown)
+		p.hardStop()
 		close(p.settleStop)
 		close(p.keeperEnd)
 		p.background.Wait()
@@ -379,9 +388,12 @@ func (p *processor) launch(d *broker.Delivery, sent, now time.Time) {
 		p.slots <- struct{}{}
 		return
 	}
-	ctx, cancel := context.WithCancelCause(p.hardCtx)
+	ctx, cancel := context.WithCancelCause(context.Background())
 	f := &inflight{ctx: ctx, cancel: cancel, ref: ref, d: d, typ: d.Task.Type, started: now, deadline: deadline}
 	p.mu.Lock()
+	if p.hard {
+		cancel(ErrShutdown)
+	}
 	p.active[ref] = f
 	p.arm(deadline)
 	p.mu.Unlock()
