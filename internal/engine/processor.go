@@ -343,9 +343,13 @@ func (p *processor) fetchLoop() {
 		// Deliveries come with their leases even when a later part of the
 		// call failed (another partition, another node): run them, or their
 		// slots and tasks would be stranded until lease recovery.
-		now := time.Now()
+		// One reading of each clock for the whole batch, not one a task.
+		// The lease clock's may be a little early for the batch's last
+		// tasks, which the watchdog, set for the deadline itself, makes up
+		// for.
+		now, lnow := time.Now(), p.clock.Now()
 		for _, d := range ds {
-			p.launch(d, sent, now)
+			p.launch(d, sent, now, lnow)
 		}
 		if err != nil {
 			p.cfg.health.fail("dequeue", err, start)
@@ -372,17 +376,17 @@ func (p *processor) pause(d time.Duration) bool { return p.cfg.health.wait(p.fet
 
 // launch runs delivery d, whose lease was asked for at sent (on p.clock), in
 // a worker under a watchdog; a delivery whose lease may already have ended
-// (the answer came too late) is not run: its task returns through lease
-// recovery. It takes the slot fetchLoop took for d.
-func (p *processor) launch(d *broker.Delivery, sent, now time.Time) {
+// at lnow (on p.clock; the answer came too late) is not run: its task
+// returns through lease recovery. now is its start on the wall clock. It
+// takes the slot fetchLoop took for d.
+func (p *processor) launch(d *broker.Delivery, sent, now, lnow time.Time) {
 	ref := d.Lease()
 	lease := d.LeaseFor
 	if lease <= 0 {
 		lease = p.cfg.LeaseDuration
 	}
 	deadline := sent.Add(leaseBudget(lease))
-	left := deadline.Sub(p.clock.Now())
-	if left <= 0 {
+	if !deadline.After(lnow) {
 		p.log.Warn("tide: dequeue answered too late to count on the lease; the task is not run here and returns through lease recovery",
 			"queue", ref.Queue, "id", ref.ID, "lease", lease)
 		p.slots <- struct{}{}
