@@ -89,6 +89,10 @@ type processor struct {
 	dogAt  time.Time
 	dogOff bool
 
+	// dogMu is held while the watchdog runs, from before p.mu to after
+	// its log lines, so that stop can wait for it.
+	dogMu sync.Mutex
+
 	fetcher, workers, background sync.WaitGroup
 	stopOnce                     sync.Once
 }
@@ -146,13 +150,16 @@ func (p *processor) arm(d time.Time) {
 // sets itself for the earliest deadline left. A timer a task would cost
 // each task a timer's start and stop; this one fires about once a lease
 // (deadlines come in the order of the requests, and a task's ends with it).
-// It works under p.mu, so that a handler it stopped is stopped before its
-// worker, or stop, goes on.
+// It stops handlers under p.mu, so that a handler it stopped is stopped
+// before its worker goes on, and logs after, outside it.
 func (p *processor) watch() {
+	p.dogMu.Lock()
+	defer p.dogMu.Unlock()
+	var stopped []broker.LeaseRef
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	p.dogAt = time.Time{}
 	if p.dogOff {
+		p.mu.Unlock()
 		return
 	}
 	now := p.clock.Now()
@@ -163,14 +170,18 @@ func (p *processor) watch() {
 		case !now.Before(f.deadline):
 			f.disarmed = true
 			f.cancel(broker.ErrLeaseLost)
-			p.log.Warn("tide: no lease renewal was answered in time; handler stopped before its lease can run out (the task will be recovered and retried)",
-				"queue", ref.Queue, "id", ref.ID)
+			stopped = append(stopped, ref)
 		case next.IsZero() || f.deadline.Before(next):
 			next = f.deadline
 		}
 	}
 	if !next.IsZero() {
 		p.arm(next)
+	}
+	p.mu.Unlock()
+	for _, ref := range stopped {
+		p.log.Warn("tide: no lease renewal was answered in time; handler stopped before its lease can run out (the task will be recovered and retried)",
+			"queue", ref.Queue, "id", ref.ID)
 	}
 }
 
@@ -296,12 +307,14 @@ func (p *processor) stop() {
 		p.background.Wait()
 		// Handlers that ignored cancellation are left behind; the
 		// watchdog must not stop them after stop returns.
+		p.dogMu.Lock() // a watchdog run already under way ends first
 		p.mu.Lock()
 		p.dogOff = true
 		if p.dog != nil {
 			p.dog.Stop()
 		}
 		p.mu.Unlock()
+		p.dogMu.Unlock()
 	})
 }
 
