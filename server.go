@@ -355,12 +355,22 @@ func (s *Server) writeLimits() error {
 // contradict it.
 func (s *Server) run(ctx context.Context, d *broker.Delivery) (broker.Settlement, bool) {
 	m := d.Task
-	t := &Task{typ: m.Type, payload: m.Payload, headers: m.Headers}
-	ctx = withTaskMeta(ctx, &taskMeta{
-		id: m.ID, queue: m.Queue, group: m.Group, retried: m.Retried, maxRetry: m.MaxRetry, due: m.NextProcessAt, b: s.b,
-		lease: d.Lease(), flow: m.Headers[flowHeader], step: m.Headers[stepHeader],
-		dur: &durState{loaded: d.StepsLoaded, recs: d.Steps},
-	})
+	// The task, its metadata and its durable records in one allocation.
+	r := &struct {
+		t    Task
+		meta taskMeta
+		dur  durState
+	}{
+		t: Task{typ: m.Type, payload: m.Payload, headers: m.Headers},
+		meta: taskMeta{
+			id: m.ID, queue: m.Queue, group: m.Group, retried: m.Retried, maxRetry: m.MaxRetry, due: m.NextProcessAt, b: s.b,
+			lease: d.Lease(), flow: m.Headers[flowHeader], step: m.Headers[stepHeader],
+		},
+		dur: durState{loaded: d.StepsLoaded, recs: d.Steps},
+	}
+	t := &r.t
+	r.meta.dur = &r.dur
+	ctx = withTaskMeta(ctx, &r.meta)
 	if m.Timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, m.Timeout)
@@ -396,13 +406,15 @@ func (s *Server) run(ctx context.Context, d *broker.Delivery) (broker.Settlement
 		park = meta.already()
 	}
 	set, why := decide(m, err, context.Cause(ctx), now, park)
+	if set.Kind == broker.SettleDone {
+		// The common case logs nothing: no attributes are built for it.
+		return set, true
+	}
 	attrs := []any{"type", m.Type, "queue", m.Queue, "id", m.ID, "retried", m.Retried}
 	switch set.Kind {
 	case 0:
 		s.log.Warn("tide: lease lost while the task ran; its settlement is discarded (the task was recovered)", attrs...)
 		return set, false
-	case broker.SettleDone:
-		return set, true
 	case broker.SettleRequeue:
 		s.log.Info("tide: task interrupted by shutdown; requeued", attrs...)
 		return set, true

@@ -13,8 +13,9 @@
 // Every task a worker runs has a local deadline by which its lease may
 // have ended on the broker: the time the lease was asked for (the Dequeue
 // that handed it out, then each Extend that succeeded) plus nine tenths of
-// the lease. A per-task watchdog, a timer, cancels the handler's context
-// with the cause broker.ErrLeaseLost at that deadline, whether or not a
+// the lease. The watchdog, one timer for all tasks set for the earliest
+// deadline, cancels the handler's context with the cause
+// broker.ErrLeaseLost at that deadline, whether or not a
 // renewal call is still waiting for its answer; a successful renewal moves
 // the deadline from the renewal's send time, so an answer that comes late
 // moves it no further. The tenth held back covers clock rates that differ

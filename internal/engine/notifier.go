@@ -102,9 +102,13 @@ func (n *notifier) loop() {
 			}
 			continue
 		}
+		// Events sent before the subscription was made are lost: look now.
+		// Also at the first: the processor's first lease call may have
+		// been made before the subscription, and a task enqueued between
+		// the two is announced to no one.
+		n.wake()
 		if !first {
-			// Events sent while we were away are lost: look now.
-			n.wake()
+			// Maintainers look again too (they are new at the first).
 			n.pokeAll()
 		}
 		first = false

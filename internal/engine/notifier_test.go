@@ -82,6 +82,9 @@ func TestNotifier(t *testing.T) {
 			t.Fatalf("no %q", want)
 		}
 	}
+	// Events sent before the subscription was made are lost: the
+	// processor looks once it is made.
+	expect("wake")
 	first := sb.last()
 	first <- broker.Event{Kind: broker.EventPending, Queue: "q"}
 	expect("wake")
@@ -117,7 +120,14 @@ func TestNotifierTimedWake(t *testing.T) {
 		func() { mu.Lock(); wakes = append(wakes, time.Now()); mu.Unlock() },
 		func(string, string) {}, func(broker.Event) {}, func(string) {}, func() {})
 	n.start()
-	testwait.For(t, 10*time.Second, "a subscription", func() bool { return sb.last() != nil })
+	testwait.For(t, 10*time.Second, "a subscription and the wake-up that follows it", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return sb.last() != nil && len(wakes) == 1
+	})
+	mu.Lock()
+	wakes = nil
+	mu.Unlock()
 	sent := time.Now()
 	const after = 150 * time.Millisecond
 	sb.last() <- broker.Event{Kind: broker.EventPending, Queue: "q", At: bd.cfg.Now().Add(after)}

@@ -66,12 +66,11 @@ type processor struct {
 	log    *slog.Logger
 	queues []string
 
-	slots chan struct{} // one token per free worker slot
-	wakeC chan struct{} // work may have arrived
+	slots chan struct{}  // one token per free worker slot
+	jobs  chan *inflight // to an idle worker; closed when fetching stopped
+	wakeC chan struct{}  // work may have arrived
 
 	fetchStop chan struct{} // closed: stop fetching
-	hardCtx   context.Context
-	hardStop  context.CancelCauseFunc // cancels every handler with ErrShutdown
 
 	settlements chan broker.Settlement
 	settleStop  chan struct{} // closed: flush and exit
@@ -82,58 +81,108 @@ type processor struct {
 
 	mu     sync.Mutex
 	active map[broker.LeaseRef]*inflight
+	hard   bool // every handler is cancelled with ErrShutdown (hardStop)
+	// One watchdog timer serves every task (see watch): it is set for
+	// dogAt, the earliest deadline it knows of, zero while it is not set;
+	// dogOff stops it for good.
+	dog    leaseTimer
+	dogAt  time.Time
+	dogOff bool
+
+	// dogMu is held while the watchdog runs, from before p.mu to after
+	// its log lines, so that stop can wait for it.
+	dogMu sync.Mutex
 
 	fetcher, workers, background sync.WaitGroup
 	stopOnce                     sync.Once
 }
 
-// inflight is a task being processed. Its watchdog cancels the handler's
+// inflight is a task being processed. The watchdog cancels the handler's
 // context with broker.ErrLeaseLost at deadline, the local time from which
 // the lease may have ended on the broker (see leaseBudget); a successful
-// renewal moves the deadline. Every field but cancel, typ and started is
-// guarded by processor.mu.
+// renewal moves the deadline. Every field but ctx, cancel, ref, d, typ and
+// started, which do not change, is guarded by processor.mu.
 type inflight struct {
+	ctx      context.Context // the handler's
 	cancel   context.CancelCauseFunc
+	ref      broker.LeaseRef
+	d        *broker.Delivery
 	typ      string
 	started  time.Time
-	deadline time.Time     // on the processor's leaseClock
-	watchdog leaseTimer    // fires at deadline
-	fired    chan struct{} // closed when the watchdog's function has run
-	disarmed bool          // the watchdog was stopped for good
+	deadline time.Time // on the processor's leaseClock
+	disarmed bool      // the watchdog stopped the handler, or leaves it alone for good
 }
 
 // renew moves f's deadline to d, computed from the send time of a renewal
-// that succeeded, unless the watchdog already fired (a stopped handler is
-// never resumed) or d is not later. p.mu must be held.
+// that succeeded, unless the watchdog already stopped its handler (a
+// stopped handler is never resumed) or d is not later. The watchdog's timer
+// stays set for the earlier deadline; when it fires it finds f's moved and
+// sets itself again (see watch). p.mu must be held.
 func (p *processor) renew(f *inflight, d time.Time) {
-	if f.disarmed || !d.After(f.deadline) || !f.watchdog.Stop() {
+	if f.disarmed || !d.After(f.deadline) {
 		return
 	}
 	f.deadline = d
-	f.watchdog.Reset(d.Sub(p.clock.Now()))
 }
 
-// disarm stops f's watchdog for good. It returns a channel to wait on when
-// the watchdog's function already started, else nil. p.mu must be held.
-func (f *inflight) disarm() <-chan struct{} {
-	if f.disarmed {
-		return nil
+// arm makes sure the watchdog's timer fires no later than deadline d, a
+// time still to come. p.mu must be held.
+func (p *processor) arm(d time.Time) {
+	if p.dogOff || (!p.dogAt.IsZero() && !d.Before(p.dogAt)) {
+		return
 	}
-	f.disarmed = true
-	if f.watchdog.Stop() {
-		return nil
+	p.dogAt = d
+	// Never a wait of zero or less: a leaseClock may then run the function
+	// in the caller (the tests' fake does), and watch takes p.mu, which is
+	// held here.
+	in := max(d.Sub(p.clock.Now()), time.Nanosecond)
+	if p.dog == nil {
+		p.dog = p.clock.AfterFunc(in, p.watch)
+		return
 	}
-	return f.fired
+	p.dog.Reset(in)
 }
 
-// expire is the watchdog of the task ref: its lease may have ended on the
-// broker, where it can be recovered and handed to another worker, so the
-// handler is stopped now, whether or not a renewal is still on its way.
-func (p *processor) expire(ref broker.LeaseRef, f *inflight) {
-	defer close(f.fired)
-	f.cancel(broker.ErrLeaseLost)
-	p.log.Warn("tide: no lease renewal was answered in time; handler stopped before its lease can run out (the task will be recovered and retried)",
-		"queue", ref.Queue, "id", ref.ID)
+// watch is the watchdog, one timer for every task, set for the earliest
+// deadline: it stops each handler whose deadline has come, for its lease
+// may have ended on the broker, where the task can be recovered and handed
+// to another worker, whether or not a renewal is still on its way; then it
+// sets itself for the earliest deadline left. A timer a task would cost
+// each task a timer's start and stop; this one fires about once a lease
+// (deadlines come in the order of the requests, and a task's ends with it).
+// It stops handlers under p.mu, so that a handler it stopped is stopped
+// before its worker goes on, and logs after, outside it.
+func (p *processor) watch() {
+	p.dogMu.Lock()
+	defer p.dogMu.Unlock()
+	var stopped []broker.LeaseRef
+	p.mu.Lock()
+	p.dogAt = time.Time{}
+	if p.dogOff {
+		p.mu.Unlock()
+		return
+	}
+	now := p.clock.Now()
+	var next time.Time
+	for ref, f := range p.active {
+		switch {
+		case f.disarmed:
+		case !now.Before(f.deadline):
+			f.disarmed = true
+			f.cancel(broker.ErrLeaseLost)
+			stopped = append(stopped, ref)
+		case next.IsZero() || f.deadline.Before(next):
+			next = f.deadline
+		}
+	}
+	if !next.IsZero() {
+		p.arm(next)
+	}
+	p.mu.Unlock()
+	for _, ref := range stopped {
+		p.log.Warn("tide: no lease renewal was answered in time; handler stopped before its lease can run out (the task will be recovered and retried)",
+			"queue", ref.Queue, "id", ref.ID)
+	}
 }
 
 func newProcessor(cfg Config) *processor {
@@ -148,16 +197,14 @@ func newProcessor(cfg Config) *processor {
 		}
 		return qs[i] < qs[j]
 	})
-	hard, cancel := context.WithCancelCause(context.Background())
 	p := &processor{
 		cfg:         cfg,
 		log:         cfg.Logger,
 		queues:      qs,
 		slots:       make(chan struct{}, cfg.Concurrency),
+		jobs:        make(chan *inflight),
 		wakeC:       make(chan struct{}, 1),
 		fetchStop:   make(chan struct{}),
-		hardCtx:     hard,
-		hardStop:    cancel,
 		settlements: make(chan broker.Settlement, cfg.Concurrency*2),
 		settleStop:  make(chan struct{}),
 		settleDone:  make(chan struct{}),
@@ -214,11 +261,25 @@ func (p *processor) activeCount() int {
 	return len(p.active)
 }
 
+// hardStop cancels every handler with ErrShutdown, and any launched later.
+// A handler's context is not derived from one the processor cancels: a
+// child of a shared context costs each task an entry in its parent's
+// children and the parent's lock, twice.
+func (p *processor) hardStop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.hard = true
+	for _, f := range p.active {
+		f.cancel(ErrShutdown)
+	}
+}
+
 // stop implements the shutdown sequence described on Engine.Stop.
 func (p *processor) stop() {
 	p.stopOnce.Do(func() {
 		close(p.fetchStop)
 		p.fetcher.Wait()
+		close(p.jobs) // idle workers exit; busy ones when their task ends
 
 		done := make(chan struct{})
 		go func() { p.workers.Wait(); close(done) }()
@@ -228,7 +289,7 @@ func (p *processor) stop() {
 		case <-grace.C:
 			n := p.activeCount()
 			p.log.Warn("tide: shutdown timeout reached; cancelling in-flight tasks, they will be requeued", "tasks", n, "timeout", p.cfg.ShutdownTimeout)
-			p.hardStop(ErrShutdown)
+			p.hardStop()
 			// Handlers must return once their context is done; give them a
 			// moment to do so before leaving them to lease recovery.
 			extra := time.NewTimer(max(p.cfg.LeaseDuration/2, time.Second))
@@ -240,23 +301,20 @@ func (p *processor) stop() {
 			extra.Stop()
 		}
 		grace.Stop()
-		p.hardStop(ErrShutdown)
+		p.hardStop()
 		close(p.settleStop)
 		close(p.keeperEnd)
 		p.background.Wait()
-		// Handlers that ignored cancellation are left behind; their
-		// watchdogs must not fire after stop returns.
-		var fired []<-chan struct{}
+		// Handlers that ignored cancellation are left behind; the
+		// watchdog must not stop them after stop returns.
+		p.dogMu.Lock() // a watchdog run already under way ends first
 		p.mu.Lock()
-		for _, f := range p.active {
-			if c := f.disarm(); c != nil {
-				fired = append(fired, c)
-			}
+		p.dogOff = true
+		if p.dog != nil {
+			p.dog.Stop()
 		}
 		p.mu.Unlock()
-		for _, c := range fired {
-			<-c
-		}
+		p.dogMu.Unlock()
 	})
 }
 
@@ -280,6 +338,13 @@ func (p *processor) fetchLoop() {
 			}
 		}
 		order := queueOrder(p.queues, p.cfg.Queues, p.cfg.StrictPriority, r)
+		// A wake that came before this call is answered by it: the call
+		// sees whatever the wake announced. Left pending, it would only
+		// make the next wait end at once in an empty call.
+		select {
+		case <-p.wakeC:
+		default:
+		}
 		start := time.Now()
 		sent := p.clock.Now() // no lease handed out by this call starts earlier
 		ctx, cancel := context.WithTimeout(context.Background(), brokerCallTimeout)
@@ -291,9 +356,13 @@ func (p *processor) fetchLoop() {
 		// Deliveries come with their leases even when a later part of the
 		// call failed (another partition, another node): run them, or their
 		// slots and tasks would be stranded until lease recovery.
-		now := time.Now()
+		// One reading of each clock for the whole batch, not one a task.
+		// The lease clock's may be a little early for the batch's last
+		// tasks, which the watchdog, set for the deadline itself, makes up
+		// for.
+		now, lnow := time.Now(), p.clock.Now()
 		for _, d := range ds {
-			p.launch(d, sent, now)
+			p.launch(d, sent, now, lnow)
 		}
 		if err != nil {
 			p.cfg.health.fail("dequeue", err, start)
@@ -320,44 +389,66 @@ func (p *processor) pause(d time.Duration) bool { return p.cfg.health.wait(p.fet
 
 // launch runs delivery d, whose lease was asked for at sent (on p.clock), in
 // a worker under a watchdog; a delivery whose lease may already have ended
-// (the answer came too late) is not run: its task returns through lease
-// recovery. It takes the slot fetchLoop took for d.
-func (p *processor) launch(d *broker.Delivery, sent, now time.Time) {
+// at lnow (on p.clock; the answer came too late) is not run: its task
+// returns through lease recovery. now is its start on the wall clock. It
+// takes the slot fetchLoop took for d.
+func (p *processor) launch(d *broker.Delivery, sent, now, lnow time.Time) {
 	ref := d.Lease()
 	lease := d.LeaseFor
 	if lease <= 0 {
 		lease = p.cfg.LeaseDuration
 	}
 	deadline := sent.Add(leaseBudget(lease))
-	left := deadline.Sub(p.clock.Now())
-	if left <= 0 {
+	if !deadline.After(lnow) {
 		p.log.Warn("tide: dequeue answered too late to count on the lease; the task is not run here and returns through lease recovery",
 			"queue", ref.Queue, "id", ref.ID, "lease", lease)
 		p.slots <- struct{}{}
 		return
 	}
-	ctx, cancel := context.WithCancelCause(p.hardCtx)
-	f := &inflight{cancel: cancel, typ: d.Task.Type, started: now, deadline: deadline, fired: make(chan struct{})}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	f := &inflight{ctx: ctx, cancel: cancel, ref: ref, d: d, typ: d.Task.Type, started: now, deadline: deadline}
 	p.mu.Lock()
+	if p.hard {
+		cancel(ErrShutdown)
+	}
 	p.active[ref] = f
-	f.watchdog = p.clock.AfterFunc(left, func() { p.expire(ref, f) })
+	p.arm(deadline)
 	p.mu.Unlock()
-	p.workers.Go(func() { p.work(ctx, f, ref, d) })
+	// An idle worker takes the task; when none waits, a new one starts. A
+	// worker is idle only while it holds no slot, so there are never more
+	// workers than slots, and a task never waits for one.
+	select {
+	case p.jobs <- f:
+	default:
+		p.workers.Go(func() { p.worker(f) })
+	}
 }
 
-// work runs the handler of d and hands its settlement to the settler. The
-// worker slot is given back only when the handler has returned, also when
-// its watchdog stopped it.
-func (p *processor) work(ctx context.Context, f *inflight, ref broker.LeaseRef, d *broker.Delivery) {
+// worker runs f, then the tasks handed to it while it waits idle, until
+// fetching stopped. Workers are kept rather than started a task each: a
+// goroutine's start, and the growth of its stack to what a handler call
+// needs, cost more than the handler of a small task.
+func (p *processor) worker(f *inflight) {
+	for {
+		p.work(f)
+		var ok bool
+		if f, ok = <-p.jobs; !ok {
+			return
+		}
+	}
+}
+
+// work runs the handler of f's delivery and hands its settlement to the
+// settler. The worker slot is given back only when the handler has
+// returned, also when its watchdog stopped it.
+func (p *processor) work(f *inflight) {
+	ref, d := f.ref, f.d
 	defer func() { p.slots <- struct{}{} }()
-	s, write := p.cfg.Run(ctx, d)
+	s, write := p.cfg.Run(f.ctx, d)
 	p.mu.Lock()
 	delete(p.active, ref)
-	fired := f.disarm()
+	f.disarmed = true
 	p.mu.Unlock()
-	if fired != nil {
-		<-fired
-	}
 	f.cancel(nil)
 	if !write {
 		return

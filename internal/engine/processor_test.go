@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -66,6 +67,40 @@ func TestProcessor(t *testing.T) {
 		p.stop()
 		if m := most.Load(); m != 4 {
 			t.Fatalf("%d tasks ran at once with Concurrency 4", m)
+		}
+	})
+
+	// Workers are kept: with one slot, every task runs on the one worker
+	// goroutine, not on a goroutine started for it.
+	t.Run("ReusesWorkers", func(t *testing.T) {
+		t.Parallel()
+		var mu sync.Mutex
+		gs := map[string]bool{}
+		bd := setup(t, func(ctx context.Context, d *broker.Delivery) (broker.Settlement, bool) {
+			buf := make([]byte, 64)
+			g, _, _ := strings.Cut(string(buf[:runtime.Stack(buf, false)]), " [")
+			mu.Lock()
+			gs[g] = true
+			mu.Unlock()
+			return broker.Settlement{Kind: broker.SettleDone}, true
+		})
+		bd.cfg.Concurrency = 1
+		ids := []string{"a", "b", "c", "d", "e"}
+		bd.enqueue(t, 0, ids...)
+		p := newProcessor(bd.cfg)
+		p.start()
+		p.wake()
+		testwait.For(t, 10*time.Second, "every task to be settled", func() bool {
+			for _, id := range ids {
+				if bd.state(t, id) != 0 {
+					return false
+				}
+			}
+			return true
+		})
+		p.stop()
+		if len(gs) != 1 {
+			t.Fatalf("5 tasks with Concurrency 1 ran on %d goroutines (%v), want 1", len(gs), gs)
 		}
 	})
 
@@ -277,6 +312,104 @@ func TestProcessorWatchdog(t *testing.T) {
 			t.Fatalf("at the renewal's send time + %v the handler's context cause is %v, want ErrLeaseLost: a late answer moved the deadline", budget, c)
 		}
 	})
+}
+
+// TestProcessorWatchdogSharesOneTimer checks the watchdog with tasks leased
+// at different times: each handler is stopped at its own deadline, no
+// earlier and no later, and one timer serves them all.
+func TestProcessorWatchdogSharesOneTimer(t *testing.T) {
+	t.Parallel()
+	const budget = 540 * time.Millisecond // of a 600ms lease
+	ctxs := make(chan context.Context, 3)
+	release := make(chan struct{})
+	bd := setup(t, func(ctx context.Context, d *broker.Delivery) (broker.Settlement, bool) {
+		ctxs <- ctx
+		<-ctx.Done()
+		<-release
+		return broker.Settlement{}, false
+	})
+	bd.cfg.LeaseDuration = 600 * time.Millisecond
+	sb := &stallBroker{Broker: bd.b, clock: bd.clock, dequeued: make(chan time.Time, 1),
+		extends: make(chan time.Time, 16), reply: make(chan struct{}), done: make(chan struct{})}
+	bd.cfg.Broker = sb
+	p := newProcessor(bd.cfg)
+	ft := &fakeTimers{c: bd.clock}
+	p.clock = ft
+	p.start()
+	t.Cleanup(func() {
+		close(release)
+		close(sb.done)
+		p.stop()
+	})
+	var sent []time.Time
+	var hctx []context.Context
+	for _, id := range []string{"a", "b", "c"} {
+		bd.enqueue(t, 0, id)
+		p.wake()
+		sent = append(sent, <-sb.dequeued)
+		hctx = append(hctx, <-ctxs)
+		ft.Advance(100 * time.Millisecond)
+	}
+	for i := range hctx {
+		ft.Advance(sent[i].Add(budget).Sub(ft.Now()) - time.Millisecond)
+		for j, ctx := range hctx {
+			if stopped := ctx.Err() != nil; stopped != (j < i) {
+				t.Fatalf("1ms before task %d's deadline, task %d stopped = %v (%v)", i, j, stopped, context.Cause(ctx))
+			}
+		}
+		ft.Advance(time.Millisecond)
+		if c := context.Cause(hctx[i]); !errors.Is(c, broker.ErrLeaseLost) {
+			t.Fatalf("at task %d's deadline its context's cause is %v, want ErrLeaseLost", i, c)
+		}
+	}
+	ft.mu.Lock()
+	n := len(ft.ts)
+	ft.mu.Unlock()
+	if n != 1 {
+		t.Fatalf("the watchdog of 3 tasks used %d timers, want 1", n)
+	}
+}
+
+// TestProcessorWakeAnsweredByNextCall checks that a wake that came before
+// a Dequeue call (here while the call before it was on its way) is taken
+// when the call is made, not left to end the wait after it in an empty
+// call.
+func TestProcessorWakeAnsweredByNextCall(t *testing.T) {
+	t.Parallel()
+	bd := setup(t, nil)
+	wb := &wakeBroker{Broker: bd.b}
+	bd.cfg.Broker = wb
+	bd.enqueue(t, 0, "a")
+	p := newProcessor(bd.cfg)
+	wb.p = p
+	p.start()
+	t.Cleanup(p.stop)
+	p.wake()
+	testwait.For(t, 10*time.Second, "the task to be settled and the fetcher to look again", func() bool {
+		return bd.state(t, "a") == 0 && wb.calls.Load() >= 2
+	})
+	if n := wb.pending.Load(); n != 0 {
+		t.Fatalf("%d Dequeue calls were made with a wake pending: the call answers it, and the wake left pending ends the next wait in an empty call", n)
+	}
+}
+
+// wakeBroker wakes its processor during the first Dequeue call, as a
+// notification of a task that call takes would, and counts the calls made
+// with a wake pending.
+type wakeBroker struct {
+	broker.Broker
+	p              *processor
+	calls, pending atomic.Int32
+}
+
+func (w *wakeBroker) Dequeue(ctx context.Context, qs []string, n int, lease time.Duration) ([]*broker.Delivery, error) {
+	if len(w.p.wakeC) > 0 {
+		w.pending.Add(1)
+	}
+	if w.calls.Add(1) == 1 {
+		w.p.wake()
+	}
+	return w.Broker.Dequeue(ctx, qs, n, lease)
 }
 
 // TestProcessorLateDequeue checks that a delivery whose Dequeue answered
