@@ -109,10 +109,11 @@ local function g_count(G, g, d)
 end
 
 -- g_flush writes the counts that g_count changed since the cache was made
--- or last flushed: one HSET and one HDEL at most.
-local function g_flush(G)
+-- or last flushed: one HSET and one HDEL at most. extra (or nil) holds more
+-- fields and values of s to set with the same HSET.
+local function g_flush(G, extra)
   if not (G and G.a) then return end
-  local set, del = {}, {}
+  local set, del = extra or {}, {}
   for g in pairs(G.dirty) do
     local v = G.a[g]
     if v == 0 then
@@ -240,12 +241,17 @@ local function g_release(G, g, id, left, finished, ordered)
 end
 
 -- g_waiting reports whether grouped tasks may wait for a free slot: a group
--- is in the rotation, or one held back until a time that now (ms) has
--- reached (the next Dequeue puts it back). G is nil when the partition has
--- no grouped task.
+-- is in the rotation, or one held back until a time that now (ms; nil: the
+-- Redis clock, read only when needed) has reached (the next Dequeue puts it
+-- back). G is nil when the partition has no grouped task.
 local function g_waiting(G, now)
   if not G then return false end
-  return redis.call('ZCARD', G.r) > 0 or redis.call('ZRANGEBYSCORE', G.w, '-inf', now, 'LIMIT', 0, 1)[1] ~= nil
+  if redis.call('ZCARD', G.r) > 0 then return true end
+  if not now then
+    local t = redis.call('TIME') -- lib.lua's redis_now, which comes after this file
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return redis.call('ZRANGEBYSCORE', G.w, '-inf', now, 'LIMIT', 0, 1)[1] ~= nil
 end
 
 -- g_forget deletes what the partition keeps of a grouped task whose record
