@@ -137,6 +137,19 @@ func runGroups(ctx context.Context, e *env, kind string) (results, error) {
 			ratios[i] = fmt.Sprintf("%.2f", got[num][i]/got[den][i])
 		}
 		pairs = append(pairs, fmt.Sprintf("%s ÷ %s by round: %s", groupsModes[num].what, groupsModes[den].what, strings.Join(ratios, " ")))
+		// CPU-bound on a busy machine, throughput follows the CPU a task
+		// costs (redis-server and the bench process together), which
+		// swings far less than throughput from round to round.
+		var cpu []string
+		for i := range costs[den] {
+			n, d := costs[num][i], costs[den][i]
+			if n.redisCPU+n.benchCPU > 0 && d.benchCPU > 0 {
+				cpu = append(cpu, fmt.Sprintf("%.2f", (d.redisCPU+d.benchCPU)/(n.redisCPU+n.benchCPU)))
+			}
+		}
+		if len(cpu) > 0 {
+			pairs = append(pairs, fmt.Sprintf("CPU per task, %s ÷ %s, by round: %s", groupsModes[den].what, groupsModes[num].what, strings.Join(cpu, " ")))
+		}
 	}
 	e.note("groups/%s: %s tasks (%s groups), concurrency %d, each drain on a flushed Redis, order rotating; %s; %s",
 		kind, kcount(e.sz.grpN), kcount(e.sz.grpGroups), e.sz.concurrency, strings.Join(parts, "; "), strings.Join(pairs, "; "))
