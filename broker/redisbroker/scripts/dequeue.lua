@@ -170,11 +170,12 @@ else
   -- and the cursor becomes the score of the group looked at last (last).
   local heads, hi, wrapped = {}, 1, false
   local from, seen, last = c, 0, nil
-  local leave, left = {}, {}
+  local leave, left = nil, nil -- made when a group first leaves
   local function read(count)
     while true do
-      local raw = redis.call('ZRANGEBYSCORE', G.r, from and ('(' .. from) or '-inf', '+inf', 'LIMIT', string.format('%d', seen), count)
+      local raw = redis.call('ZRANGEBYSCORE', G.r, from and ('(' .. from) or '-inf', '+inf', 'LIMIT', seen == 0 and '0' or string.format('%d', seen), count)
       seen = seen + #raw
+      if not left then return raw end
       local hs = {}
       for _, g in ipairs(raw) do
         if not left[g] then hs[#hs + 1] = g end
@@ -183,6 +184,7 @@ else
     end
   end
   local function out(g)
+    if not left then left, leave = {}, {} end
     if not left[g] then
       left[g] = true
       leave[#leave + 1] = g
@@ -308,9 +310,9 @@ else
   -- groups leaving the rotation are removed; written with the counts.
   local cur = nil
   if last then cur = redis.call('ZSCORE', G.r, last) or nil end
-  call_many('ZREM', G.r, leave, 1)
+  if leave then call_many('ZREM', G.r, leave, 1) end
   call_many('ZREM', G.q, unq, 1)
-  g_flush(G, cur and {'c', cur})
+  g_flush(G, 'c', cur)
   if capped then redis.call('PUBLISH', ARGV[6], 'p' .. ARGV[7]) end
   -- The first time a held group may run again, announced once: servers
   -- look again then. A later one is announced when that one has passed.
