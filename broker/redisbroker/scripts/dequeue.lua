@@ -145,14 +145,7 @@ else
   -- limit (see groups.lua). Due scheduled and retry tasks are made ready by
   -- the partition's maintainer (which a due time wakes), so that each call
   -- here costs a few commands only.
-  -- The first group held until a time: those whose time has come go back
-  -- in the rotation. w is read again at the end only if the call changed it.
-  local held = redis.call('ZRANGE', G.w, 0, 0, 'WITHSCORES')[2]
-  local wchanged = false
-  if held and tonumber(held) <= now then
-    release_held(G, now)
-    wchanged = true
-  end
+  release_held(G, now)
   local gc, grl, gper, ord, hold = tonumber(lim[4]), tonumber(lim[5]), tonumber(lim[6]), lim[7] == '1', lim[8] == '1'
   local c = redis.call('HGET', G.s, 'c')
   local ungrouped = redis.call('LLEN', KEYS[2])
@@ -163,33 +156,9 @@ else
   -- after); an ordered group's at once (its holder may go out of turn).
   local unq = {}
   local tries, capped = 0, false
-  -- The rotation from the cursor on, read a batch at a time (members only:
-  -- Redis formats every score it returns), wrapping round once per call at
-  -- most. Groups leaving the rotation are removed after the loop (leave),
-  -- so that a batch is read at an offset (seen: members read since from)
-  -- and the cursor becomes the score of the group looked at last (last).
+  -- The rotation from the cursor on, read a batch at a time, wrapping round
+  -- once per call at most.
   local heads, hi, wrapped = {}, 1, false
-  local from, seen, last = c, 0, nil
-  local leave, left = nil, nil -- made when a group first leaves
-  local function read(count)
-    while true do
-      local raw = redis.call('ZRANGEBYSCORE', G.r, from and ('(' .. from) or '-inf', '+inf', 'LIMIT', seen == 0 and '0' or string.format('%d', seen), count)
-      seen = seen + #raw
-      if not left then return raw end
-      local hs = {}
-      for _, g in ipairs(raw) do
-        if not left[g] then hs[#hs + 1] = g end
-      end
-      if #hs > 0 or #raw == 0 then return hs end
-    end
-  end
-  local function out(g)
-    if not left then left, leave = {}, {} end
-    if not left[g] then
-      left[g] = true
-      leave[#leave + 1] = g
-    end
-  end
   local OUT = g_out()
   -- window_end is when a group whose rate log (after its starts) holds
   -- started starts has room again.
@@ -211,25 +180,26 @@ else
     end
     if hi > #heads then
       local lim = string.format('%d', n - #ids + 1)
-      heads, hi = read(lim), 1
-      if #heads == 0 and (from or last) and not wrapped then
-        wrapped, from, seen, last = true, nil, 0, nil
+      heads, hi = redis.call('ZRANGEBYSCORE', G.r, c and ('(' .. c) or '-inf', '+inf', 'WITHSCORES', 'LIMIT', '0', lim), 1
+      if #heads == 0 and c and not wrapped then
+        wrapped, c = true, nil
         call_many('ZREM', G.q, unq, 1)
         unq = {}
-        heads = read(lim)
+        heads = redis.call('ZRANGEBYSCORE', G.r, '-inf', '+inf', 'WITHSCORES', 'LIMIT', '0', lim)
       end
       if #heads == 0 then break end
-      g_prefetch(G, heads, 1, 1)
+      g_prefetch(G, heads, 1, 2)
     end
     local g = heads[hi]
-    last = g
-    hi = hi + 1
+    c = heads[hi + 1]
     if g == '' then
+      hi = hi + 2
       local id = redis.call('RPOP', KEYS[2])
       ungrouped = ungrouped - 1
       if id then ids[#ids + 1] = id end
-      if not id or ungrouped <= 0 then out('') end
+      if not id or ungrouped <= 0 then redis.call('ZREM', G.r, '') end
     else
+      hi = hi + 2
       -- Count the task as running before looking (one call when it is
       -- taken, as it mostly is); undone when the group cannot start one.
       -- A throttled group is never here: it waits in w.
@@ -266,10 +236,9 @@ else
         else
           g_count(G, g, ((full and 2 or 1) - mark) * OUT - 1)
         end
-        out(g)
+        redis.call('ZREM', G.r, g)
         if first and grl and started >= grl then
           redis.call('ZADD', G.w, window_end(log, started), g)
-          wchanged = true
         end
       else
         if ord then
@@ -293,12 +262,11 @@ else
         if more and not ord and not spent then
           if mark > 0 then g_count(G, g, -mark * OUT) end
         else
-          out(g)
+          redis.call('ZREM', G.r, g)
           local want = limited and 2 or 1
           if want ~= mark then g_count(G, g, (want - mark) * OUT) end
           if more and spent and not ord and not limited then
             redis.call('ZADD', G.w, window_end(log, started), g)
-            wchanged = true
           end
         end
         ids[#ids + 1] = id
@@ -306,17 +274,13 @@ else
       end
     end
   end
-  -- The cursor: the score of the group looked at last, read before the
-  -- groups leaving the rotation are removed; written with the counts.
-  local cur = nil
-  if last then cur = redis.call('ZSCORE', G.r, last) or nil end
-  if leave then call_many('ZREM', G.r, leave, 1) end
   call_many('ZREM', G.q, unq, 1)
-  g_flush(G, 'c', cur)
+  g_flush(G)
+  if c then redis.call('HSET', G.s, 'c', c) end
   if capped then redis.call('PUBLISH', ARGV[6], 'p' .. ARGV[7]) end
   -- The first time a held group may run again, announced once: servers
   -- look again then. A later one is announced when that one has passed.
-  if wchanged then held = redis.call('ZRANGE', G.w, 0, 0, 'WITHSCORES')[2] end
+  local held = redis.call('ZRANGE', G.w, 0, 0, 'WITHSCORES')[2]
   if held then
     local at = string.format('%d', tonumber(held))
     if redis.call('HGET', KEYS[12], 'gw') ~= at then

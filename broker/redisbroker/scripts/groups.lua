@@ -109,12 +109,10 @@ local function g_count(G, g, d)
 end
 
 -- g_flush writes the counts that g_count changed since the cache was made
--- or last flushed: one HSET and one HDEL at most. Field f of s is set to v
--- (unless v is nil) with the same HSET.
-local function g_flush(G, f, v)
+-- or last flushed: one HSET and one HDEL at most.
+local function g_flush(G)
   if not (G and G.a) then return end
   local set, del = {}, {}
-  if v then set[1], set[2] = f, v end
   for g in pairs(G.dirty) do
     local v = G.a[g]
     if v == 0 then
