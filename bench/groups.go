@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -136,6 +137,19 @@ func runGroups(ctx context.Context, e *env, kind string) (results, error) {
 			ratios[i] = fmt.Sprintf("%.2f", got[num][i]/got[den][i])
 		}
 		pairs = append(pairs, fmt.Sprintf("%s ÷ %s by round: %s", groupsModes[num].what, groupsModes[den].what, strings.Join(ratios, " ")))
+		// CPU-bound on a busy machine, throughput follows the CPU a task
+		// costs (redis-server and the bench process together), which
+		// swings far less than throughput from round to round.
+		var cpu []string
+		for i := range costs[den] {
+			n, d := costs[num][i], costs[den][i]
+			if n.redisCPU+n.benchCPU > 0 && d.benchCPU > 0 {
+				cpu = append(cpu, fmt.Sprintf("%.2f", (d.redisCPU+d.benchCPU)/(n.redisCPU+n.benchCPU)))
+			}
+		}
+		if len(cpu) > 0 {
+			pairs = append(pairs, fmt.Sprintf("CPU per task, %s ÷ %s, by round: %s", groupsModes[den].what, groupsModes[num].what, strings.Join(cpu, " ")))
+		}
 	}
 	e.note("groups/%s: %s tasks (%s groups), concurrency %d, each drain on a flushed Redis, order rotating; %s; %s",
 		kind, kcount(e.sz.grpN), kcount(e.sz.grpGroups), e.sz.concurrency, strings.Join(parts, "; "), strings.Join(pairs, "; "))
@@ -147,19 +161,42 @@ func runGroups(ctx context.Context, e *env, kind string) (results, error) {
 		}
 		cs = append(cs, fmt.Sprintf("%s: %s", mode.what, strings.Join(parts, "; ")))
 	}
-	e.note("groups/%s, Redis per task by round (INFO commandstats from Start to drained: script calls, µs of script time, commands run inside scripts, PUBLISH, i.e. server wake-ups sent): %s", kind, strings.Join(cs, " | "))
+	e.note("groups/%s, Redis per task by round (INFO commandstats from Start to drained: script calls, µs of script time, commands run inside scripts, PUBLISH, i.e. server wake-ups sent; and CPU time per task of redis-server, INFO cpu, and of the bench process, which runs the client and the server, /proc/self/stat): %s", kind, strings.Join(cs, " | "))
 	e.note("groups: %s", noGroupsNote)
 	return res, nil
 }
 
 // redisCost is what Redis spent per task on a drain, from INFO
-// commandstats (reset just before the server starts).
+// commandstats (reset just before the server starts), and the CPU time
+// per task of redis-server and of the bench process (client and server)
+// meanwhile (zero when unknown).
 type redisCost struct {
 	scripts, usec, inner, publish float64
+	redisCPU, benchCPU            float64 // µs
 }
 
 func (c redisCost) String() string {
-	return fmt.Sprintf("%.3f calls %.1f µs %.2f cmds %.3f pub", c.scripts, c.usec, c.inner, c.publish)
+	return fmt.Sprintf("%.3f calls %.1f µs %.2f cmds %.3f pub, CPU %.1f µs Redis %.1f µs bench", c.scripts, c.usec, c.inner, c.publish, c.redisCPU, c.benchCPU)
+}
+
+// selfCPU is the bench process's CPU time so far (all its threads), in
+// seconds, from /proc/self/stat; 0 where there is no /proc.
+func selfCPU() float64 {
+	b, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		return 0
+	}
+	u, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0
+	}
+	return float64(u+st) / clockTicks
 }
 
 // topLevel are commands the bench and the server send themselves, not
@@ -258,6 +295,11 @@ func drainGroups(ctx context.Context, e *env, mode groupsMode) (float64, redisCo
 	if err := e.admin.ConfigResetStat(ctx).Err(); err != nil {
 		return 0, redisCost{}, err
 	}
+	rcpu0, err := redisCPU(ctx, e.admin)
+	if err != nil {
+		return 0, redisCost{}, err
+	}
+	bcpu0 := selfCPU()
 	rec := newRecorder(n)
 	start := time.Now()
 	srv, err := s.startServer(serverConfig{concurrency: e.sz.concurrency, queues: []string{groupsQueue}}, rec.handle)
@@ -272,9 +314,18 @@ func drainGroups(ctx context.Context, e *env, mode groupsMode) (float64, redisCo
 	if err != nil {
 		return 0, redisCost{}, err
 	}
+	bcpu := selfCPU() - bcpu0
+	rcpu, err := redisCPU(ctx, e.admin)
+	if err != nil {
+		return 0, redisCost{}, err
+	}
 	cost, err := readCost(ctx, e, n)
 	if err != nil {
 		return 0, redisCost{}, err
+	}
+	cost.redisCPU = (rcpu - rcpu0) * 1e6 / float64(n)
+	if bcpu0 > 0 {
+		cost.benchCPU = bcpu * 1e6 / float64(n)
 	}
 	return rate(n, drained), cost, nil
 }

@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/broker/redisbroker"
+	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/tidetype"
 )
 
 // TestGroupActiveCounts: the group state hash counts, for each group, the
@@ -96,6 +99,100 @@ func TestGroupActiveCounts(t *testing.T) {
 		check(fmt.Sprintf("round %d, after settling %d", round, n), running)
 		if len(ds) == 0 && len(held) == 0 {
 			break
+		}
+	}
+}
+
+// TestGroupedLeaseCommands: a Settle that frees slots of a full partition
+// while groups wait in the rotation wakes the servers once and reads no
+// clock (it needs one only to look for held groups whose time has come,
+// when the rotation is empty); the tasks still waiting then start.
+func TestGroupedLeaseCommands(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t) // own server: the command counts are ours alone
+	rdb := redistest.Client(t, srv.Addr)
+	b := redisbroker.New(rdb, redisbroker.WithPrefix(redistest.Prefix(t)))
+	t.Cleanup(func() { _ = b.Close() })
+	ctx := context.Background()
+	const q, groups, limit = "gcmds", 30, 20
+	if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Concurrency: limit}); err != nil {
+		t.Fatal(err)
+	}
+	for g := range groups {
+		mustEnqueue(t, b, broker.EnqueueOptions{}, groupMsg(q, "t", fmt.Sprintf("g%02d", g)))
+	}
+	calls := func() map[string]int {
+		t.Helper()
+		out := map[string]int{}
+		for _, line := range strings.Split(rdb.Info(ctx, "commandstats").Val(), "\n") {
+			name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+			if !ok || !strings.HasPrefix(name, "cmdstat_") {
+				continue
+			}
+			n, err := strconv.Atoi(strings.TrimPrefix(strings.Split(rest, ",")[0], "calls="))
+			if err != nil {
+				t.Fatalf("commandstats line %q: %v", line, err)
+			}
+			out[strings.TrimPrefix(name, "cmdstat_")] = n
+		}
+		return out
+	}
+	// Each group has one task; the partition fills up to its limit.
+	var held []*broker.Delivery
+	for len(held) < limit {
+		ds, err := b.Dequeue(ctx, []string{q}, 10, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ds) == 0 {
+			t.Fatalf("Dequeue leased nothing with %d of %d slots in use and %d groups waiting", len(held), limit, groups-len(held))
+		}
+		held = append(held, ds...)
+	}
+	if len(held) != limit {
+		t.Fatalf("leased %d tasks under Concurrency %d", len(held), limit)
+	}
+	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	ss := make([]broker.Settlement, 5)
+	for i, d := range held[:5] {
+		ss[i] = broker.Settlement{Lease: d.Lease(), Kind: broker.SettleDone, Task: d.Task, At: time.Now()}
+	}
+	errs, err := b.Settle(ctx, ss)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("settle %s: %v", ss[i].Lease.ID, err)
+		}
+	}
+	c := calls()
+	if c["publish"] != 1 {
+		t.Errorf("a Settle freeing slots of a full partition with groups waiting published %d wake-ups, want 1", c["publish"])
+	}
+	if c["time"] != 0 {
+		t.Errorf("a Settle of done tasks with groups waiting in the rotation read the clock %d times, want 0", c["time"])
+	}
+	// The rest start, in the order the groups joined the rotation.
+	ds, err := b.Dequeue(ctx, []string{q}, 10, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ds) != 5 {
+		t.Fatalf("after 5 slots freed, Dequeue leased %d tasks, want 5", len(ds))
+	}
+	seen := map[string]bool{}
+	for _, d := range append(held, ds...) {
+		if seen[d.Task.Group] {
+			t.Fatalf("group %s started twice", d.Task.Group)
+		}
+		seen[d.Task.Group] = true
+	}
+	for g := range limit + 5 {
+		if name := fmt.Sprintf("g%02d", g); !seen[name] {
+			t.Errorf("group %s did not start though it joined the rotation among the first %d", name, limit+5)
 		}
 	}
 }

@@ -240,12 +240,17 @@ local function g_release(G, g, id, left, finished, ordered)
 end
 
 -- g_waiting reports whether grouped tasks may wait for a free slot: a group
--- is in the rotation, or one held back until a time that now (ms) has
--- reached (the next Dequeue puts it back). G is nil when the partition has
--- no grouped task.
+-- is in the rotation, or one held back until a time that now (ms; nil: the
+-- Redis clock, read only when needed) has reached (the next Dequeue puts it
+-- back). G is nil when the partition has no grouped task.
 local function g_waiting(G, now)
   if not G then return false end
-  return redis.call('ZCARD', G.r) > 0 or redis.call('ZRANGEBYSCORE', G.w, '-inf', now, 'LIMIT', 0, 1)[1] ~= nil
+  if redis.call('ZCARD', G.r) > 0 then return true end
+  if not now then
+    local t = redis.call('TIME') -- lib.lua's redis_now, which comes after this file
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return redis.call('ZRANGEBYSCORE', G.w, '-inf', now, 'LIMIT', 0, 1)[1] ~= nil
 end
 
 -- g_forget deletes what the partition keeps of a grouped task whose record

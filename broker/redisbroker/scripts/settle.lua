@@ -207,7 +207,7 @@ end
 if requeued > 0 and redis.call('LLEN', KEYS[3]) == requeued then
   redis.call('PUBLISH', ARGV[4], 'p' .. ARGV[5])
 end
-if was_full and redis.call('ZCARD', KEYS[2]) < share and (redis.call('LLEN', KEYS[3]) > 0 or g_waiting(G, redis_now())) then
+if was_full and redis.call('ZCARD', KEYS[2]) < share and (redis.call('LLEN', KEYS[3]) > 0 or g_waiting(G, nil)) then
   redis.call('PUBLISH', ARGV[4], 'p' .. ARGV[5])
 end
 if was_capped and redis.call('ZCARD', KEYS[2]) < share then
