@@ -169,10 +169,72 @@ func (b *Broker) clearPointer(ctx context.Context, queue string, l layout, in pa
 // errFenced is a store refused because its claim was fenced or too old.
 var errFenced = fmt.Errorf("%w: the enqueue took too long or met another enqueue of its task ID; nothing was stored", broker.ErrUnavailable)
 
+// lookOldSpan looks, while a repartition runs, whether a task of the old
+// span holds it's ID: its record in the ID's old partition, or a pointer
+// there to its record in its group's old partition. A task there is
+// ErrTaskIDConflict; with Replace a waiting one moves to the new span
+// first (moveAhead), where the enqueue meets it as any other time. When no
+// task of the old span holds the ID none will (new tasks go to the new
+// span), and one that moved is in the new span already (the move places a
+// task before it deletes it from the old partition), so what the new span
+// holds decides: its pointers may be cleared and claimed as always.
+func (b *Broker) lookOldSpan(ctx context.Context, it item) error {
+	t, l := it.t, it.lay
+	in, _ := b.oldPartOf(t.Queue, l, t.ID)
+	for attempt := 0; ; attempt++ {
+		v, err := b.rdb.HGet(ctx, in.k("t"), t.ID).Result()
+		if errors.Is(err, redis.Nil) {
+			return nil
+		}
+		if err != nil {
+			return callErr("enqueue", classify(err))
+		}
+		where := in
+		if ptr, ok := parsePointer(v); ok {
+			// A claim there never stores now: the repartition settled the
+			// claims it found, and later ones are refused by its hold.
+			where, _ = b.oldPartOf(t.Queue, l, ptr.group)
+			has, err := b.idsText(ctx, where, "look", t.ID, "r")
+			if errors.Is(err, broker.ErrLayout) {
+				has, err = "0", nil // retired: it holds nothing
+			}
+			if err != nil {
+				return err
+			}
+			if has == "0" {
+				return nil
+			}
+		}
+		if !it.replace || attempt > 0 {
+			return broker.ErrTaskIDConflict
+		}
+		if err := b.moveAhead(ctx, l, where, []string{t.ID}); err != nil {
+			return err
+		}
+	}
+}
+
 // enqueueFree enqueues it, a task that needsPointer, by the protocol of
 // ids.lua: claim in the ID's partition, store in the group's, confirm.
+// While a repartition runs it also takes the grouped tasks with free IDs
+// that need no pointer in the new span, after a look at the old span.
 func (b *Broker) enqueueFree(ctx context.Context, it item, opts broker.EnqueueOptions) error {
 	t, l := it.t, it.lay
+	if l.old != nil {
+		if err := b.lookOldSpan(ctx, it); err != nil {
+			return err
+		}
+		it.looked = true
+		if !needsPointer(t, l) {
+			items := []item{it}
+			errs, err := b.enqueueNow(ctx, items, opts)
+			if err != nil {
+				return err
+			}
+			b.freeConflicts(ctx, items, errs, opts)
+			return errs[0]
+		}
+	}
 	in := b.partOf(t.Queue, l, t.ID)
 	home := b.partOf(t.Queue, l, t.Group)
 	nonce := newNonce()
@@ -256,7 +318,10 @@ func (b *Broker) enqueueFree(ctx context.Context, it item, opts broker.EnqueueOp
 // is cleared and the task sent again.
 func (b *Broker) freeConflicts(ctx context.Context, items []item, errs []error, opts broker.EnqueueOptions) {
 	for i, it := range items {
-		if !errors.Is(errs[i], broker.ErrTaskIDConflict) || it.own || it.lay.cur.n < 2 || it.lay.old != nil || needsPointer(it.t, it.lay) {
+		// While a repartition runs the new span's pointers are cleared
+		// only after lookOldSpan (a pointer written by the move may lead to
+		// a task not placed yet).
+		if !errors.Is(errs[i], broker.ErrTaskIDConflict) || it.own || it.lay.cur.n < 2 || (it.lay.old != nil && !it.looked) || needsPointer(it.t, it.lay) {
 			continue
 		}
 		in := b.partOf(it.t.Queue, it.lay, it.t.ID)
