@@ -80,3 +80,16 @@ func SetLimitsRecorded(f func(queue string)) {
 	}
 	limitsRecorded.Store(&f)
 }
+
+// SetAfterMove sets a function that a Replace moving a grouped task with a
+// free ID into a group of another partition runs after each of its steps
+// ("claimed", "left", "stored"; an error ends the enqueue there, as if the
+// client died); nil removes it. Tests that set it must not run in parallel
+// with others that do.
+func SetAfterMove(f func(id, step string) error) {
+	if f == nil {
+		afterMove.Store(nil)
+		return
+	}
+	afterMove.Store(&f)
+}

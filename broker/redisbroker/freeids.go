@@ -41,13 +41,29 @@ var afterClaim atomic.Pointer[func(id string) error]
 // its partition first looks whether its task is still there.
 const pointerLook = 10 * time.Second
 
+// afterMove, when set (by tests), runs after each step of a move
+// (moveFree: "claimed", "left", "stored"); an error ends the enqueue there,
+// as if the client died.
+var afterMove atomic.Pointer[func(id, step string) error]
+
+func moveStep(id, step string) error {
+	if f := afterMove.Load(); f != nil {
+		return (*f)(id, step)
+	}
+	return nil
+}
+
 // pointer is an index entry of ids.lua.
 type pointer struct {
-	state byte // 'c' claimed, 'k' confirmed
+	state byte // 'c' claimed, 'k' confirmed, 'v' a move's claim
 	nonce string
 	at    int64 // claim time, ms on the clock of the pointer's node
 	group string
+	from  string // of a move: the group the task leaves
 }
+
+// claimed reports a claim that is not settled yet (repair settles it).
+func (p pointer) claimed() bool { return p.state == 'c' || p.state == 'v' }
 
 func parsePointer(v string) (pointer, bool) {
 	if len(v) < 21 || v[0] != 0 || v[1] != 'g' {
@@ -62,7 +78,14 @@ func parsePointer(v string) (pointer, bool) {
 	if err != nil {
 		return pointer{}, false
 	}
-	return pointer{state: v[2], nonce: v[3:19], at: at, group: v[z+1:]}, true
+	p := pointer{state: v[2], nonce: v[3:19], at: at, group: v[z+1:]}
+	if p.state == 'v' {
+		var ok bool
+		if p.group, p.from, ok = strings.Cut(p.group, "\x00"); !ok {
+			return pointer{}, false
+		}
+	}
+	return p, true
 }
 
 // needsPointer reports whether task t takes the free-ID protocol on
@@ -135,6 +158,9 @@ func (b *Broker) sameSpan(queue string, l layout, p part, key string) part {
 // in the group's partition, then confirms it (the task was stored) or
 // releases it (it never will be).
 func (b *Broker) repair(ctx context.Context, queue string, l layout, in part, id string, ptr pointer) error {
+	if ptr.state == 'v' {
+		return b.repairMove(ctx, queue, l, in, id, ptr)
+	}
 	g := b.sameSpan(queue, l, in, ptr.group)
 	exp := ptr.at + (b.claimLife() + clockSlack()).Milliseconds()
 	r, err := b.idsText(ctx, g, "fence", id, ptr.nonce, exp)
@@ -154,7 +180,7 @@ func (b *Broker) repair(ctx context.Context, queue string, l layout, in part, id
 // whose task is gone. It reports whether the way is clear (false: a task
 // holds the ID).
 func (b *Broker) clearPointer(ctx context.Context, queue string, l layout, in part, id string, ptr pointer) (bool, error) {
-	if ptr.state == 'c' {
+	if ptr.claimed() {
 		return true, b.repair(ctx, queue, l, in, id, ptr)
 	}
 	g := b.sameSpan(queue, l, in, ptr.group)
@@ -264,7 +290,14 @@ func (b *Broker) enqueueFree(ctx context.Context, it item, opts broker.EnqueueOp
 		}
 		if ptr.state == 'k' && it.replace {
 			if broker.Partition(ptr.group, l.cur.n) != broker.Partition(t.Group, l.cur.n) {
-				return fmt.Errorf("%w: task %q is in group %q, whose partition is not group %q's; Replace cannot move it there (delete it first)", broker.ErrTaskIDConflict, t.ID, ptr.group, t.Group)
+				if l.old != nil {
+					return fmt.Errorf("%w: task %q is in group %q, whose partition is not group %q's; Replace moves it there once the repartition of queue %q ends", broker.ErrTaskIDConflict, t.ID, ptr.group, t.Group, t.Queue)
+				}
+				again, err := b.moveFree(ctx, it, opts, in, ptr)
+				if again {
+					continue
+				}
+				return err
 			}
 			has, err := b.idsText(ctx, home, "look", t.ID, "r")
 			if err != nil {
@@ -378,16 +411,24 @@ func (b *Broker) resolve(ctx context.Context, queue string, l layout, id string)
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, callErr("look up "+id, classify(err))
 	}
+	res := make([]found, 0, len(out)+1)
 	for i, c := range cmds {
+		res = append(res, out[i])
 		if c == nil {
 			continue
 		}
 		if ptr, ok := parsePointer(c.Val()); ok {
 			in := out[i].p
-			out[i] = found{p: b.sameSpan(queue, l, in, ptr.group), via: &in, nonce: ptr.nonce}
+			res[len(res)-1] = found{p: b.sameSpan(queue, l, in, ptr.group), via: &in, nonce: ptr.nonce}
+			if ptr.state == 'v' {
+				// A move under way: the task stays in the old group's
+				// partition until it is stored in the new one's, so look
+				// there first.
+				res = append(res[:len(res)-1], found{p: b.sameSpan(queue, l, in, ptr.from), via: &in, nonce: ptr.nonce}, res[len(res)-1])
+			}
 		}
 	}
-	return out, nil
+	return res, nil
 }
 
 // release drops the pointer that led to a task that is gone now (best
@@ -457,7 +498,7 @@ func (b *Broker) sweepIDs(ctx context.Context, queue string, l layout, p part) e
 		if !ok {
 			continue
 		}
-		if ptr.state == 'c' {
+		if ptr.claimed() {
 			if now < ptr.at+(b.claimLife()+clockSlack()).Milliseconds() {
 				continue // not due after all (clocks); looked at later
 			}
@@ -495,4 +536,167 @@ func (b *Broker) sweepIDs(ctx context.Context, queue string, l layout, p part) e
 		}
 	}
 	return nil
+}
+
+// relocateText runs one relocate.lua op on task id in partition p, the
+// partition of the group the task leaves.
+func (b *Broker) relocateText(ctx context.Context, p part, op, id, nonce string, args ...any) (string, error) {
+	keys := append(p.keys("t", "pending", "scheduled", "retry", "archived", "completed", "result", "h", "u", "meta", "xr", "xl"), p.groupKeys()...)
+	c := &call{
+		script: b.s.relocate,
+		keys:   append(keys, p.k("pg")),
+		args:   append([]any{p.layout, op, id, nonce}, args...),
+		queue:  p.queue,
+	}
+	b.run(ctx, []*call{c})
+	if c.err != nil {
+		return "", callErr("move task "+op, c.err)
+	}
+	s, err := c.cmd.Text()
+	if err != nil {
+		return "", callErr("move task "+op, fmt.Errorf("unexpected reply: %w", err))
+	}
+	return s, nil
+}
+
+// moveFree replaces task it.t.ID, which waits in group old.group (its
+// pointer old in partition in), by it, a task of a group in another
+// partition (Replace). The steps, each idempotent by a new nonce N:
+//
+//  1. move in I: the confirmed pointer becomes a move's claim naming both
+//     groups (compare-and-set on old's nonce); lookups look in the old
+//     group's partition S, then in the new one's D.
+//  2. leave in S: the task, when it waits or has finished, is taken out
+//     of where it waits and flagged as moving, so nothing leases it; one
+//     that runs (or a workflow's step, ...) is a conflict, as on one
+//     partition, and the claim goes back.
+//  3. store in D under the claim (enqueue.lua, fenced like any claim).
+//  4. gone in S deletes the task that left; moved in I confirms the
+//     pointer for the new group.
+//
+// A definite refusal of the store puts the task back (stay in S, then in
+// I); with no answer the claim stays, and repairMove finishes or undoes
+// the move. again reports that the pointer changed before step 1: the
+// caller looks again.
+func (b *Broker) moveFree(ctx context.Context, it item, opts broker.EnqueueOptions, in part, old pointer) (again bool, err error) {
+	t, l := it.t, it.lay
+	src := b.partOf(t.Queue, l, old.group)
+	nonce := newNonce()
+	look := (b.claimLife() + clockSlack()).Milliseconds()
+	r, err := b.idsText(ctx, in, "move", t.ID, nonce, t.Group, look, old.nonce, old.group)
+	if err != nil {
+		return false, err
+	}
+	switch {
+	case r == "0":
+		return true, nil
+	case r == "d" || len(r) < 2 || r[0] != 'c':
+		return false, callErr("task index move", fmt.Errorf("unexpected reply %q", r))
+	}
+	at, err := strconv.ParseInt(r[1:], 10, 64)
+	if err != nil {
+		return false, callErr("task index move", fmt.Errorf("unexpected reply %q", r))
+	}
+	deadline := at + b.claimLife().Milliseconds()
+	if err := moveStep(t.ID, "claimed"); err != nil {
+		return false, err
+	}
+	lv, err := b.relocateText(ctx, src, "leave", t.ID, nonce, old.group, deadline)
+	if err != nil {
+		return false, err // the repair settles the claim
+	}
+	switch lv {
+	case "ok", "gone":
+	case "busy", "no":
+		b.undoMove(ctx, t.Queue, in, src, t.ID, nonce, deadline)
+		return false, fmt.Errorf("%w: task %q of group %q cannot be replaced now (it runs, or is a workflow's step)", broker.ErrTaskIDConflict, t.ID, old.group)
+	case "late":
+		b.undoMove(ctx, t.Queue, in, src, t.ID, nonce, deadline)
+		return false, errFenced
+	case "held":
+		b.undoMove(ctx, t.Queue, in, src, t.ID, nonce, deadline)
+		return false, fmt.Errorf("%w: queue %q is being repartitioned; replace task %q again when that is done", broker.ErrUnavailable, t.Queue, t.ID)
+	default:
+		return false, callErr("move task leave", fmt.Errorf("unexpected reply %q", lv))
+	}
+	if err := moveStep(t.ID, "left"); err != nil {
+		return false, err
+	}
+	it.claim = nonce + strconv.FormatInt(deadline, 10)
+	it.replace = false // nothing holds the ID in the new group's partition
+	id := t.ID
+	errs, err := b.enqueueNow(ctx, []item{it}, opts)
+	if err == nil {
+		err = errs[0]
+	}
+	switch {
+	case (err == nil || errors.Is(err, broker.ErrNotReplicated)) && t.ID == id:
+		if serr := moveStep(id, "stored"); serr != nil {
+			return false, serr
+		}
+		_, gerr := b.relocateText(ctx, src, "gone", id, nonce, src.channel, src.idx)
+		if gerr == nil {
+			_, gerr = b.idsText(ctx, in, "moved", id, nonce, pointerLook.Milliseconds())
+		}
+		if gerr != nil {
+			b.log.Warn("tide: redisbroker: a moved task's index entry is left claimed; the partition's maintainer finishes the move", "queue", t.Queue, "err", gerr)
+		}
+		return false, err
+	case err == nil || errors.Is(err, broker.ErrTaskIDConflict) || errors.Is(err, broker.ErrDuplicateTask) ||
+		errors.Is(err, broker.ErrInvalidTask) || errors.Is(err, errFenced) || errors.Is(err, broker.ErrLayout):
+		// Nothing stored under this claim: the task stays where it was.
+		t.ID = id
+		b.undoMove(ctx, t.Queue, in, src, id, nonce, deadline)
+		return false, err
+	}
+	return false, err // unknown: the claim stays for the repair to decide
+}
+
+// undoMove puts back the task that a move (nonce) took out of partition
+// src, whose store was refused or never sent, and its pointer in in (best
+// effort: the repair does it otherwise).
+func (b *Broker) undoMove(ctx context.Context, queue string, in, src part, id, nonce string, deadline int64) {
+	s, err := b.relocateText(ctx, src, "stay", id, nonce, deadline+clockSlack().Milliseconds(), src.channel, src.idx)
+	if err == nil {
+		if s == "g" {
+			_, err = b.idsText(ctx, in, "release", id, nonce, "")
+		} else {
+			_, err = b.idsText(ctx, in, "stay", id, nonce, pointerLook.Milliseconds())
+		}
+	}
+	if err != nil {
+		b.log.Warn("tide: redisbroker: a moved task's index entry is left claimed; the partition's maintainer puts the task back", "queue", queue, "err", err)
+	}
+}
+
+// repairMove settles a move's claim ptr of id in partition in (see
+// moveFree): it fences the claim in the new group's partition; a task
+// stored there before finishes the move (the task that left is deleted,
+// the pointer names the new group), else the task that left is put back
+// (or the pointer released when it is gone).
+func (b *Broker) repairMove(ctx context.Context, queue string, l layout, in part, id string, ptr pointer) error {
+	dst := b.sameSpan(queue, l, in, ptr.group)
+	src := b.sameSpan(queue, l, in, ptr.from)
+	exp := ptr.at + (b.claimLife() + clockSlack()).Milliseconds()
+	r, err := b.idsText(ctx, dst, "fence", id, ptr.nonce, exp)
+	if err != nil {
+		return err
+	}
+	if r == "s" {
+		if _, err := b.relocateText(ctx, src, "gone", id, ptr.nonce, src.channel, src.idx); err != nil {
+			return err
+		}
+		_, err = b.idsText(ctx, in, "moved", id, ptr.nonce, pointerLook.Milliseconds())
+		return err
+	}
+	s, err := b.relocateText(ctx, src, "stay", id, ptr.nonce, exp, src.channel, src.idx)
+	if err != nil {
+		return err
+	}
+	if s == "g" {
+		_, err = b.idsText(ctx, in, "release", id, ptr.nonce, "")
+	} else {
+		_, err = b.idsText(ctx, in, "stay", id, ptr.nonce, pointerLook.Milliseconds())
+	}
+	return err
 }

@@ -41,6 +41,7 @@
 //	<prefix>:{<queue>:<p>}:oc         hash: task ID -> how it ended, kept for Wait
 //	<prefix>:{<queue>:<p>}:x          zset: task ID -> next look (ms) of the pointers in t (see Groups)
 //	<prefix>:{<queue>:<p>}:xr         zset: claim nonce -> expiry (ms) of the fenced claims (see Groups)
+//	<prefix>:{<queue>:<p>}:xl         hash: task ID -> nonce and score of a task leaving for a group of another partition (see Groups)
 //	<prefix>:{<queue>:<p>}:ocx        zset: task ID -> when its outcome is forgotten
 //	<prefix>:{<queue>:<p>}:events     stream: task lifecycle events, entries 0-1, 0-2, ... (see Events below)
 //	<prefix>:queues                   set of known queue names

@@ -333,7 +333,7 @@ func (b *Broker) holdFreeIDs(ctx context.Context, queue string, l layout) error 
 			if err != nil && !errors.Is(err, redis.Nil) {
 				return fail(err)
 			}
-			if ptr, ok := parsePointer(v); ok && ptr.state == 'c' {
+			if ptr, ok := parsePointer(v); ok && ptr.claimed() {
 				if err := b.repair(ctx, queue, l, p, id, ptr); err != nil {
 					return err
 				}
@@ -464,7 +464,7 @@ func (b *Broker) drainPointers(ctx context.Context, l layout, o part) (int, erro
 			b.rdb.ZRem(ctx, o.k("x"), id)
 			continue
 		}
-		if ptr.state == 'c' {
+		if ptr.claimed() {
 			if err := b.repair(ctx, o.queue, l, o, id, ptr); err != nil {
 				return 0, err
 			}

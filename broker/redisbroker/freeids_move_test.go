@@ -1,0 +1,257 @@
+package redisbroker_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/broker/redisbroker"
+	"github.com/tidequeue/tide/internal/faultproxy"
+	"github.com/tidequeue/tide/internal/testwait"
+	"github.com/tidequeue/tide/tidetype"
+)
+
+// replaceOne enqueues m with Replace and returns its error.
+func replaceOne(b broker.Broker, m *tidetype.TaskInfo) error {
+	errs, err := b.Enqueue(context.Background(), []*tidetype.TaskInfo{m}, broker.EnqueueOptions{Replace: true})
+	if err == nil {
+		err = errs[0]
+	}
+	return err
+}
+
+// wantIndex fails unless id has one record, in partition rec, and the
+// pointers ptrs (of six partitions).
+func wantIndex(t *testing.T, e env, q, id string, rec int, ptrs ...string) {
+	t.Helper()
+	ix := indexOf(t, e.rdb, e.prefix, q, 6, id)
+	if len(ix.records) != 1 || ix.records[0] != rec || !slices.Equal(ix.pointers, ptrs) {
+		t.Fatalf("%s: records in %v, pointers %v; want a record in %d and pointers %v", id, ix.records, ix.pointers, rec, ptrs)
+	}
+}
+
+// Replace moves a waiting grouped task with a free ID into a group of
+// another partition: a new task there, after that group's others, found
+// by its ID, with its pointer naming the new group; its old ordered group
+// lets it go.
+func TestFreeIDReplaceIntoAnotherPartition(t *testing.T) {
+	t.Parallel()
+	e := setup(t, redisbroker.WithPartitions(6))
+	ctx := context.Background()
+	const q = "move"
+	if err := e.b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Ordered: true}); err != nil {
+		t.Fatal(err)
+	}
+	// shop-7 in partition 3 holds order-cancel:42 (ID in 2) and a task
+	// after it; shop-8 in partition 4 one task.
+	mustEnqueue(t, e.b, broker.EnqueueOptions{}, freeMsg(q, "order-cancel:42", "shop-7"), freeMsg(q, "after", "shop-7"), freeMsg(q, "first", "shop-8"))
+	wantIndex(t, e, q, "order-cancel:42", 3, "2:k:shop-7")
+	m := freeMsg(q, "order-cancel:42", "shop-8")
+	m.Payload = []byte("moved")
+	if err := replaceOne(e.b, m); err != nil {
+		t.Fatalf("Replace into a group of another partition: %v", err)
+	}
+	wantIndex(t, e, q, "order-cancel:42", 4, "2:k:shop-8")
+	got, err := e.b.GetTask(ctx, q, "order-cancel:42")
+	if err != nil || got.Group != "shop-8" || string(got.Payload) != "moved" {
+		t.Fatalf("GetTask after the move: %+v, %v", got, err)
+	}
+	ran := runOneByOne(t, e.b, q)
+	if len(ran) != 3 || slices.Index(ran, "first") > slices.Index(ran, "order-cancel:42") || !slices.Contains(ran, "after") {
+		t.Fatalf("ran %v; want after, and first before order-cancel:42", ran)
+	}
+	// Replace again, back, once it has run: a new task in shop-7.
+	mustEnqueue(t, e.b, broker.EnqueueOptions{}, freeMsg(q, "order-cancel:42", "shop-8"))
+	if err := replaceOne(e.b, freeMsg(q, "order-cancel:42", "shop-7")); err != nil {
+		t.Fatalf("Replace back: %v", err)
+	}
+	wantIndex(t, e, q, "order-cancel:42", 3, "2:k:shop-7")
+}
+
+// A running task is not waiting: its Replace into a group of another
+// partition is ErrTaskIDConflict, as on one partition, and leaves it as it
+// was; so is one leased while the move begins. A task taken out of its
+// group by a move is leased by nobody.
+func TestFreeIDMoveOfARunningTask(t *testing.T) {
+	// Not parallel: it sets the package's hooks.
+	e := setup(t, redisbroker.WithPartitions(6))
+	ctx := context.Background()
+	const q = "moverun"
+	mustEnqueue(t, e.b, broker.EnqueueOptions{}, freeMsg(q, "order-cancel:42", "shop-7"))
+	ds, err := e.b.Dequeue(ctx, []string{q}, 1, time.Minute)
+	if err != nil || len(ds) != 1 {
+		t.Fatalf("Dequeue: %v, %v", ds, err)
+	}
+	if err := replaceOne(e.b, freeMsg(q, "order-cancel:42", "shop-8")); !errors.Is(err, broker.ErrTaskIDConflict) {
+		t.Fatalf("Replace of a running task into another partition: %v, want ErrTaskIDConflict", err)
+	}
+	wantIndex(t, e, q, "order-cancel:42", 3, "2:k:shop-7")
+	if errs, err := e.b.Settle(ctx, []broker.Settlement{{Lease: ds[0].Lease(), Kind: broker.SettleDone, Task: ds[0].Task}}); err != nil || errs[0] != nil {
+		t.Fatalf("Settle of the task the Replace left running: %v %v", errs, err)
+	}
+
+	// Leased between the move's claim and its leave.
+	mustEnqueue(t, e.b, broker.EnqueueOptions{}, freeMsg(q, "order-cancel:43", "shop-7"))
+	var leased []*broker.Delivery
+	redisbroker.SetAfterMove(func(id, step string) error {
+		if step != "claimed" {
+			return nil
+		}
+		ds, err := e.b.Dequeue(ctx, []string{q}, 1, time.Minute)
+		if err != nil {
+			return err
+		}
+		leased = ds
+		return nil
+	})
+	t.Cleanup(func() { redisbroker.SetAfterMove(nil) })
+	if err := replaceOne(e.b, freeMsg(q, "order-cancel:43", "shop-8")); !errors.Is(err, broker.ErrTaskIDConflict) {
+		t.Fatalf("Replace of a task leased as the move began: %v, want ErrTaskIDConflict", err)
+	}
+	if len(leased) != 1 || leased[0].Task.ID != "order-cancel:43" {
+		t.Fatalf("leased %v as the move began", leased)
+	}
+	ix := indexOf(t, e.rdb, e.prefix, q, 6, "order-cancel:43")
+	if len(ix.records) != 1 || ix.records[0] != 3 || len(ix.pointers) != 1 || !strings.HasSuffix(ix.pointers[0], ":k:shop-7") {
+		t.Fatalf("order-cancel:43 after the refused move: records %v, pointers %v", ix.records, ix.pointers)
+	}
+	if errs, err := e.b.Settle(ctx, []broker.Settlement{{Lease: leased[0].Lease(), Kind: broker.SettleDone, Task: leased[0].Task}}); err != nil || errs[0] != nil {
+		t.Fatalf("Settle: %v %v", errs, err)
+	}
+
+	// Leased by nobody once it left its group.
+	mustEnqueue(t, e.b, broker.EnqueueOptions{}, freeMsg(q, "order-cancel:42", "shop-7"))
+	leased = nil
+	redisbroker.SetAfterMove(func(id, step string) error {
+		if step != "left" {
+			return nil
+		}
+		ds, err := e.b.Dequeue(ctx, []string{q}, 10, time.Minute)
+		leased = ds
+		return err
+	})
+	if err := replaceOne(e.b, freeMsg(q, "order-cancel:42", "shop-8")); err != nil {
+		t.Fatalf("Replace: %v", err)
+	}
+	if len(leased) != 0 {
+		t.Fatalf("leased %v while it moved", leased[0].Task.ID)
+	}
+	wantIndex(t, e, q, "order-cancel:42", 4, "2:k:shop-8")
+}
+
+// Each call of a move re-sent after a lost reply answers like its first
+// run: one task, in the new group's partition, one pointer naming it.
+func TestResentFreeIDMoveStoresOnce(t *testing.T) {
+	t.Parallel()
+	files := redisbroker.ScriptFiles()
+	sha := map[string]string{}
+	for s, f := range files {
+		sha[f] = s
+	}
+	for _, c := range []struct {
+		name string
+		file string
+		n    int
+	}{{"ClaimMoveAndMoved", "ids.lua", 3}, {"LeaveAndGone", "relocate.lua", 2}, {"Store", "enqueue.lua", 1}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFaulty(t, redisbroker.WithPartitions(6))
+			ctx := context.Background()
+			mustEnqueue(t, f.b, broker.EnqueueOptions{}, freeMsg("q6", "order-cancel:42", "shop-7"))
+			before := f.proxy.Seen("EVALSHA")
+			f.proxy.DelayReplies(faultproxy.Commands("EVALSHA").WithFirstArg(sha[c.file]), 500*time.Millisecond, c.n)
+			m := freeMsg("q6", "order-cancel:42", "shop-8")
+			m.Payload = []byte("moved")
+			mustEnqueue(t, f.b, broker.EnqueueOptions{Replace: true}, m)
+			if sent := f.proxy.Seen("EVALSHA") - before; sent < 5+int64(c.n) {
+				t.Fatalf("%d calls for the move: the fault did not happen", sent)
+			}
+			ix := indexOf(t, f.direct, f.prefix, "q6", 6, "order-cancel:42")
+			if len(ix.records) != 1 || ix.records[0] != 4 || !slices.Equal(ix.pointers, []string{"2:k:shop-8"}) {
+				t.Fatalf("records in partitions %v, pointers %v; want one record in 4 and a confirmed pointer in 2", ix.records, ix.pointers)
+			}
+			if got, err := f.b.GetTask(ctx, "q6", "order-cancel:42"); err != nil || got.Group != "shop-8" || string(got.Payload) != "moved" {
+				t.Fatalf("GetTask: %+v, %v", got, err)
+			}
+		})
+	}
+}
+
+// A client that dies in the middle of a move leaves a move's claim; the
+// maintainer of the ID's partition settles it once it is older than a
+// store may be: a task that left its group and was not stored in the new
+// one goes back (found, and run, where it was); one that was stored there
+// stays there and the one that left is deleted. Meanwhile the task is
+// found by its ID.
+func TestFreeIDMoveOfADeadClient(t *testing.T) {
+	// Not parallel: it sets the package's hooks.
+	defer redisbroker.SetClockSlack(redisbroker.SetClockSlack(0))
+	e := setup(t, redisbroker.WithPartitions(6), redisbroker.WithReplayWindow(time.Second))
+	ctx := context.Background()
+	const q = "movedead"
+	died := errors.New("the client died")
+	var dieAt atomic.Value
+	redisbroker.SetAfterMove(func(id, step string) error {
+		if s, _ := dieAt.Load().(string); s == step {
+			return died
+		}
+		return nil
+	})
+	t.Cleanup(func() { redisbroker.SetAfterMove(nil) })
+	repair := func(what string, done func() bool) {
+		t.Helper()
+		testwait.For(t, 10*time.Second, what, func() bool {
+			if _, err := e.b.Maintain(ctx, broker.MaintainRequest{Queue: q, Partition: 2, Owner: "test", OwnerTTL: time.Minute}); err != nil {
+				t.Fatal(err)
+			}
+			return done()
+		})
+	}
+	settled := func() bool {
+		ix := indexOf(t, e.rdb, e.prefix, q, 6, "order-cancel:42")
+		return len(ix.pointers) == 1 && strings.Contains(ix.pointers[0], ":k:")
+	}
+	mustEnqueue(t, e.b, broker.EnqueueOptions{}, freeMsg(q, "order-cancel:42", "shop-7"))
+
+	// Died after the task left shop-7.
+	dieAt.Store("left")
+	m := freeMsg(q, "order-cancel:42", "shop-8")
+	m.Payload = []byte("moved")
+	if err := replaceOne(e.b, m); !errors.Is(err, died) {
+		t.Fatalf("Replace dying after the leave: %v", err)
+	}
+	if got, err := e.b.GetTask(ctx, q, "order-cancel:42"); err != nil || got.Group != "shop-7" {
+		t.Fatalf("GetTask during the move left behind: %+v, %v", got, err)
+	}
+	if ds, err := e.b.Dequeue(ctx, []string{q}, 10, time.Minute); err != nil || len(ds) != 0 {
+		t.Fatalf("Dequeue of a task that left: %v, %v", ds, err)
+	}
+	repair("the maintainer to put the task back", settled)
+	wantIndex(t, e, q, "order-cancel:42", 3, "2:k:shop-7")
+	if got, err := e.b.GetTask(ctx, q, "order-cancel:42"); err != nil || got.Group != "shop-7" || string(got.Payload) == "moved" {
+		t.Fatalf("GetTask after the repair: %+v, %v", got, err)
+	}
+	if ran := runOneByOne(t, e.b, q); !slices.Equal(ran, []string{"order-cancel:42"}) {
+		t.Fatalf("ran %v after the repair", ran)
+	}
+
+	// Died after the store in shop-8.
+	mustEnqueue(t, e.b, broker.EnqueueOptions{}, freeMsg(q, "order-cancel:42", "shop-7"))
+	dieAt.Store("stored")
+	if err := replaceOne(e.b, m); !errors.Is(err, died) {
+		t.Fatalf("Replace dying after the store: %v", err)
+	}
+	repair("the maintainer to finish the move", settled)
+	wantIndex(t, e, q, "order-cancel:42", 4, "2:k:shop-8")
+	if got, err := e.b.GetTask(ctx, q, "order-cancel:42"); err != nil || got.Group != "shop-8" || string(got.Payload) != "moved" {
+		t.Fatalf("GetTask after the repair: %+v, %v", got, err)
+	}
+	if ran := runOneByOne(t, e.b, q); !slices.Equal(ran, []string{"order-cancel:42"}) {
+		t.Fatalf("ran %v after the repair", ran)
+	}
+}
