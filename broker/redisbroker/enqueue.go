@@ -147,6 +147,7 @@ func (b *Broker) enqueueSome(ctx context.Context, tasks []*tidetype.TaskInfo, ow
 		errs[i] = b.enqueueFree(ctx, free[k], opts)
 	}
 	if len(send) == 0 {
+		b.waitHolds(ctx, tasks, todo, errs)
 		return nil
 	}
 	var got []error
@@ -165,6 +166,7 @@ func (b *Broker) enqueueSome(ctx context.Context, tasks []*tidetype.TaskInfo, ow
 	for j, i := range at {
 		errs[i] = got[j]
 	}
+	b.waitHolds(ctx, tasks, todo, errs)
 	return nil
 }
 
@@ -268,8 +270,8 @@ func (b *Broker) enqueueNow(ctx context.Context, items []item, opts broker.Enque
 				case '6':
 					errs[i] = errFenced
 				case '5':
-					errs[i] = fmt.Errorf("%w: queue %q is being repartitioned; task ID %q of group %q must hold the group as its tag, e.g. %q (or repartition the queue to 1 to cancel a repartition that stopped before it began)",
-						broker.ErrInvalidTask, items[i].t.Queue, items[i].t.ID, items[i].t.Group, items[i].t.ID+"{"+items[i].t.Group+"}")
+					errs[i] = heldError{fmt.Errorf("%w: queue %q is being repartitioned; task ID %q of group %q must hold the group as its tag, e.g. %q (or repartition the queue to 1 to cancel a repartition that stopped before it began)",
+						broker.ErrInvalidTask, items[i].t.Queue, items[i].t.ID, items[i].t.Group, items[i].t.ID+"{"+items[i].t.Group+"}")}
 				case '3':
 					if round < maxRedraws {
 						items[i].t.ID = b.drawID(items[i].t, items[i].lay)

@@ -93,3 +93,9 @@ func SetAfterMove(f func(id, step string) error) {
 	}
 	afterMove.Store(&f)
 }
+
+// SetHoldWait sets how long an enqueue refused by a repartition's hold of
+// free grouped IDs waits for the new layout and returns the old value.
+func SetHoldWait(d time.Duration) time.Duration {
+	return time.Duration(holdWait.Swap(int64(d)))
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -615,7 +616,7 @@ func (b *Broker) moveFree(ctx context.Context, it item, opts broker.EnqueueOptio
 		return false, errFenced
 	case "held":
 		b.undoMove(ctx, t.Queue, in, src, t.ID, nonce, deadline)
-		return false, fmt.Errorf("%w: queue %q is being repartitioned; replace task %q again when that is done", broker.ErrUnavailable, t.Queue, t.ID)
+		return false, heldError{fmt.Errorf("%w: queue %q is being repartitioned; replace task %q again when that is done", broker.ErrUnavailable, t.Queue, t.ID)}
 	default:
 		return false, callErr("move task leave", fmt.Errorf("unexpected reply %q", lv))
 	}
@@ -699,4 +700,82 @@ func (b *Broker) repairMove(ctx context.Context, queue string, l layout, in part
 		_, err = b.idsText(ctx, in, "stay", id, ptr.nonce, pointerLook.Milliseconds())
 	}
 	return err
+}
+
+// heldError is a refusal of a grouped task with a free ID by a partition
+// that a repartition holds (field xf, set before the new layout is
+// recorded; see holdFreeIDs).
+type heldError struct{ error }
+
+func (e heldError) Unwrap() error { return e.error }
+
+// holdWait is how long an enqueue refused by a repartition's hold waits
+// for the new layout (tests change it).
+var holdWait atomic.Int64
+
+func init() { holdWait.Store(int64(10 * time.Second)) }
+
+// waitHolds waits, for the tasks at indexes todo that a repartition's hold
+// refused, until their queue's layout changes (or the hold is lifted), and
+// then marks them refused by the layout, so that Enqueue sends them again
+// the new way. A hold that lasts past holdWait or ctx (a repartition that
+// stopped before it recorded its layout) leaves the refusal as it is.
+func (b *Broker) waitHolds(ctx context.Context, tasks []*tidetype.TaskInfo, todo []int, errs []error) {
+	done := map[string]bool{}
+	for _, i := range todo {
+		var held heldError
+		if !errors.As(errs[i], &held) {
+			continue
+		}
+		q := tasks[i].Queue
+		ok, seen := done[q]
+		if !seen {
+			ok = b.waitHold(ctx, q)
+			done[q] = ok
+		}
+		if ok {
+			errs[i] = fmt.Errorf("%w: %w: queue %q: a repartition held grouped tasks with free IDs back; its new layout is recorded now", broker.ErrUnavailable, broker.ErrLayout, q)
+		}
+	}
+}
+
+// waitHold waits until queue's layout differs from the one it reads first
+// or no partition of it is held any more; false when holdWait or ctx ended
+// first.
+func (b *Broker) waitHold(ctx context.Context, queue string) bool {
+	b.forgetLayout(queue)
+	l, err := b.layoutOf(ctx, queue)
+	if err != nil {
+		return false
+	}
+	deadline := time.Now().Add(time.Duration(holdWait.Load()))
+	for d := 5 * time.Millisecond; ; d = min(2*d, 200*time.Millisecond) {
+		pipe := b.rdb.Pipeline()
+		held := make([]*redis.BoolCmd, l.cur.n)
+		for i := range l.cur.n {
+			held[i] = pipe.HExists(ctx, b.partAt(queue, l, i).k("gs"), "xf")
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return false
+		}
+		if !slices.ContainsFunc(held, func(c *redis.BoolCmd) bool { return c.Val() }) {
+			return true
+		}
+		if !time.Now().Before(deadline) {
+			return false
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(d):
+		}
+		b.forgetLayout(queue)
+		nl, err := b.layoutOf(ctx, queue)
+		if err != nil {
+			return false
+		}
+		if nl.tag != l.tag {
+			return true
+		}
+	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/broker/redisbroker"
+	"github.com/tidequeue/tide/internal/testwait"
 	"github.com/tidequeue/tide/tidetype"
 )
 
@@ -159,5 +160,55 @@ func TestFreeIDsDuringARepartition(t *testing.T) {
 				t.Fatalf("ran %s", orderDiff(ran, want))
 			}
 		})
+	}
+}
+
+// An enqueue of a grouped task with a free ID that meets a repartition's
+// hold (set before the new layout is recorded) waits for the new layout
+// and is sent again, rather than refused. Not parallel: it sets the
+// package's hooks.
+func TestFreeIDEnqueueWaitsOutAHold(t *testing.T) {
+	e := setup(t, redisbroker.WithPartitions(6))
+	ctx := context.Background()
+	const q = "freewait"
+	mustEnqueue(t, e.b, broker.EnqueueOptions{}, freeMsg(q, "first", "shop-7"))
+	claimed := make(chan struct{}, 1)
+	redisbroker.SetAfterClaim(func(id string) error {
+		if id == "order-cancel:42" {
+			select {
+			case claimed <- struct{}{}:
+			default:
+			}
+		}
+		return nil
+	})
+	t.Cleanup(func() { redisbroker.SetAfterClaim(nil) })
+	done := make(chan error, 1)
+	redisbroker.SetAfterHold(func(queue string) {
+		if queue != q {
+			return
+		}
+		go func() {
+			errs, err := e.b.Enqueue(ctx, []*tidetype.TaskInfo{freeMsg(q, "order-cancel:42", "shop-7")}, broker.EnqueueOptions{})
+			if err == nil {
+				err = errs[0]
+			}
+			done <- err
+		}()
+		<-claimed
+		// Its store meets the hold, which releases its claim.
+		testwait.For(t, 10*time.Second, "the held store to be refused", func() bool {
+			return len(indexOf(t, e.rdb, e.prefix, q, 6, "order-cancel:42").pointers) == 0
+		})
+	})
+	t.Cleanup(func() { redisbroker.SetAfterHold(nil) })
+	if err := e.b.Repartition(ctx, q, 3, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Enqueue that met a repartition's hold: %v", err)
+	}
+	if got, err := e.b.GetTask(ctx, q, "order-cancel:42"); err != nil || got.Group != "shop-7" {
+		t.Fatalf("GetTask: %+v, %v", got, err)
 	}
 }
