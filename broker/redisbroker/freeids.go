@@ -367,7 +367,18 @@ func (b *Broker) freeConflicts(ctx context.Context, items []item, errs []error, 
 		if !ok {
 			continue
 		}
-		if clear, err := b.clearPointer(ctx, it.t.Queue, it.lay, in, it.t.ID, ptr); err != nil || !clear {
+		clear, err := b.clearPointer(ctx, it.t.Queue, it.lay, in, it.t.ID, ptr)
+		if err != nil {
+			continue
+		}
+		if !clear {
+			// A task of a group of another partition holds the ID:
+			// Replace moves it here.
+			if it.replace && ptr.state == 'k' && it.lay.old == nil {
+				if again, err := b.moveFree(ctx, it, opts, in, ptr); !again {
+					errs[i] = err
+				}
+			}
 			continue
 		}
 		if again, err := b.enqueueNow(ctx, []item{it}, opts); err == nil {
@@ -476,6 +487,9 @@ func (b *Broker) sweepIDs(ctx context.Context, queue string, l layout, p part) e
 		return nil
 	}
 	b.idSweeps.Store(p.base, time.Now())
+	if err := b.sweepLeft(ctx, queue, l, p); err != nil {
+		return err
+	}
 	cmd, err := b.ids(ctx, p, "due", "100")
 	if err != nil {
 		return err
@@ -602,7 +616,7 @@ func (b *Broker) moveFree(ctx context.Context, it item, opts broker.EnqueueOptio
 	if err := moveStep(t.ID, "claimed"); err != nil {
 		return false, err
 	}
-	lv, err := b.relocateText(ctx, src, "leave", t.ID, nonce, old.group, deadline)
+	lv, err := b.relocateText(ctx, src, "leave", t.ID, nonce, old.group, deadline, t.Group)
 	if err != nil {
 		return false, err // the repair settles the claim
 	}
@@ -624,7 +638,10 @@ func (b *Broker) moveFree(ctx context.Context, it item, opts broker.EnqueueOptio
 		return false, err
 	}
 	it.claim = nonce + strconv.FormatInt(deadline, 10)
-	it.replace = false // nothing holds the ID in the new group's partition
+	// Nothing else holds the ID where the task moves. An ungrouped task
+	// keeps the Replace flag all the same: it keeps it off the plain
+	// scripts, which know no claims.
+	it.replace = t.Group == ""
 	id := t.ID
 	errs, err := b.enqueueNow(ctx, []item{it}, opts)
 	if err == nil {
@@ -778,4 +795,57 @@ func (b *Broker) waitHold(ctx context.Context, queue string) bool {
 			return true
 		}
 	}
+}
+
+// sweepLeft settles the moves (moveFree) whose task left partition p and
+// that nobody finished by their deadline (plus the clock slack): as
+// repairMove, from the side of the partition the task left, which also
+// covers a move into the ID's own partition, whose store replaced the
+// move's claim with the task.
+func (b *Broker) sweepLeft(ctx context.Context, queue string, l layout, p part) error {
+	left, err := b.rdb.HGetAll(ctx, p.k("xl")).Result()
+	if err != nil {
+		return callErr("task index sweep", classify(err))
+	}
+	now := b.Now().UnixMilli()
+	for id, v := range left {
+		f := strings.SplitN(v, "\x00", 3)
+		if len(f) != 3 || len(f[0]) < 16 {
+			continue
+		}
+		deadline, err := strconv.ParseInt(f[1], 10, 64)
+		if err != nil || now < deadline+clockSlack().Milliseconds() {
+			continue
+		}
+		nonce, group := f[0][:16], f[2]
+		in := b.partOf(queue, l, id)
+		dst := b.partOf(queue, l, group)
+		exp := deadline + clockSlack().Milliseconds()
+		r, err := b.idsText(ctx, dst, "fence", id, nonce, exp)
+		if err != nil {
+			return err
+		}
+		if r == "s" {
+			if _, err := b.relocateText(ctx, p, "gone", id, nonce, p.channel, p.idx); err != nil {
+				return err
+			}
+			if _, err := b.idsText(ctx, in, "moved", id, nonce, pointerLook.Milliseconds()); err != nil {
+				return err
+			}
+			continue
+		}
+		s, err := b.relocateText(ctx, p, "stay", id, nonce, exp, p.channel, p.idx)
+		if err != nil {
+			return err
+		}
+		if s == "g" {
+			_, err = b.idsText(ctx, in, "release", id, nonce, "")
+		} else {
+			_, err = b.idsText(ctx, in, "stay", id, nonce, pointerLook.Milliseconds())
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -153,11 +153,16 @@ func TestResentFreeIDMoveStoresOnce(t *testing.T) {
 	for s, f := range files {
 		sha[f] = s
 	}
+	home := freeIDIn("shop-", 6, 2) // order-cancel:42's partition
 	for _, c := range []struct {
 		name string
 		file string
 		n    int
-	}{{"ClaimMoveAndMoved", "ids.lua", 3}, {"LeaveAndGone", "relocate.lua", 2}, {"Store", "enqueue.lua", 1}} {
+		into string // the group moved into
+	}{
+		{"ClaimMoveAndMoved", "ids.lua", 3, "shop-8"}, {"LeaveAndGone", "relocate.lua", 2, "shop-8"}, {"Store", "enqueue.lua", 1, "shop-8"},
+		{"IntoTheIDsPartition/LeaveAndGone", "relocate.lua", 2, home}, {"IntoTheIDsPartition/Store", "enqueue.lua", 2, home},
+	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			f := newFaulty(t, redisbroker.WithPartitions(6))
@@ -165,17 +170,21 @@ func TestResentFreeIDMoveStoresOnce(t *testing.T) {
 			mustEnqueue(t, f.b, broker.EnqueueOptions{}, freeMsg("q6", "order-cancel:42", "shop-7"))
 			before := f.proxy.Seen("EVALSHA")
 			f.proxy.DelayReplies(faultproxy.Commands("EVALSHA").WithFirstArg(sha[c.file]), 500*time.Millisecond, c.n)
-			m := freeMsg("q6", "order-cancel:42", "shop-8")
+			m := freeMsg("q6", "order-cancel:42", c.into)
 			m.Payload = []byte("moved")
 			mustEnqueue(t, f.b, broker.EnqueueOptions{Replace: true}, m)
 			if sent := f.proxy.Seen("EVALSHA") - before; sent < 5+int64(c.n) {
 				t.Fatalf("%d calls for the move: the fault did not happen", sent)
 			}
-			ix := indexOf(t, f.direct, f.prefix, "q6", 6, "order-cancel:42")
-			if len(ix.records) != 1 || ix.records[0] != 4 || !slices.Equal(ix.pointers, []string{"2:k:shop-8"}) {
-				t.Fatalf("records in partitions %v, pointers %v; want one record in 4 and a confirmed pointer in 2", ix.records, ix.pointers)
+			rec, ptrs := 4, []string{"2:k:shop-8"}
+			if c.into == home {
+				rec, ptrs = 2, nil
 			}
-			if got, err := f.b.GetTask(ctx, "q6", "order-cancel:42"); err != nil || got.Group != "shop-8" || string(got.Payload) != "moved" {
+			ix := indexOf(t, f.direct, f.prefix, "q6", 6, "order-cancel:42")
+			if len(ix.records) != 1 || ix.records[0] != rec || !slices.Equal(ix.pointers, ptrs) {
+				t.Fatalf("records in partitions %v, pointers %v; want one record in %d and pointers %v", ix.records, ix.pointers, rec, ptrs)
+			}
+			if got, err := f.b.GetTask(ctx, "q6", "order-cancel:42"); err != nil || got.Group != c.into || string(got.Payload) != "moved" {
 				t.Fatalf("GetTask: %+v, %v", got, err)
 			}
 		})
@@ -206,52 +215,89 @@ func TestFreeIDMoveOfADeadClient(t *testing.T) {
 	repair := func(what string, done func() bool) {
 		t.Helper()
 		testwait.For(t, 10*time.Second, what, func() bool {
-			if _, err := e.b.Maintain(ctx, broker.MaintainRequest{Queue: q, Partition: 2, Owner: "test", OwnerTTL: time.Minute}); err != nil {
-				t.Fatal(err)
+			// The maintainers of the ID's partition and of the one the
+			// task left.
+			for _, p := range []int{2, 3} {
+				if _, err := e.b.Maintain(ctx, broker.MaintainRequest{Queue: q, Partition: p, Owner: "test", OwnerTTL: time.Minute}); err != nil {
+					t.Fatal(err)
+				}
 			}
 			return done()
 		})
 	}
 	settled := func() bool {
 		ix := indexOf(t, e.rdb, e.prefix, q, 6, "order-cancel:42")
-		return len(ix.pointers) == 1 && strings.Contains(ix.pointers[0], ":k:")
+		return len(ix.records) == 1 && !slices.ContainsFunc(ix.pointers, func(p string) bool { return strings.Contains(p, ":v:") })
 	}
-	mustEnqueue(t, e.b, broker.EnqueueOptions{}, freeMsg(q, "order-cancel:42", "shop-7"))
+	home := freeIDIn("shop-", 6, 2) // order-cancel:42's partition
+	for _, into := range []string{"shop-8", home} {
+		// Died after the task left shop-7: it goes back.
+		mustEnqueue(t, e.b, broker.EnqueueOptions{}, freeMsg(q, "order-cancel:42", "shop-7"))
+		dieAt.Store("left")
+		m := freeMsg(q, "order-cancel:42", into)
+		m.Payload = []byte("moved")
+		if err := replaceOne(e.b, m); !errors.Is(err, died) {
+			t.Fatalf("Replace into %s dying after the leave: %v", into, err)
+		}
+		if got, err := e.b.GetTask(ctx, q, "order-cancel:42"); err != nil || got.Group != "shop-7" {
+			t.Fatalf("GetTask during the move left behind: %+v, %v", got, err)
+		}
+		if ds, err := e.b.Dequeue(ctx, []string{q}, 10, time.Minute); err != nil || len(ds) != 0 {
+			t.Fatalf("Dequeue of a task that left: %v, %v", ds, err)
+		}
+		repair("the maintainer to put the task back", settled)
+		wantIndex(t, e, q, "order-cancel:42", 3, "2:k:shop-7")
+		if got, err := e.b.GetTask(ctx, q, "order-cancel:42"); err != nil || got.Group != "shop-7" || string(got.Payload) == "moved" {
+			t.Fatalf("GetTask after the repair: %+v, %v", got, err)
+		}
+		if ran := runOneByOne(t, e.b, q); !slices.Equal(ran, []string{"order-cancel:42"}) {
+			t.Fatalf("ran %v after the repair", ran)
+		}
 
-	// Died after the task left shop-7.
-	dieAt.Store("left")
-	m := freeMsg(q, "order-cancel:42", "shop-8")
-	m.Payload = []byte("moved")
-	if err := replaceOne(e.b, m); !errors.Is(err, died) {
-		t.Fatalf("Replace dying after the leave: %v", err)
+		// Died after the store in the new group: the move is finished.
+		mustEnqueue(t, e.b, broker.EnqueueOptions{}, freeMsg(q, "order-cancel:42", "shop-7"))
+		dieAt.Store("stored")
+		if err := replaceOne(e.b, m); !errors.Is(err, died) {
+			t.Fatalf("Replace into %s dying after the store: %v", into, err)
+		}
+		repair("the maintainer to finish the move", settled)
+		if into == home {
+			wantIndex(t, e, q, "order-cancel:42", 2)
+		} else {
+			wantIndex(t, e, q, "order-cancel:42", 4, "2:k:shop-8")
+		}
+		if got, err := e.b.GetTask(ctx, q, "order-cancel:42"); err != nil || got.Group != into || string(got.Payload) != "moved" {
+			t.Fatalf("GetTask after the repair: %+v, %v", got, err)
+		}
+		if ran := runOneByOne(t, e.b, q); !slices.Equal(ran, []string{"order-cancel:42"}) {
+			t.Fatalf("ran %v after the repair", ran)
+		}
 	}
-	if got, err := e.b.GetTask(ctx, q, "order-cancel:42"); err != nil || got.Group != "shop-7" {
-		t.Fatalf("GetTask during the move left behind: %+v, %v", got, err)
-	}
-	if ds, err := e.b.Dequeue(ctx, []string{q}, 10, time.Minute); err != nil || len(ds) != 0 {
-		t.Fatalf("Dequeue of a task that left: %v, %v", ds, err)
-	}
-	repair("the maintainer to put the task back", settled)
-	wantIndex(t, e, q, "order-cancel:42", 3, "2:k:shop-7")
-	if got, err := e.b.GetTask(ctx, q, "order-cancel:42"); err != nil || got.Group != "shop-7" || string(got.Payload) == "moved" {
-		t.Fatalf("GetTask after the repair: %+v, %v", got, err)
-	}
-	if ran := runOneByOne(t, e.b, q); !slices.Equal(ran, []string{"order-cancel:42"}) {
-		t.Fatalf("ran %v after the repair", ran)
-	}
+}
 
-	// Died after the store in shop-8.
-	mustEnqueue(t, e.b, broker.EnqueueOptions{}, freeMsg(q, "order-cancel:42", "shop-7"))
-	dieAt.Store("stored")
-	if err := replaceOne(e.b, m); !errors.Is(err, died) {
-		t.Fatalf("Replace dying after the store: %v", err)
-	}
-	repair("the maintainer to finish the move", settled)
-	wantIndex(t, e, q, "order-cancel:42", 4, "2:k:shop-8")
-	if got, err := e.b.GetTask(ctx, q, "order-cancel:42"); err != nil || got.Group != "shop-8" || string(got.Payload) != "moved" {
-		t.Fatalf("GetTask after the repair: %+v, %v", got, err)
-	}
-	if ran := runOneByOne(t, e.b, q); !slices.Equal(ran, []string{"order-cancel:42"}) {
-		t.Fatalf("ran %v after the repair", ran)
+// Replace moves a grouped task with a free ID also into its ID's own
+// partition: into a group there, or out of any group; the task's record
+// then takes the place of its pointer.
+func TestFreeIDReplaceIntoTheIDsPartition(t *testing.T) {
+	t.Parallel()
+	e := setup(t, redisbroker.WithPartitions(6))
+	ctx := context.Background()
+	const q = "movein"
+	home := freeIDIn("shop-", 6, 2) // order-cancel:42's partition
+	for _, g := range []string{home, ""} {
+		mustEnqueue(t, e.b, broker.EnqueueOptions{}, freeMsg(q, "order-cancel:42", "shop-7"))
+		wantIndex(t, e, q, "order-cancel:42", 3, "2:k:shop-7")
+		m := freeMsg(q, "order-cancel:42", g)
+		m.Payload = []byte("moved")
+		if err := replaceOne(e.b, m); err != nil {
+			t.Fatalf("Replace into group %q of the ID's partition: %v", g, err)
+		}
+		wantIndex(t, e, q, "order-cancel:42", 2)
+		if got, err := e.b.GetTask(ctx, q, "order-cancel:42"); err != nil || got.Group != g || string(got.Payload) != "moved" {
+			t.Fatalf("GetTask after the move: %+v, %v", got, err)
+		}
+		if ran := runOneByOne(t, e.b, q); !slices.Equal(ran, []string{"order-cancel:42"}) {
+			t.Fatalf("ran %v", ran)
+		}
 	}
 }

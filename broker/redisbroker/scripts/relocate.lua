@@ -9,10 +9,12 @@
 -- KEYS[4] retry zset  KEYS[5] archived zset  KEYS[6] completed zset
 -- KEYS[7] results hash  KEYS[8] attempt histories hash
 -- KEYS[9] unique locks hash  KEYS[10] layout meta  KEYS[11] fences zset
--- KEYS[12] leaving hash (ID -> nonce and score)  KEYS[13..18] group keys
+-- KEYS[12] leaving hash (ID -> nonce (16 characters), score, "\0", the
+-- move's deadline (ms), "\0" and the new group)  KEYS[13..18] group keys
 -- (groups.lua)  KEYS[19] progress hash
 -- ARGV[1] layout  ARGV[2] op  ARGV[3] ID  ARGV[4] nonce of the move, then:
---   leave 5 the task's group  6 time (ms) after which it may not leave
+--   leave 5 the task's group  6 time (ms) after which it may not leave (the
+--         move's deadline)  7 the new group
 --   gone  5 event channel  6 partition
 --   stay  5 fence expiry (ms)  6 event channel  7 partition
 -- leave takes a waiting or finished task of the group out of where it
@@ -35,8 +37,9 @@ local G = g_keys(13)
 
 local function left_under()
   local v = redis.call('HGET', KEYS[12], id)
-  if v and string.sub(v, 1, 16) == nonce then return tonumber(string.sub(v, 17)) end
-  return nil
+  if not v or string.sub(v, 1, 16) ~= nonce then return nil end
+  local z = string.find(v, '\0', 17, true)
+  return tonumber(string.sub(v, 17, (z or 0) - 1))
 end
 
 if op == 'leave' then
@@ -61,7 +64,7 @@ if op == 'leave' then
   end
   rec = string.sub(rec, 1, 1) .. string.char(string.byte(rec, 2) % 64 + 64 + (rec_canceled(rec) and 128 or 0)) .. string.sub(rec, 3)
   redis.call('HSET', KEYS[1], id, rec)
-  redis.call('HSET', KEYS[12], id, nonce .. string.format('%d', score))
+  redis.call('HSET', KEYS[12], id, nonce .. string.format('%d', score) .. '\0' .. ARGV[6] .. '\0' .. ARGV[7])
   return 'ok'
 end
 
