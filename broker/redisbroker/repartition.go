@@ -44,7 +44,7 @@ var _ broker.Repartitioner = (*Broker)(nil)
 //
 // Grouped tasks whose IDs lack their group's tag (broker.FreeGroupID) move
 // with their groups and stay found by their IDs (see the package
-// documentation, "Groups"); new ones are refused while the move runs.
+// documentation, "Groups"); new ones go to the new partitions.
 //
 // Grouped tasks keep their enqueue order, and their groups' rate windows
 // and throttles go with them; grouped tasks start nowhere until the
