@@ -266,7 +266,7 @@ func (b *Broker) enqueueFree(ctx context.Context, it item, opts broker.EnqueueOp
 	home := b.partOf(t.Queue, l, t.Group)
 	nonce := newNonce()
 	look := (b.claimLife() + clockSlack()).Milliseconds()
-	swap := ""
+	swap, swapped := "", ""
 	var at int64
 	for attempt := 0; ; attempt++ {
 		if attempt == 4 {
@@ -305,7 +305,7 @@ func (b *Broker) enqueueFree(ctx context.Context, it item, opts broker.EnqueueOp
 				return err
 			}
 			if has == "1" {
-				swap = ptr.nonce
+				swap, swapped = ptr.nonce, ptr.group
 				continue
 			}
 		}
@@ -337,8 +337,20 @@ func (b *Broker) enqueueFree(ctx context.Context, it item, opts broker.EnqueueOp
 	case err == nil || errors.Is(err, broker.ErrTaskIDConflict) || errors.Is(err, broker.ErrDuplicateTask) ||
 		errors.Is(err, broker.ErrInvalidTask) || errors.Is(err, errFenced) || errors.Is(err, broker.ErrLayout):
 		// Not stored under this claim: an idempotency key's earlier task
-		// answered (its ID is t.ID now), or a definite refusal.
-		if _, rerr := b.idsText(ctx, in, "release", id, nonce, ""); rerr != nil {
+		// answered (its ID is t.ID now), or a definite refusal. A claim
+		// that took the place of the pointer of a task still there (a
+		// Replace refused: the task runs) points to it again.
+		var rerr error
+		has := "0"
+		if swapped != "" {
+			has, rerr = b.idsText(ctx, home, "look", id, "r")
+		}
+		if rerr == nil && has == "1" {
+			_, rerr = b.idsText(ctx, in, "back", id, nonce, swapped, pointerLook.Milliseconds())
+		} else if rerr == nil {
+			_, rerr = b.idsText(ctx, in, "release", id, nonce, "")
+		}
+		if rerr != nil {
 			b.log.Warn("tide: redisbroker: a task's index entry is left claimed; the partition's maintainer releases it", "queue", t.Queue, "err", rerr)
 		}
 		return err

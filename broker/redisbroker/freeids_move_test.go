@@ -3,8 +3,11 @@ package redisbroker_test
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -75,7 +78,8 @@ func TestFreeIDReplaceIntoAnotherPartition(t *testing.T) {
 
 // A running task is not waiting: its Replace into a group of another
 // partition is ErrTaskIDConflict, as on one partition, and leaves it as it
-// was; so is one leased while the move begins. A task taken out of its
+// was (into a group of the same partition too: its pointer stays); so is
+// one leased while the move begins. A task taken out of its
 // group by a move is leased by nobody.
 func TestFreeIDMoveOfARunningTask(t *testing.T) {
 	// Not parallel: it sets the package's hooks.
@@ -89,6 +93,11 @@ func TestFreeIDMoveOfARunningTask(t *testing.T) {
 	}
 	if err := replaceOne(e.b, freeMsg(q, "order-cancel:42", "shop-8")); !errors.Is(err, broker.ErrTaskIDConflict) {
 		t.Fatalf("Replace of a running task into another partition: %v, want ErrTaskIDConflict", err)
+	}
+	wantIndex(t, e, q, "order-cancel:42", 3, "2:k:shop-7")
+	// Into a group of the same partition (shop-9) too; its pointer stays.
+	if err := replaceOne(e.b, freeMsg(q, "order-cancel:42", "shop-9")); !errors.Is(err, broker.ErrTaskIDConflict) {
+		t.Fatalf("Replace of a running task into a group of its partition: %v, want ErrTaskIDConflict", err)
 	}
 	wantIndex(t, e, q, "order-cancel:42", 3, "2:k:shop-7")
 	if errs, err := e.b.Settle(ctx, []broker.Settlement{{Lease: ds[0].Lease(), Kind: broker.SettleDone, Task: ds[0].Task}}); err != nil || errs[0] != nil {
@@ -300,4 +309,151 @@ func TestFreeIDReplaceIntoTheIDsPartition(t *testing.T) {
 			t.Fatalf("ran %v", ran)
 		}
 	}
+}
+
+// Moves across partitions racing with each other, with leases, retries,
+// successes and deletes of the same tasks keep every invariant of the
+// free-ID index once the maintainers have settled what was left: at most
+// one record per ID, a confirmed pointer naming the group of every record
+// away from its ID's partition, no move's claim, leaver or moving flag
+// left, and each task found by its ID where its record is. Not parallel:
+// it sets the package's clock slack.
+func TestFreeIDMovesUnderLoad(t *testing.T) {
+	defer redisbroker.SetClockSlack(redisbroker.SetClockSlack(0))
+	e := setup(t, redisbroker.WithPartitions(6), redisbroker.WithReplayWindow(time.Second))
+	ctx := context.Background()
+	const q = "movestress"
+	ids := []string{"order-cancel:42", "order-cancel:43", "order-cancel:44", "dead:1", "dead:2", "slow:1"}
+	groups := []string{"shop-7", "shop-8", "shop-9", "shop-10", freeIDIn("shop-", 6, 2), freeIDIn("shop-", 6, 0)}
+	for i, id := range ids {
+		mustEnqueue(t, e.b, broker.EnqueueOptions{}, freeMsg(q, id, groups[i%len(groups)]))
+	}
+	var wg sync.WaitGroup
+	var moved, refused atomic.Int64
+	stop := make(chan struct{})
+	for w := range 3 {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(w), 1))
+			for range 60 {
+				m := freeMsg(q, ids[r.IntN(len(ids))], groups[r.IntN(len(groups))])
+				err := replaceOne(e.b, m)
+				switch {
+				case err == nil:
+					moved.Add(1)
+				case errors.Is(err, broker.ErrTaskIDConflict) || errors.Is(err, broker.ErrUnavailable):
+					refused.Add(1)
+				default:
+					t.Errorf("Replace %s into %s: %v", m.ID, m.Group, err)
+				}
+			}
+		})
+	}
+	var workers sync.WaitGroup
+	workers.Go(func() {
+		r := rand.New(rand.NewPCG(7, 1))
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			ds, err := e.b.Dequeue(ctx, []string{q}, 2, time.Minute)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			for _, d := range ds {
+				s := broker.Settlement{Lease: d.Lease(), Kind: broker.SettleDone, Task: d.Task}
+				if r.IntN(2) == 0 {
+					s.Kind, s.RetryAt = broker.SettleRetry, time.Now()
+				}
+				if _, err := e.b.Settle(ctx, []broker.Settlement{s}); err != nil {
+					t.Error(err)
+				}
+			}
+			if id := ids[r.IntN(len(ids))]; r.IntN(4) == 0 {
+				if err := e.b.Delete(ctx, q, id); err != nil && !errors.Is(err, broker.ErrTaskNotFound) && !errors.Is(err, broker.ErrTaskActive) && !errors.Is(err, broker.ErrUnavailable) {
+					t.Errorf("Delete(%s): %v", id, err)
+				}
+			}
+		}
+	})
+	wg.Wait()
+	close(stop)
+	workers.Wait()
+	t.Logf("%d Replaces done, %d refused", moved.Load(), refused.Load())
+	if moved.Load() == 0 {
+		t.Fatal("no Replace went through")
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	// Settle what is left: every maintainer, until no move is under way.
+	pending := func() bool {
+		for _, id := range ids {
+			for _, p := range indexOf(t, e.rdb, e.prefix, q, 6, id).pointers {
+				if !strings.Contains(p, ":k:") {
+					return true
+				}
+			}
+		}
+		for p := range 6 {
+			if n, err := e.rdb.HLen(ctx, e.prefix+":{"+q+":"+strconv.Itoa(p)+"}:xl").Result(); err != nil || n > 0 {
+				return true
+			}
+		}
+		return false
+	}
+	testwait.For(t, 20*time.Second, "the maintainers to settle the moves", func() bool {
+		for p := range 6 {
+			if _, err := e.b.Maintain(ctx, broker.MaintainRequest{Queue: q, Partition: p, Owner: "test", OwnerTTL: time.Minute}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return !pending()
+	})
+	for _, id := range ids {
+		ix := indexOf(t, e.rdb, e.prefix, q, 6, id)
+		if len(ix.records) > 1 {
+			t.Fatalf("%s: records in %v", id, ix.records)
+		}
+		got, err := e.b.GetTask(ctx, q, id)
+		if len(ix.records) == 0 {
+			if !errors.Is(err, broker.ErrTaskNotFound) {
+				t.Fatalf("GetTask(%s) with no record: %+v, %v", id, got, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("GetTask(%s): %v; records in %v, pointers %v", id, err, ix.records, ix.pointers)
+		}
+		rec, in := ix.records[0], broker.Partition(id, 6)
+		if rec != broker.Partition(storeKeyOf(got), 6) {
+			t.Fatalf("%s of group %q has its record in %d", id, got.Group, rec)
+		}
+		if rec != in && !slices.Contains(ix.pointers, strconv.Itoa(in)+":k:"+got.Group) {
+			t.Fatalf("%s of group %q in %d: pointers %v", id, got.Group, rec, ix.pointers)
+		}
+		raw, err := e.rdb.HGet(ctx, e.prefix+":{"+q+":"+strconv.Itoa(rec)+"}:t", id).Bytes()
+		if err != nil || raw[1]&64 != 0 {
+			t.Fatalf("%s: record flagged as moving (%v)", id, err)
+		}
+	}
+	// Each runs once.
+	ran := runOneByOne(t, e.b, q)
+	seen := map[string]bool{}
+	for _, id := range ran {
+		if seen[id] {
+			t.Fatalf("%s ran twice: %v", id, ran)
+		}
+		seen[id] = true
+	}
+}
+
+// storeKeyOf is what places t in its partition: its group, else its ID.
+func storeKeyOf(t *tidetype.TaskInfo) string {
+	if t.Group != "" {
+		return t.Group
+	}
+	return t.ID
 }

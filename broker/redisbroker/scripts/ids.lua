@@ -21,6 +21,10 @@
 --           pointer of the new group (the task moved)
 --   stay    4 nonce  5 next look: a move's claim becomes the confirmed
 --           pointer of the old group again (the task stayed)
+--   back    4 nonce  5 group  6 next look: an enqueue's claim that took a
+--           confirmed pointer's place (Replace into a group of the same
+--           partition) whose store was refused becomes a confirmed pointer
+--           of the task that is still there (group 5)
 --   put     4 nonce  5 group: a repartition writes the confirmed pointer
 --           of a task it moves (in its new I)
 --   drop    4 group: a repartition drops the pointer of a task it moved
@@ -35,8 +39,8 @@
 -- is not this nonce's (or not in that state); fence 's' G holds a record
 -- for the ID, 'f' fenced: a store with this nonce is refused from now on;
 -- look '1' or '0'; move like claim, or '0' the pointer is not the one to
--- move (any more), 'd' this nonce's move is settled; moved and stay '1'
--- done, '0' not this nonce's move's claim; put '1' written, '0' a task record or placeholder holds
+-- move (any more), 'd' this nonce's move is settled; moved, stay and back
+-- '1' done, '0' not this nonce's (move's) claim; put '1' written, '0' a task record or placeholder holds
 -- the ID; drop '1' dropped, '0' no pointer of that group; due a flat list of ID, pointer of the pointers whose
 -- look is due, each put off by its age (10 s to an hour).
 local bad = layout_error(KEYS[6], ARGV[1])
@@ -84,6 +88,13 @@ elseif op == 'moved' or op == 'stay' then
   if op == 'stay' then keep = string.sub(g, z + 1) end
   redis.call('HSET', KEYS[1], id, '\0gk' .. string.sub(v, 4, 19) .. string.format('%d', at) .. '\0' .. keep)
   redis.call('ZADD', KEYS[2], redis_now() + tonumber(ARGV[5]), id)
+  return '1'
+elseif op == 'back' then
+  local v = redis.call('HGET', KEYS[1], id)
+  local st, nonce, at = ptr_parse(v)
+  if st ~= 'c' or nonce ~= ARGV[4] then return '0' end
+  redis.call('HSET', KEYS[1], id, '\0gk' .. nonce .. string.format('%d', at) .. '\0' .. ARGV[5])
+  redis.call('ZADD', KEYS[2], redis_now() + tonumber(ARGV[6]), id)
   return '1'
 elseif op == 'confirm' then
   local st, nonce = ptr_parse(redis.call('HGET', KEYS[1], id))

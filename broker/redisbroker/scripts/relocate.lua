@@ -13,7 +13,8 @@
 -- move's deadline (ms), "\0" and the new group)  KEYS[13..18] group keys
 -- (groups.lua)  KEYS[19] progress hash
 -- ARGV[1] layout  ARGV[2] op  ARGV[3] ID  ARGV[4] nonce of the move, then:
---   leave 5 the task's group  6 time (ms) after which it may not leave (the
+--   leave 5 the task's group (as its pointer names it; any group of this
+--         partition holds the task of the ID)  6 time (ms) after which it may not leave (the
 --         move's deadline)  7 the new group
 --   gone  5 event channel  6 partition
 --   stay  5 fence expiry (ms)  6 event channel  7 partition
@@ -22,7 +23,7 @@
 -- or replaces it) and remembers it under the nonce; it returns 'ok' (also
 -- when run again), 'gone' no task with the ID, 'busy' it runs, 'no' it
 -- cannot be replaced (a workflow's step, one the broker stored itself, one
--- a repartition moves, or not of that group), 'late' the nonce is fenced
+-- a repartition moves, or one without a group), 'late' the nonce is fenced
 -- or the time is past, 'held' a repartition holds free IDs back (field xf).
 -- gone deletes the task that left under the nonce (its record, result,
 -- history, progress, unique lock and group place; an ordered group's place
@@ -49,7 +50,7 @@ if op == 'leave' then
   local rec = redis.call('HGET', KEYS[1], id)
   if not rec then return 'gone' end
   local g, seq = g_of(G, id)
-  if g ~= ARGV[5] or not rec_ok(rec) or rec_moving(rec) or rec_flow(rec) or rec_internal(rec) then return 'no' end
+  if not g or not rec_ok(rec) or rec_moving(rec) or rec_flow(rec) or rec_internal(rec) then return 'no' end
   local st = rec_state(rec)
   if st == 2 then return 'busy' end
   local score = 0
