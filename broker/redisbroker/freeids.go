@@ -166,7 +166,9 @@ func (b *Broker) repair(ctx context.Context, queue string, l layout, in part, id
 	exp := ptr.at + (b.claimLife() + clockSlack()).Milliseconds()
 	r, err := b.idsText(ctx, g, "fence", id, ptr.nonce, exp)
 	if err != nil {
-		return err
+		if r, err = b.ifRetired(ctx, g, err, "f"); err != nil {
+			return err
+		}
 	}
 	if r == "s" {
 		_, err = b.idsText(ctx, in, "confirm", id, ptr.nonce, pointerLook.Milliseconds())
@@ -219,16 +221,27 @@ func (b *Broker) lookOldSpan(ctx context.Context, it item) error {
 		where := in
 		if ptr, ok := parsePointer(v); ok {
 			// A claim there never stores now: the repartition settled the
-			// claims it found, and later ones are refused by its hold.
-			where, _ = b.oldPartOf(t.Queue, l, ptr.group)
-			has, err := b.idsText(ctx, where, "look", t.ID, "r")
-			if errors.Is(err, broker.ErrLayout) {
-				has, err = "0", nil // retired: it holds nothing
+			// claims it found, and later ones are refused by its hold. A
+			// move's claim made since never took its task out of its old
+			// group (the hold refuses that too): the task is there.
+			groups := []string{ptr.group}
+			if ptr.state == 'v' {
+				groups = []string{ptr.from, ptr.group}
 			}
-			if err != nil {
-				return err
+			found := false
+			for _, g := range groups {
+				where, _ = b.oldPartOf(t.Queue, l, g)
+				has, err := b.idsText(ctx, where, "look", t.ID, "r")
+				if err != nil {
+					if has, err = b.ifRetired(ctx, where, err, "0"); err != nil {
+						return err
+					}
+				}
+				if found = has == "1"; found {
+					break
+				}
 			}
-			if has == "0" {
+			if !found {
 				return nil
 			}
 		}
@@ -710,18 +723,24 @@ func (b *Broker) repairMove(ctx context.Context, queue string, l layout, in part
 	exp := ptr.at + (b.claimLife() + clockSlack()).Milliseconds()
 	r, err := b.idsText(ctx, dst, "fence", id, ptr.nonce, exp)
 	if err != nil {
-		return err
+		if r, err = b.ifRetired(ctx, dst, err, "f"); err != nil {
+			return err
+		}
 	}
 	if r == "s" {
 		if _, err := b.relocateText(ctx, src, "gone", id, ptr.nonce, src.channel, src.idx); err != nil {
-			return err
+			if _, err = b.ifRetired(ctx, src, err, "0"); err != nil {
+				return err
+			}
 		}
 		_, err = b.idsText(ctx, in, "moved", id, ptr.nonce, pointerLook.Milliseconds())
 		return err
 	}
 	s, err := b.relocateText(ctx, src, "stay", id, ptr.nonce, exp, src.channel, src.idx)
 	if err != nil {
-		return err
+		if s, err = b.ifRetired(ctx, src, err, "g"); err != nil {
+			return err
+		}
 	}
 	if s == "g" {
 		_, err = b.idsText(ctx, in, "release", id, ptr.nonce, "")
@@ -860,4 +879,14 @@ func (b *Broker) sweepLeft(ctx context.Context, queue string, l layout, p part) 
 		}
 	}
 	return nil
+}
+
+// ifRetired answers empty for a call refused by old partition p of a
+// repartition because p is retired (it holds nothing, and takes nothing),
+// else returns err.
+func (b *Broker) ifRetired(ctx context.Context, p part, err error, empty string) (string, error) {
+	if errors.Is(err, broker.ErrLayout) && p.old && b.retired(ctx, p) {
+		return empty, nil
+	}
+	return "", err
 }

@@ -3,6 +3,7 @@ package redisbroker_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -319,10 +320,17 @@ func TestFreeIDReplaceIntoTheIDsPartition(t *testing.T) {
 // left, and each task found by its ID where its record is. Not parallel:
 // it sets the package's clock slack.
 func TestFreeIDMovesUnderLoad(t *testing.T) {
+	t.Run("Moves", func(t *testing.T) { movesUnderLoad(t, 0) })
+	t.Run("AcrossARepartition", func(t *testing.T) { movesUnderLoad(t, 3) })
+}
+
+// movesUnderLoad runs TestFreeIDMovesUnderLoad on six partitions and,
+// when to > 0, repartitions the queue to that many meanwhile.
+func movesUnderLoad(t *testing.T, to int) {
 	defer redisbroker.SetClockSlack(redisbroker.SetClockSlack(0))
 	e := setup(t, redisbroker.WithPartitions(6), redisbroker.WithReplayWindow(time.Second))
 	ctx := context.Background()
-	const q = "movestress"
+	q := "movestress" + strconv.Itoa(to)
 	ids := []string{"order-cancel:42", "order-cancel:43", "order-cancel:44", "dead:1", "dead:2", "slow:1"}
 	groups := []string{"shop-7", "shop-8", "shop-9", "shop-10", freeIDIn("shop-", 6, 2), freeIDIn("shop-", 6, 0)}
 	for i, id := range ids {
@@ -349,6 +357,29 @@ func TestFreeIDMovesUnderLoad(t *testing.T) {
 		})
 	}
 	var workers sync.WaitGroup
+	if to > 0 {
+		wg.Go(func() {
+			rctx, cancel := context.WithTimeout(ctx, time.Minute)
+			defer cancel()
+			if err := e.b.Repartition(rctx, q, to, nil); err != nil {
+				keys, _ := e.rdb.Keys(ctx, e.prefix+":{"+q+":*").Result()
+				var left []string
+				for _, k := range keys {
+					switch {
+					case strings.HasSuffix(k, "}:t") || strings.HasSuffix(k, "}:xl"):
+						m, _ := e.rdb.HGetAll(ctx, k).Result()
+						for f, v := range m {
+							left = append(left, fmt.Sprintf("%s[%s]=%q", k, f, v[:min(len(v), 3)]))
+						}
+					case strings.HasSuffix(k, "}:active"):
+						ids, _ := e.rdb.ZRange(ctx, k, 0, -1).Result()
+						left = append(left, fmt.Sprintf("%s %v", k, ids))
+					}
+				}
+				t.Errorf("Repartition: %v; keys %v", err, left)
+			}
+		})
+	}
 	workers.Go(func() {
 		r := rand.New(rand.NewPCG(7, 1))
 		for {
@@ -357,7 +388,17 @@ func TestFreeIDMovesUnderLoad(t *testing.T) {
 				return
 			default:
 			}
-			ds, err := e.b.Dequeue(ctx, []string{q}, 2, time.Minute)
+			// A lease lost to a layout change ends soon and the
+			// maintainers recover its task, as servers do.
+			if n, err := e.b.Partitions(ctx, q); err == nil {
+				for p := range n {
+					_, _ = e.b.Maintain(ctx, broker.MaintainRequest{Queue: q, Partition: p, Owner: "test", OwnerTTL: time.Minute})
+				}
+			}
+			ds, err := e.b.Dequeue(ctx, []string{q}, 2, 2*time.Second)
+			if errors.Is(err, broker.ErrUnavailable) {
+				continue // a repartition changed the layout: read again
+			}
 			if err != nil {
 				t.Error(err)
 				return
@@ -367,8 +408,17 @@ func TestFreeIDMovesUnderLoad(t *testing.T) {
 				if r.IntN(2) == 0 {
 					s.Kind, s.RetryAt = broker.SettleRetry, time.Now()
 				}
-				if _, err := e.b.Settle(ctx, []broker.Settlement{s}); err != nil {
-					t.Error(err)
+				// A server settles again when a repartition changed the
+				// layout under it.
+				for try := 0; ; try++ {
+					_, err := e.b.Settle(ctx, []broker.Settlement{s})
+					if err == nil {
+						break
+					}
+					if !errors.Is(err, broker.ErrUnavailable) || try == 20 {
+						t.Errorf("Settle: %v", err)
+						break
+					}
 				}
 			}
 			if id := ids[r.IntN(len(ids))]; r.IntN(4) == 0 {
@@ -388,24 +438,34 @@ func TestFreeIDMovesUnderLoad(t *testing.T) {
 	if t.Failed() {
 		t.FailNow()
 	}
+	n, ep := 6, 0
+	if to > 0 {
+		n, ep = to, 1
+	}
+	base := func(p int) string {
+		if ep == 0 {
+			return e.prefix + ":{" + q + ":" + strconv.Itoa(p) + "}:"
+		}
+		return e.prefix + ":{" + q + ":" + strconv.Itoa(p) + "@" + strconv.Itoa(ep) + "}:"
+	}
 	// Settle what is left: every maintainer, until no move is under way.
 	pending := func() bool {
 		for _, id := range ids {
-			for _, p := range indexOf(t, e.rdb, e.prefix, q, 6, id).pointers {
+			for _, p := range indexAt(t, e.rdb, e.prefix, q, n, ep, id).pointers {
 				if !strings.Contains(p, ":k:") {
 					return true
 				}
 			}
 		}
-		for p := range 6 {
-			if n, err := e.rdb.HLen(ctx, e.prefix+":{"+q+":"+strconv.Itoa(p)+"}:xl").Result(); err != nil || n > 0 {
+		for p := range n {
+			if n, err := e.rdb.HLen(ctx, base(p)+"xl").Result(); err != nil || n > 0 {
 				return true
 			}
 		}
 		return false
 	}
 	testwait.For(t, 20*time.Second, "the maintainers to settle the moves", func() bool {
-		for p := range 6 {
+		for p := range n {
 			if _, err := e.b.Maintain(ctx, broker.MaintainRequest{Queue: q, Partition: p, Owner: "test", OwnerTTL: time.Minute}); err != nil {
 				t.Fatal(err)
 			}
@@ -413,7 +473,7 @@ func TestFreeIDMovesUnderLoad(t *testing.T) {
 		return !pending()
 	})
 	for _, id := range ids {
-		ix := indexOf(t, e.rdb, e.prefix, q, 6, id)
+		ix := indexAt(t, e.rdb, e.prefix, q, n, ep, id)
 		if len(ix.records) > 1 {
 			t.Fatalf("%s: records in %v", id, ix.records)
 		}
@@ -427,14 +487,14 @@ func TestFreeIDMovesUnderLoad(t *testing.T) {
 		if err != nil {
 			t.Fatalf("GetTask(%s): %v; records in %v, pointers %v", id, err, ix.records, ix.pointers)
 		}
-		rec, in := ix.records[0], broker.Partition(id, 6)
-		if rec != broker.Partition(storeKeyOf(got), 6) {
+		rec, in := ix.records[0], broker.Partition(id, n)
+		if rec != broker.Partition(storeKeyOf(got), n) {
 			t.Fatalf("%s of group %q has its record in %d", id, got.Group, rec)
 		}
 		if rec != in && !slices.Contains(ix.pointers, strconv.Itoa(in)+":k:"+got.Group) {
 			t.Fatalf("%s of group %q in %d: pointers %v", id, got.Group, rec, ix.pointers)
 		}
-		raw, err := e.rdb.HGet(ctx, e.prefix+":{"+q+":"+strconv.Itoa(rec)+"}:t", id).Bytes()
+		raw, err := e.rdb.HGet(ctx, base(rec)+"t", id).Bytes()
 		if err != nil || raw[1]&64 != 0 {
 			t.Fatalf("%s: record flagged as moving (%v)", id, err)
 		}

@@ -473,7 +473,9 @@ func (b *Broker) drainPointers(ctx context.Context, l layout, o part) (int, erro
 		home, _ := b.oldPartOf(o.queue, l, ptr.group)
 		has, err := b.idsText(ctx, home, "look", id, "r")
 		if err != nil {
-			return 0, err
+			if has, err = b.ifRetired(ctx, home, err, "0"); err != nil {
+				return 0, err
+			}
 		}
 		if has == "1" {
 			if err := b.moveAhead(ctx, l, home, []string{id}); err != nil {
