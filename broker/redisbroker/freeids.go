@@ -290,6 +290,9 @@ func (b *Broker) enqueueFree(ctx context.Context, it item, opts broker.EnqueueOp
 			return err // a claim left behind is repaired
 		}
 		if r == "1" {
+			if it.replace {
+				return fmt.Errorf("%w: task %q is stored in its ID's partition; Replace does not move it into group %q of another partition (delete it and enqueue it anew)", broker.ErrTaskIDConflict, t.ID, t.Group)
+			}
 			return broker.ErrTaskIDConflict
 		}
 		if r[0] == 'c' {

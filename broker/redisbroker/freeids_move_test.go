@@ -287,7 +287,7 @@ func TestFreeIDMoveOfADeadClient(t *testing.T) {
 
 // Replace moves a grouped task with a free ID also into its ID's own
 // partition: into a group there, or out of any group; the task's record
-// then takes the place of its pointer.
+// then takes the place of its pointer. The way back is not taken.
 func TestFreeIDReplaceIntoTheIDsPartition(t *testing.T) {
 	t.Parallel()
 	e := setup(t, redisbroker.WithPartitions(6))
@@ -310,6 +310,13 @@ func TestFreeIDReplaceIntoTheIDsPartition(t *testing.T) {
 			t.Fatalf("ran %v", ran)
 		}
 	}
+	// Out of the ID's own partition it does not move (its record is where
+	// a pointer would be): a conflict, the task as it was.
+	mustEnqueue(t, e.b, broker.EnqueueOptions{}, freeMsg(q, "order-cancel:42", home))
+	if err := replaceOne(e.b, freeMsg(q, "order-cancel:42", "shop-7")); !errors.Is(err, broker.ErrTaskIDConflict) {
+		t.Fatalf("Replace out of the ID's partition: %v, want ErrTaskIDConflict", err)
+	}
+	wantIndex(t, e, q, "order-cancel:42", 2)
 }
 
 // Moves across partitions racing with each other, with leases, retries,
