@@ -587,7 +587,7 @@ func (b *Broker) relocateText(ctx context.Context, p part, op, id, nonce string,
 	keys := append(p.keys("t", "pending", "scheduled", "retry", "archived", "completed", "result", "h", "u", "meta", "xr", "xl"), p.groupKeys()...)
 	c := &call{
 		script: b.s.relocate,
-		keys:   append(keys, p.k("pg")),
+		keys:   append(keys, p.k("pg"), p.k("wt")),
 		args:   append([]any{p.layout, op, id, nonce}, args...),
 		queue:  p.queue,
 	}
@@ -680,7 +680,7 @@ func (b *Broker) moveFree(ctx context.Context, it item, opts broker.EnqueueOptio
 		if serr := moveStep(id, "stored"); serr != nil {
 			return false, serr
 		}
-		_, gerr := b.relocateText(ctx, src, "gone", id, nonce, src.channel, src.idx)
+		_, gerr := b.relocateText(ctx, src, "gone", id, nonce, src.channel, src.idx, b.doneChannel(src.queue))
 		if gerr == nil {
 			_, gerr = b.idsText(ctx, in, "moved", id, nonce, pointerLook.Milliseconds())
 		}
@@ -731,7 +731,7 @@ func (b *Broker) repairMove(ctx context.Context, queue string, l layout, in part
 		}
 	}
 	if r == "s" {
-		if _, err := b.relocateText(ctx, src, "gone", id, ptr.nonce, src.channel, src.idx); err != nil {
+		if _, err := b.relocateText(ctx, src, "gone", id, ptr.nonce, src.channel, src.idx, b.doneChannel(src.queue)); err != nil {
 			if _, err = b.ifRetired(ctx, src, err, "0"); err != nil {
 				return err
 			}
@@ -860,7 +860,7 @@ func (b *Broker) sweepLeft(ctx context.Context, queue string, l layout, p part) 
 			return err
 		}
 		if r == "s" {
-			if _, err := b.relocateText(ctx, p, "gone", id, nonce, p.channel, p.idx); err != nil {
+			if _, err := b.relocateText(ctx, p, "gone", id, nonce, p.channel, p.idx, b.doneChannel(p.queue)); err != nil {
 				return err
 			}
 			if _, err := b.idsText(ctx, in, "moved", id, nonce, pointerLook.Milliseconds()); err != nil {

@@ -524,3 +524,46 @@ func storeKeyOf(t *tidetype.TaskInfo) string {
 	}
 	return t.ID
 }
+
+// A Wait for a task that Replace moves into a group of another partition
+// follows it there and learns how the new task ended.
+func TestFreeIDWaitFollowsAMove(t *testing.T) {
+	t.Parallel()
+	e := setup(t, redisbroker.WithPartitions(6))
+	ctx := context.Background()
+	const q = "movewait"
+	mustEnqueue(t, e.b, broker.EnqueueOptions{}, freeMsg(q, "order-cancel:42", "shop-7"))
+	done := make(chan error, 1)
+	go func() {
+		info, err := e.b.Wait(ctx, q, "order-cancel:42")
+		if err == nil && info.State != tidetype.StateCompleted {
+			err = errors.New("ended " + info.State.String())
+		}
+		done <- err
+	}()
+	// The waiter is registered in shop-7's partition before the move.
+	testwait.For(t, 10*time.Second, "the waiter to register", func() bool {
+		n, _ := e.rdb.HLen(ctx, e.prefix+":{"+q+":3}:wt").Result()
+		return n == 1
+	})
+	m := freeMsg(q, "order-cancel:42", "shop-8")
+	m.Payload = []byte("moved")
+	if err := replaceOne(e.b, m); err != nil {
+		t.Fatalf("Replace: %v", err)
+	}
+	testwait.For(t, 10*time.Second, "the waiter to follow the task", func() bool {
+		n, _ := e.rdb.HLen(ctx, e.prefix+":{"+q+":4}:wt").Result()
+		return n == 1
+	})
+	if ran := runOneByOne(t, e.b, q); !slices.Equal(ran, []string{"order-cancel:42"}) {
+		t.Fatalf("ran %v", ran)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Wait across the move: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Wait did not learn the moved task's end")
+	}
+}

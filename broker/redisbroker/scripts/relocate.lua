@@ -11,12 +11,13 @@
 -- KEYS[9] unique locks hash  KEYS[10] layout meta  KEYS[11] fences zset
 -- KEYS[12] leaving hash (ID -> nonce (16 characters), score, "\0", the
 -- move's deadline (ms), "\0" and the new group)  KEYS[13..18] group keys
--- (groups.lua)  KEYS[19] progress hash
+-- (groups.lua)  KEYS[19] progress hash  KEYS[20] waiters hash
 -- ARGV[1] layout  ARGV[2] op  ARGV[3] ID  ARGV[4] nonce of the move, then:
 --   leave 5 the task's group (as its pointer names it; any group of this
 --         partition holds the task of the ID)  6 time (ms) after which it may not leave (the
 --         move's deadline)  7 the new group
---   gone  5 event channel  6 partition
+--   gone  5 event channel  6 partition  7 done channel (a waiter of the
+--         task is told, "f<id>", and looks for it again where it went)
 --   stay  5 fence expiry (ms)  6 event channel  7 partition
 -- leave takes a waiting or finished task of the group out of where it
 -- waits or lies, flags its record as moving (nothing leases, runs, moves
@@ -80,6 +81,7 @@ if op == 'gone' then
     redis.call('HDEL', KEYS[8], id)
     redis.call('HDEL', KEYS[19], id)
     if g_forget(G, id) then redis.call('PUBLISH', ARGV[5], 'p' .. ARGV[6]) end
+    if redis.call('HDEL', KEYS[20], id) == 1 then redis.call('PUBLISH', ARGV[7], 'f' .. id) end
   end
   return '1'
 end
