@@ -248,8 +248,8 @@ func (b *Broker) lookOldSpan(ctx context.Context, it item) error {
 		if !it.replace || attempt > 0 {
 			return broker.ErrTaskIDConflict
 		}
-		if err := b.moveAhead(ctx, l, where, []string{t.ID}); err != nil {
-			return err
+		if err := b.moveAhead(ctx, l, where, []string{t.ID}); err != nil && !b.retired(ctx, where) {
+			return err // (a partition retired meanwhile holds the task no more: look again)
 		}
 	}
 }
