@@ -463,8 +463,9 @@ func (b *Broker) resolve(ctx context.Context, queue string, l layout, id string)
 			if ptr.state == 'v' {
 				// A move under way: the task stays in the old group's
 				// partition until it is stored in the new one's, so look
-				// there first.
-				res = append(res[:len(res)-1], found{p: b.sameSpan(queue, l, in, ptr.from), via: &in, nonce: ptr.nonce}, res[len(res)-1])
+				// there first. A task deleted there releases no pointer:
+				// the move's nonce becomes the new task's pointer's.
+				res = append(res[:len(res)-1], found{p: b.sameSpan(queue, l, in, ptr.from)}, res[len(res)-1])
 			}
 		}
 	}
