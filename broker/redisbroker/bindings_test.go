@@ -146,6 +146,7 @@ var keyNames = map[string][]string{
 	"idempotency keys of the previous window": {"ik"},
 	"pointers zset":         {"x"},
 	"fences zset":           {"xr"},
+	"leaving hash":          {"xl"},
 	"waiters hash":          {"wt"},
 	"outcomes hash":         {"oc"},
 	"waiter keys":           {"wt", "oc", "ocx"},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"strconv"
 	"testing"
 	"time"
 
@@ -18,7 +19,8 @@ import (
 // conflict across groups; a repartition to clusterParts moves them with
 // their groups (each script still runs on one slot: a pointer in the ID's
 // partition leads to the task) and they are found, run and deleted by
-// their IDs there, as are new ones.
+// their IDs there, as are new ones; Replace moves one into a group of
+// another partition.
 func TestClusterGroupFreeIDs(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 1)
 	rdb := c.Client(t)
@@ -45,6 +47,20 @@ func TestClusterGroupFreeIDs(t *testing.T) {
 		if got, err := b.GetTask(ctx, q, id); err != nil || got.Group != g {
 			t.Fatalf("GetTask(%s) after the repartition: %+v, %v", id, got, err)
 		}
+	}
+	// Replace into a group of another partition (and slot) moves it.
+	away := "shop-10"
+	for k := 1; broker.Partition(away, clusterParts) == broker.Partition("shop-7", clusterParts) ||
+		broker.Partition(away, clusterParts) == broker.Partition("order-cancel:43", clusterParts); k++ {
+		away = "shop-10-" + strconv.Itoa(k)
+	}
+	if broker.Partition("shop-7", clusterParts) == broker.Partition("order-cancel:43", clusterParts) {
+		t.Fatal("order-cancel:43 is in shop-7's partition: no move to test")
+	}
+	mustEnqueue(t, b, broker.EnqueueOptions{Replace: true}, free("order-cancel:43", away))
+	want["order-cancel:43"] = away
+	if got, err := b.GetTask(ctx, q, "order-cancel:43"); err != nil || got.Group != away {
+		t.Fatalf("GetTask(order-cancel:43) after its move: %+v, %v", got, err)
 	}
 	mustEnqueue(t, b, broker.EnqueueOptions{}, free("order-cancel:44", "shop-9"), free("order-cancel:45", "shop-9"))
 	if err := b.Delete(ctx, q, "order-cancel:45"); err != nil {

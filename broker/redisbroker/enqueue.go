@@ -27,6 +27,9 @@ type item struct {
 	// claim is the nonce and store deadline of the task's claim in its
 	// ID's partition (enqueueFree), for enqueue.lua; "" for none.
 	claim string
+	// looked: the old span of a repartition was looked at for the task's
+	// ID already (lookOldSpan), so checkOldSpan leaves it.
+	looked bool
 }
 
 // maxRedraws bounds how often a broker-chosen ID that met another task is
@@ -121,9 +124,6 @@ func (b *Broker) enqueueSome(ctx context.Context, tasks []*tidetype.TaskInfo, ow
 		it := item{t: t, lay: l, own: own[i], replace: opts.Replace && !own[i], watch: opts.Watch}
 		errs[i] = nil
 		switch {
-		case broker.FreeGroupID(t.ID, t.Group) && l.old != nil:
-			errs[i] = fmt.Errorf("%w: queue %q is being repartitioned to %d partitions; task ID %q of group %q must hold the group as its tag, e.g. %q",
-				broker.ErrInvalidTask, t.Queue, l.cur.n, t.ID, t.Group, t.ID+"{"+t.Group+"}")
 		case t.UniqueKey != "" && !it.own && broker.Partition(storeKey(t), l.cur.n) != broker.Partition(t.UniqueKey, l.cur.n):
 			// The task and its lock must share a partition (one script
 			// sees both); the caller chose an ID elsewhere.
@@ -134,18 +134,20 @@ func (b *Broker) enqueueSome(ctx context.Context, tasks []*tidetype.TaskInfo, ow
 		}
 		switch {
 		case errs[i] != nil:
-		case needsPointer(it.t, it.lay):
+		case needsPointer(it.t, it.lay) || l.old != nil && broker.FreeGroupID(t.ID, t.Group):
 			free, freeAt = append(free, it), append(freeAt, i)
 		default:
 			send, at = append(send, it), append(at, i)
 		}
 	}
 	// Grouped tasks with IDs of their own away from their group's
-	// partition: claim, store, confirm, one at a time.
+	// partition (claim, store, confirm) or on a queue being repartitioned,
+	// one at a time.
 	for k, i := range freeAt {
 		errs[i] = b.enqueueFree(ctx, free[k], opts)
 	}
 	if len(send) == 0 {
+		b.waitHolds(ctx, tasks, todo, errs)
 		return nil
 	}
 	var got []error
@@ -164,6 +166,7 @@ func (b *Broker) enqueueSome(ctx context.Context, tasks []*tidetype.TaskInfo, ow
 	for j, i := range at {
 		errs[i] = got[j]
 	}
+	b.waitHolds(ctx, tasks, todo, errs)
 	return nil
 }
 
@@ -267,8 +270,8 @@ func (b *Broker) enqueueNow(ctx context.Context, items []item, opts broker.Enque
 				case '6':
 					errs[i] = errFenced
 				case '5':
-					errs[i] = fmt.Errorf("%w: queue %q is being repartitioned; task ID %q of group %q must hold the group as its tag, e.g. %q (or repartition the queue to 1 to cancel a repartition that stopped before it began)",
-						broker.ErrInvalidTask, items[i].t.Queue, items[i].t.ID, items[i].t.Group, items[i].t.ID+"{"+items[i].t.Group+"}")
+					errs[i] = heldError{fmt.Errorf("%w: queue %q is being repartitioned; task ID %q of group %q must hold the group as its tag, e.g. %q (or repartition the queue to 1 to cancel a repartition that stopped before it began)",
+						broker.ErrInvalidTask, items[i].t.Queue, items[i].t.ID, items[i].t.Group, items[i].t.ID+"{"+items[i].t.Group+"}")}
 				case '3':
 					if round < maxRedraws {
 						items[i].t.ID = b.drawID(items[i].t, items[i].lay)
@@ -322,14 +325,14 @@ func (b *Broker) checkOldSpan(ctx context.Context, items []item, errs []error) e
 	var looks []look
 	var pipe redis.Pipeliner
 	for i, it := range items {
-		if it.lay.old == nil || (it.own && it.t.UniqueKey == "") {
+		if it.lay.old == nil || ((it.own || it.looked) && it.t.UniqueKey == "") {
 			continue
 		}
 		if pipe == nil {
 			pipe = b.rdb.Pipeline()
 		}
 		lk := look{i: i}
-		if !it.own {
+		if !it.own && !it.looked {
 			o, _ := b.oldPartOf(it.t.Queue, it.lay, it.t.ID)
 			lk.id = pipe.HGet(ctx, o.k("t"), it.t.ID)
 		}

@@ -80,3 +80,22 @@ func SetLimitsRecorded(f func(queue string)) {
 	}
 	limitsRecorded.Store(&f)
 }
+
+// SetAfterMove sets a function that a Replace moving a grouped task with a
+// free ID into a group of another partition runs after each of its steps
+// ("claimed", "left", "stored"; an error ends the enqueue there, as if the
+// client died); nil removes it. Tests that set it must not run in parallel
+// with others that do.
+func SetAfterMove(f func(id, step string) error) {
+	if f == nil {
+		afterMove.Store(nil)
+		return
+	}
+	afterMove.Store(&f)
+}
+
+// SetHoldWait sets how long an enqueue refused by a repartition's hold of
+// free grouped IDs waits for the new layout and returns the old value.
+func SetHoldWait(d time.Duration) time.Duration {
+	return time.Duration(holdWait.Swap(int64(d)))
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -41,13 +42,29 @@ var afterClaim atomic.Pointer[func(id string) error]
 // its partition first looks whether its task is still there.
 const pointerLook = 10 * time.Second
 
+// afterMove, when set (by tests), runs after each step of a move
+// (moveFree: "claimed", "left", "stored"); an error ends the enqueue there,
+// as if the client died.
+var afterMove atomic.Pointer[func(id, step string) error]
+
+func moveStep(id, step string) error {
+	if f := afterMove.Load(); f != nil {
+		return (*f)(id, step)
+	}
+	return nil
+}
+
 // pointer is an index entry of ids.lua.
 type pointer struct {
-	state byte // 'c' claimed, 'k' confirmed
+	state byte // 'c' claimed, 'k' confirmed, 'v' a move's claim
 	nonce string
 	at    int64 // claim time, ms on the clock of the pointer's node
 	group string
+	from  string // of a move: the group the task leaves
 }
+
+// claimed reports a claim that is not settled yet (repair settles it).
+func (p pointer) claimed() bool { return p.state == 'c' || p.state == 'v' }
 
 func parsePointer(v string) (pointer, bool) {
 	if len(v) < 21 || v[0] != 0 || v[1] != 'g' {
@@ -62,7 +79,14 @@ func parsePointer(v string) (pointer, bool) {
 	if err != nil {
 		return pointer{}, false
 	}
-	return pointer{state: v[2], nonce: v[3:19], at: at, group: v[z+1:]}, true
+	p := pointer{state: v[2], nonce: v[3:19], at: at, group: v[z+1:]}
+	if p.state == 'v' {
+		var ok bool
+		if p.group, p.from, ok = strings.Cut(p.group, "\x00"); !ok {
+			return pointer{}, false
+		}
+	}
+	return p, true
 }
 
 // needsPointer reports whether task t takes the free-ID protocol on
@@ -135,11 +159,16 @@ func (b *Broker) sameSpan(queue string, l layout, p part, key string) part {
 // in the group's partition, then confirms it (the task was stored) or
 // releases it (it never will be).
 func (b *Broker) repair(ctx context.Context, queue string, l layout, in part, id string, ptr pointer) error {
+	if ptr.state == 'v' {
+		return b.repairMove(ctx, queue, l, in, id, ptr)
+	}
 	g := b.sameSpan(queue, l, in, ptr.group)
 	exp := ptr.at + (b.claimLife() + clockSlack()).Milliseconds()
 	r, err := b.idsText(ctx, g, "fence", id, ptr.nonce, exp)
 	if err != nil {
-		return err
+		if r, err = b.ifRetired(ctx, g, err, "f"); err != nil {
+			return err
+		}
 	}
 	if r == "s" {
 		_, err = b.idsText(ctx, in, "confirm", id, ptr.nonce, pointerLook.Milliseconds())
@@ -154,7 +183,7 @@ func (b *Broker) repair(ctx context.Context, queue string, l layout, in part, id
 // whose task is gone. It reports whether the way is clear (false: a task
 // holds the ID).
 func (b *Broker) clearPointer(ctx context.Context, queue string, l layout, in part, id string, ptr pointer) (bool, error) {
-	if ptr.state == 'c' {
+	if ptr.claimed() {
 		return true, b.repair(ctx, queue, l, in, id, ptr)
 	}
 	g := b.sameSpan(queue, l, in, ptr.group)
@@ -169,15 +198,88 @@ func (b *Broker) clearPointer(ctx context.Context, queue string, l layout, in pa
 // errFenced is a store refused because its claim was fenced or too old.
 var errFenced = fmt.Errorf("%w: the enqueue took too long or met another enqueue of its task ID; nothing was stored", broker.ErrUnavailable)
 
+// lookOldSpan looks, while a repartition runs, whether a task of the old
+// span holds it's ID: its record in the ID's old partition, or a pointer
+// there to its record in its group's old partition. A task there is
+// ErrTaskIDConflict; with Replace a waiting one moves to the new span
+// first (moveAhead), where the enqueue meets it as any other time. When no
+// task of the old span holds the ID none will (new tasks go to the new
+// span), and one that moved is in the new span already (the move places a
+// task before it deletes it from the old partition), so what the new span
+// holds decides: its pointers may be cleared and claimed as always.
+func (b *Broker) lookOldSpan(ctx context.Context, it item) error {
+	t, l := it.t, it.lay
+	in, _ := b.oldPartOf(t.Queue, l, t.ID)
+	for attempt := 0; ; attempt++ {
+		v, err := b.rdb.HGet(ctx, in.k("t"), t.ID).Result()
+		if errors.Is(err, redis.Nil) {
+			return nil
+		}
+		if err != nil {
+			return callErr("enqueue", classify(err))
+		}
+		where := in
+		if ptr, ok := parsePointer(v); ok {
+			// A claim there never stores now: the repartition settled the
+			// claims it found, and later ones are refused by its hold. A
+			// move's claim made since never took its task out of its old
+			// group (the hold refuses that too): the task is there.
+			groups := []string{ptr.group}
+			if ptr.state == 'v' {
+				groups = []string{ptr.from, ptr.group}
+			}
+			found := false
+			for _, g := range groups {
+				where, _ = b.oldPartOf(t.Queue, l, g)
+				has, err := b.idsText(ctx, where, "look", t.ID, "r")
+				if err != nil {
+					if has, err = b.ifRetired(ctx, where, err, "0"); err != nil {
+						return err
+					}
+				}
+				if found = has == "1"; found {
+					break
+				}
+			}
+			if !found {
+				return nil
+			}
+		}
+		if !it.replace || attempt > 0 {
+			return broker.ErrTaskIDConflict
+		}
+		if err := b.moveAhead(ctx, l, where, []string{t.ID}); err != nil && !b.retired(ctx, where) {
+			return err // (a partition retired meanwhile holds the task no more: look again)
+		}
+	}
+}
+
 // enqueueFree enqueues it, a task that needsPointer, by the protocol of
 // ids.lua: claim in the ID's partition, store in the group's, confirm.
+// While a repartition runs it also takes the grouped tasks with free IDs
+// that need no pointer in the new span, after a look at the old span.
 func (b *Broker) enqueueFree(ctx context.Context, it item, opts broker.EnqueueOptions) error {
 	t, l := it.t, it.lay
+	if l.old != nil {
+		if err := b.lookOldSpan(ctx, it); err != nil {
+			return err
+		}
+		it.looked = true
+		if !needsPointer(t, l) {
+			items := []item{it}
+			errs, err := b.enqueueNow(ctx, items, opts)
+			if err != nil {
+				return err
+			}
+			b.freeConflicts(ctx, items, errs, opts)
+			return errs[0]
+		}
+	}
 	in := b.partOf(t.Queue, l, t.ID)
 	home := b.partOf(t.Queue, l, t.Group)
 	nonce := newNonce()
 	look := (b.claimLife() + clockSlack()).Milliseconds()
-	swap := ""
+	swap, swapped := "", ""
 	var at int64
 	for attempt := 0; ; attempt++ {
 		if attempt == 4 {
@@ -188,6 +290,9 @@ func (b *Broker) enqueueFree(ctx context.Context, it item, opts broker.EnqueueOp
 			return err // a claim left behind is repaired
 		}
 		if r == "1" {
+			if it.replace {
+				return fmt.Errorf("%w: task %q is stored in its ID's partition; Replace does not move it into group %q of another partition (delete it and enqueue it anew)", broker.ErrTaskIDConflict, t.ID, t.Group)
+			}
 			return broker.ErrTaskIDConflict
 		}
 		if r[0] == 'c' {
@@ -202,14 +307,21 @@ func (b *Broker) enqueueFree(ctx context.Context, it item, opts broker.EnqueueOp
 		}
 		if ptr.state == 'k' && it.replace {
 			if broker.Partition(ptr.group, l.cur.n) != broker.Partition(t.Group, l.cur.n) {
-				return fmt.Errorf("%w: task %q is in group %q, whose partition is not group %q's; Replace cannot move it there (delete it first)", broker.ErrTaskIDConflict, t.ID, ptr.group, t.Group)
+				if l.old != nil {
+					return fmt.Errorf("%w: task %q is in group %q, whose partition is not group %q's; Replace moves it there once the repartition of queue %q ends", broker.ErrTaskIDConflict, t.ID, ptr.group, t.Group, t.Queue)
+				}
+				again, err := b.moveFree(ctx, it, opts, in, ptr)
+				if again {
+					continue
+				}
+				return err
 			}
 			has, err := b.idsText(ctx, home, "look", t.ID, "r")
 			if err != nil {
 				return err
 			}
 			if has == "1" {
-				swap = ptr.nonce
+				swap, swapped = ptr.nonce, ptr.group
 				continue
 			}
 		}
@@ -241,8 +353,20 @@ func (b *Broker) enqueueFree(ctx context.Context, it item, opts broker.EnqueueOp
 	case err == nil || errors.Is(err, broker.ErrTaskIDConflict) || errors.Is(err, broker.ErrDuplicateTask) ||
 		errors.Is(err, broker.ErrInvalidTask) || errors.Is(err, errFenced) || errors.Is(err, broker.ErrLayout):
 		// Not stored under this claim: an idempotency key's earlier task
-		// answered (its ID is t.ID now), or a definite refusal.
-		if _, rerr := b.idsText(ctx, in, "release", id, nonce, ""); rerr != nil {
+		// answered (its ID is t.ID now), or a definite refusal. A claim
+		// that took the place of the pointer of a task still there (a
+		// Replace refused: the task runs) points to it again.
+		var rerr error
+		has := "0"
+		if swapped != "" {
+			has, rerr = b.idsText(ctx, home, "look", id, "r")
+		}
+		if rerr == nil && has == "1" {
+			_, rerr = b.idsText(ctx, in, "back", id, nonce, swapped, pointerLook.Milliseconds())
+		} else if rerr == nil {
+			_, rerr = b.idsText(ctx, in, "release", id, nonce, "")
+		}
+		if rerr != nil {
 			b.log.Warn("tide: redisbroker: a task's index entry is left claimed; the partition's maintainer releases it", "queue", t.Queue, "err", rerr)
 		}
 		return err
@@ -256,7 +380,10 @@ func (b *Broker) enqueueFree(ctx context.Context, it item, opts broker.EnqueueOp
 // is cleared and the task sent again.
 func (b *Broker) freeConflicts(ctx context.Context, items []item, errs []error, opts broker.EnqueueOptions) {
 	for i, it := range items {
-		if !errors.Is(errs[i], broker.ErrTaskIDConflict) || it.own || it.lay.cur.n < 2 || it.lay.old != nil || needsPointer(it.t, it.lay) {
+		// While a repartition runs the new span's pointers are cleared
+		// only after lookOldSpan (a pointer written by the move may lead to
+		// a task not placed yet).
+		if !errors.Is(errs[i], broker.ErrTaskIDConflict) || it.own || it.lay.cur.n < 2 || (it.lay.old != nil && !it.looked) || needsPointer(it.t, it.lay) {
 			continue
 		}
 		in := b.partOf(it.t.Queue, it.lay, it.t.ID)
@@ -268,7 +395,18 @@ func (b *Broker) freeConflicts(ctx context.Context, items []item, errs []error, 
 		if !ok {
 			continue
 		}
-		if clear, err := b.clearPointer(ctx, it.t.Queue, it.lay, in, it.t.ID, ptr); err != nil || !clear {
+		clear, err := b.clearPointer(ctx, it.t.Queue, it.lay, in, it.t.ID, ptr)
+		if err != nil {
+			continue
+		}
+		if !clear {
+			// A task of a group of another partition holds the ID:
+			// Replace moves it here.
+			if it.replace && ptr.state == 'k' && it.lay.old == nil {
+				if again, err := b.moveFree(ctx, it, opts, in, ptr); !again {
+					errs[i] = err
+				}
+			}
 			continue
 		}
 		if again, err := b.enqueueNow(ctx, []item{it}, opts); err == nil {
@@ -313,16 +451,25 @@ func (b *Broker) resolve(ctx context.Context, queue string, l layout, id string)
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, callErr("look up "+id, classify(err))
 	}
+	res := make([]found, 0, len(out)+1)
 	for i, c := range cmds {
+		res = append(res, out[i])
 		if c == nil {
 			continue
 		}
 		if ptr, ok := parsePointer(c.Val()); ok {
 			in := out[i].p
-			out[i] = found{p: b.sameSpan(queue, l, in, ptr.group), via: &in, nonce: ptr.nonce}
+			res[len(res)-1] = found{p: b.sameSpan(queue, l, in, ptr.group), via: &in, nonce: ptr.nonce}
+			if ptr.state == 'v' {
+				// A move under way: the task stays in the old group's
+				// partition until it is stored in the new one's, so look
+				// there first. A task deleted there releases no pointer:
+				// the move's nonce becomes the new task's pointer's.
+				res = append(res[:len(res)-1], found{p: b.sameSpan(queue, l, in, ptr.from)}, res[len(res)-1])
+			}
 		}
 	}
-	return out, nil
+	return res, nil
 }
 
 // release drops the pointer that led to a task that is gone now (best
@@ -369,6 +516,9 @@ func (b *Broker) sweepIDs(ctx context.Context, queue string, l layout, p part) e
 		return nil
 	}
 	b.idSweeps.Store(p.base, time.Now())
+	if err := b.sweepLeft(ctx, queue, l, p); err != nil {
+		return err
+	}
 	cmd, err := b.ids(ctx, p, "due", "100")
 	if err != nil {
 		return err
@@ -392,7 +542,7 @@ func (b *Broker) sweepIDs(ctx context.Context, queue string, l layout, p part) e
 		if !ok {
 			continue
 		}
-		if ptr.state == 'c' {
+		if ptr.claimed() {
 			if now < ptr.at+(b.claimLife()+clockSlack()).Milliseconds() {
 				continue // not due after all (clocks); looked at later
 			}
@@ -430,4 +580,317 @@ func (b *Broker) sweepIDs(ctx context.Context, queue string, l layout, p part) e
 		}
 	}
 	return nil
+}
+
+// relocateText runs one relocate.lua op on task id in partition p, the
+// partition of the group the task leaves.
+func (b *Broker) relocateText(ctx context.Context, p part, op, id, nonce string, args ...any) (string, error) {
+	keys := append(p.keys("t", "pending", "scheduled", "retry", "archived", "completed", "result", "h", "u", "meta", "xr", "xl"), p.groupKeys()...)
+	c := &call{
+		script: b.s.relocate,
+		keys:   append(keys, p.k("pg"), p.k("wt")),
+		args:   append([]any{p.layout, op, id, nonce}, args...),
+		queue:  p.queue,
+	}
+	b.run(ctx, []*call{c})
+	if c.err != nil {
+		return "", callErr("move task "+op, c.err)
+	}
+	s, err := c.cmd.Text()
+	if err != nil {
+		return "", callErr("move task "+op, fmt.Errorf("unexpected reply: %w", err))
+	}
+	return s, nil
+}
+
+// moveFree replaces task it.t.ID, which waits in group old.group (its
+// pointer old in partition in), by it, a task of a group in another
+// partition (Replace). The steps, each idempotent by a new nonce N:
+//
+//  1. move in I: the confirmed pointer becomes a move's claim naming both
+//     groups (compare-and-set on old's nonce); lookups look in the old
+//     group's partition S, then in the new one's D.
+//  2. leave in S: the task, when it waits or has finished, is taken out
+//     of where it waits and flagged as moving, so nothing leases it; one
+//     that runs (or a workflow's step, ...) is a conflict, as on one
+//     partition, and the claim goes back.
+//  3. store in D under the claim (enqueue.lua, fenced like any claim).
+//  4. gone in S deletes the task that left; moved in I confirms the
+//     pointer for the new group.
+//
+// A definite refusal of the store puts the task back (stay in S, then in
+// I); with no answer the claim stays, and repairMove finishes or undoes
+// the move. again reports that the pointer changed before step 1: the
+// caller looks again.
+func (b *Broker) moveFree(ctx context.Context, it item, opts broker.EnqueueOptions, in part, old pointer) (again bool, err error) {
+	t, l := it.t, it.lay
+	src := b.partOf(t.Queue, l, old.group)
+	nonce := newNonce()
+	look := (b.claimLife() + clockSlack()).Milliseconds()
+	r, err := b.idsText(ctx, in, "move", t.ID, nonce, t.Group, look, old.nonce, old.group)
+	if err != nil {
+		return false, err
+	}
+	switch {
+	case r == "0":
+		return true, nil
+	case r == "d" || len(r) < 2 || r[0] != 'c':
+		return false, callErr("task index move", fmt.Errorf("unexpected reply %q", r))
+	}
+	at, err := strconv.ParseInt(r[1:], 10, 64)
+	if err != nil {
+		return false, callErr("task index move", fmt.Errorf("unexpected reply %q", r))
+	}
+	deadline := at + b.claimLife().Milliseconds()
+	if err := moveStep(t.ID, "claimed"); err != nil {
+		return false, err
+	}
+	lv, err := b.relocateText(ctx, src, "leave", t.ID, nonce, old.group, deadline, t.Group)
+	if err != nil {
+		return false, err // the repair settles the claim
+	}
+	switch lv {
+	case "ok", "gone":
+	case "busy", "no":
+		b.undoMove(ctx, t.Queue, in, src, t.ID, nonce, deadline)
+		return false, fmt.Errorf("%w: task %q of group %q cannot be replaced now (it runs, or is a workflow's step)", broker.ErrTaskIDConflict, t.ID, old.group)
+	case "late":
+		b.undoMove(ctx, t.Queue, in, src, t.ID, nonce, deadline)
+		return false, errFenced
+	case "held":
+		b.undoMove(ctx, t.Queue, in, src, t.ID, nonce, deadline)
+		return false, heldError{fmt.Errorf("%w: queue %q is being repartitioned; replace task %q again when that is done", broker.ErrUnavailable, t.Queue, t.ID)}
+	default:
+		return false, callErr("move task leave", fmt.Errorf("unexpected reply %q", lv))
+	}
+	if err := moveStep(t.ID, "left"); err != nil {
+		return false, err
+	}
+	it.claim = nonce + strconv.FormatInt(deadline, 10)
+	// Nothing else holds the ID where the task moves. An ungrouped task
+	// keeps the Replace flag all the same: it keeps it off the plain
+	// scripts, which know no claims.
+	it.replace = t.Group == ""
+	id := t.ID
+	errs, err := b.enqueueNow(ctx, []item{it}, opts)
+	if err == nil {
+		err = errs[0]
+	}
+	switch {
+	case (err == nil || errors.Is(err, broker.ErrNotReplicated)) && t.ID == id:
+		if serr := moveStep(id, "stored"); serr != nil {
+			return false, serr
+		}
+		_, gerr := b.relocateText(ctx, src, "gone", id, nonce, src.channel, src.idx, b.doneChannel(src.queue))
+		if gerr == nil {
+			_, gerr = b.idsText(ctx, in, "moved", id, nonce, pointerLook.Milliseconds())
+		}
+		if gerr != nil {
+			b.log.Warn("tide: redisbroker: a moved task's index entry is left claimed; the partition's maintainer finishes the move", "queue", t.Queue, "err", gerr)
+		}
+		return false, err
+	case err == nil || errors.Is(err, broker.ErrTaskIDConflict) || errors.Is(err, broker.ErrDuplicateTask) ||
+		errors.Is(err, broker.ErrInvalidTask) || errors.Is(err, errFenced) || errors.Is(err, broker.ErrLayout):
+		// Nothing stored under this claim: the task stays where it was.
+		t.ID = id
+		b.undoMove(ctx, t.Queue, in, src, id, nonce, deadline)
+		return false, err
+	}
+	return false, err // unknown: the claim stays for the repair to decide
+}
+
+// undoMove puts back the task that a move (nonce) took out of partition
+// src, whose store was refused or never sent, and its pointer in in (best
+// effort: the repair does it otherwise).
+func (b *Broker) undoMove(ctx context.Context, queue string, in, src part, id, nonce string, deadline int64) {
+	s, err := b.relocateText(ctx, src, "stay", id, nonce, deadline+clockSlack().Milliseconds(), src.channel, src.idx)
+	if err == nil {
+		if s == "g" {
+			_, err = b.idsText(ctx, in, "release", id, nonce, "")
+		} else {
+			_, err = b.idsText(ctx, in, "stay", id, nonce, pointerLook.Milliseconds())
+		}
+	}
+	if err != nil {
+		b.log.Warn("tide: redisbroker: a moved task's index entry is left claimed; the partition's maintainer puts the task back", "queue", queue, "err", err)
+	}
+}
+
+// repairMove settles a move's claim ptr of id in partition in (see
+// moveFree): it fences the claim in the new group's partition; a task
+// stored there before finishes the move (the task that left is deleted,
+// the pointer names the new group), else the task that left is put back
+// (or the pointer released when it is gone).
+func (b *Broker) repairMove(ctx context.Context, queue string, l layout, in part, id string, ptr pointer) error {
+	dst := b.sameSpan(queue, l, in, ptr.group)
+	src := b.sameSpan(queue, l, in, ptr.from)
+	exp := ptr.at + (b.claimLife() + clockSlack()).Milliseconds()
+	r, err := b.idsText(ctx, dst, "fence", id, ptr.nonce, exp)
+	if err != nil {
+		if r, err = b.ifRetired(ctx, dst, err, "f"); err != nil {
+			return err
+		}
+	}
+	if r == "s" {
+		if _, err := b.relocateText(ctx, src, "gone", id, ptr.nonce, src.channel, src.idx, b.doneChannel(src.queue)); err != nil {
+			if _, err = b.ifRetired(ctx, src, err, "0"); err != nil {
+				return err
+			}
+		}
+		_, err = b.idsText(ctx, in, "moved", id, ptr.nonce, pointerLook.Milliseconds())
+		return err
+	}
+	s, err := b.relocateText(ctx, src, "stay", id, ptr.nonce, exp, src.channel, src.idx)
+	if err != nil {
+		if s, err = b.ifRetired(ctx, src, err, "g"); err != nil {
+			return err
+		}
+	}
+	if s == "g" {
+		_, err = b.idsText(ctx, in, "release", id, ptr.nonce, "")
+	} else {
+		_, err = b.idsText(ctx, in, "stay", id, ptr.nonce, pointerLook.Milliseconds())
+	}
+	return err
+}
+
+// heldError is a refusal of a grouped task with a free ID by a partition
+// that a repartition holds (field xf, set before the new layout is
+// recorded; see holdFreeIDs).
+type heldError struct{ error }
+
+func (e heldError) Unwrap() error { return e.error }
+
+// holdWait is how long an enqueue refused by a repartition's hold waits
+// for the new layout (tests change it).
+var holdWait atomic.Int64
+
+func init() { holdWait.Store(int64(10 * time.Second)) }
+
+// waitHolds waits, for the tasks at indexes todo that a repartition's hold
+// refused, until their queue's layout changes (or the hold is lifted), and
+// then marks them refused by the layout, so that Enqueue sends them again
+// the new way. A hold that lasts past holdWait or ctx (a repartition that
+// stopped before it recorded its layout) leaves the refusal as it is.
+func (b *Broker) waitHolds(ctx context.Context, tasks []*tidetype.TaskInfo, todo []int, errs []error) {
+	done := map[string]bool{}
+	for _, i := range todo {
+		var held heldError
+		if !errors.As(errs[i], &held) {
+			continue
+		}
+		q := tasks[i].Queue
+		ok, seen := done[q]
+		if !seen {
+			ok = b.waitHold(ctx, q)
+			done[q] = ok
+		}
+		if ok {
+			errs[i] = fmt.Errorf("%w: %w: queue %q: a repartition held grouped tasks with free IDs back; its new layout is recorded now", broker.ErrUnavailable, broker.ErrLayout, q)
+		}
+	}
+}
+
+// waitHold waits until queue's layout differs from the one it reads first
+// or no partition of it is held any more; false when holdWait or ctx ended
+// first.
+func (b *Broker) waitHold(ctx context.Context, queue string) bool {
+	b.forgetLayout(queue)
+	l, err := b.layoutOf(ctx, queue)
+	if err != nil {
+		return false
+	}
+	deadline := time.Now().Add(time.Duration(holdWait.Load()))
+	for d := 5 * time.Millisecond; ; d = min(2*d, 200*time.Millisecond) {
+		pipe := b.rdb.Pipeline()
+		held := make([]*redis.BoolCmd, l.cur.n)
+		for i := range l.cur.n {
+			held[i] = pipe.HExists(ctx, b.partAt(queue, l, i).k("gs"), "xf")
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return false
+		}
+		if !slices.ContainsFunc(held, func(c *redis.BoolCmd) bool { return c.Val() }) {
+			return true
+		}
+		if !time.Now().Before(deadline) {
+			return false
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(d):
+		}
+		b.forgetLayout(queue)
+		nl, err := b.layoutOf(ctx, queue)
+		if err != nil {
+			return false
+		}
+		if nl.tag != l.tag {
+			return true
+		}
+	}
+}
+
+// sweepLeft settles the moves (moveFree) whose task left partition p and
+// that nobody finished by their deadline (plus the clock slack): as
+// repairMove, from the side of the partition the task left, which also
+// covers a move into the ID's own partition, whose store replaced the
+// move's claim with the task.
+func (b *Broker) sweepLeft(ctx context.Context, queue string, l layout, p part) error {
+	left, err := b.rdb.HGetAll(ctx, p.k("xl")).Result()
+	if err != nil {
+		return callErr("task index sweep", classify(err))
+	}
+	now := b.Now().UnixMilli()
+	for id, v := range left {
+		f := strings.SplitN(v, "\x00", 3)
+		if len(f) != 3 || len(f[0]) < 16 {
+			continue
+		}
+		deadline, err := strconv.ParseInt(f[1], 10, 64)
+		if err != nil || now < deadline+clockSlack().Milliseconds() {
+			continue
+		}
+		nonce, group := f[0][:16], f[2]
+		in := b.partOf(queue, l, id)
+		dst := b.partOf(queue, l, group)
+		exp := deadline + clockSlack().Milliseconds()
+		r, err := b.idsText(ctx, dst, "fence", id, nonce, exp)
+		if err != nil {
+			return err
+		}
+		if r == "s" {
+			if _, err := b.relocateText(ctx, p, "gone", id, nonce, p.channel, p.idx, b.doneChannel(p.queue)); err != nil {
+				return err
+			}
+			if _, err := b.idsText(ctx, in, "moved", id, nonce, pointerLook.Milliseconds()); err != nil {
+				return err
+			}
+			continue
+		}
+		s, err := b.relocateText(ctx, p, "stay", id, nonce, exp, p.channel, p.idx)
+		if err != nil {
+			return err
+		}
+		if s == "g" {
+			_, err = b.idsText(ctx, in, "release", id, nonce, "")
+		} else {
+			_, err = b.idsText(ctx, in, "stay", id, nonce, pointerLook.Milliseconds())
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ifRetired answers empty for a call refused by old partition p of a
+// repartition because p is retired (it holds nothing, and takes nothing),
+// else returns err.
+func (b *Broker) ifRetired(ctx context.Context, p part, err error, empty string) (string, error) {
+	if errors.Is(err, broker.ErrLayout) && p.old && b.retired(ctx, p) {
+		return empty, nil
+	}
+	return "", err
 }

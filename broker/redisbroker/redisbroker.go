@@ -44,6 +44,7 @@
 //	<prefix>:{<queue>:<p>}:oc         hash: task ID -> how it ended, kept for Wait
 //	<prefix>:{<queue>:<p>}:x          zset: task ID -> next look (ms) of the pointers in t (see Groups)
 //	<prefix>:{<queue>:<p>}:xr         zset: claim nonce -> expiry (ms) of the fenced claims (see Groups)
+//	<prefix>:{<queue>:<p>}:xl         hash: task ID -> nonce and score of a task leaving for a group of another partition (see Groups)
 //	<prefix>:{<queue>:<p>}:ocx        zset: task ID -> when its outcome is forgotten
 //	<prefix>:{<queue>:<p>}:events     stream: task lifecycle events, entries 0-1, 0-2, ... (see Events below)
 //	<prefix>:queues                   set of known queue names
@@ -276,11 +277,17 @@
 // (G's fences zset xr: a store of a fenced claim is refused) and then
 // confirmed or released by the maintainer of I, or by the next enqueue of
 // the ID; a pointer whose task is gone is released by that maintainer
-// (ids.lua, freeids.go and docs/design.md have the protocol). Leases carry
+// (ids.lua, freeids.go and docs/design.md have the protocol). Replace into
+// a group of another partition moves the task: a move's claim in I names
+// both groups, the task leaves its old partition (flagged as moving, listed
+// in its leaving hash xl), is stored in the new one and deleted from the
+// old one (relocate.lua); a move nobody finished is finished or undone by
+// the maintainer of I or of the old partition. Leases carry
 // the group, so renewals and settlements go to G directly. A repartition
 // first sets field xf of every partition's group state hash, from when on
-// enqueue.lua refuses new grouped tasks with untagged IDs there, settles
-// the claims outstanding, and moves such tasks with their groups, writing
+// enqueue.lua refuses new grouped tasks with untagged IDs there (an
+// enqueue waits for the new layout and is sent again), settles the claims
+// outstanding, and moves such tasks with their groups, writing
 // their pointers in the new span before they arrive. The group's partition keeps
 // its groups' ready tasks in enqueue order and a rotation of the groups that
 // may run; the dequeue script serves the rotation one task per group per

@@ -44,7 +44,7 @@ var _ broker.Repartitioner = (*Broker)(nil)
 //
 // Grouped tasks whose IDs lack their group's tag (broker.FreeGroupID) move
 // with their groups and stay found by their IDs (see the package
-// documentation, "Groups"); new ones are refused while the move runs.
+// documentation, "Groups"); new ones go to the new partitions.
 //
 // Grouped tasks keep their enqueue order, and their groups' rate windows
 // and throttles go with them; grouped tasks start nowhere until the
@@ -333,7 +333,7 @@ func (b *Broker) holdFreeIDs(ctx context.Context, queue string, l layout) error 
 			if err != nil && !errors.Is(err, redis.Nil) {
 				return fail(err)
 			}
-			if ptr, ok := parsePointer(v); ok && ptr.state == 'c' {
+			if ptr, ok := parsePointer(v); ok && ptr.claimed() {
 				if err := b.repair(ctx, queue, l, p, id, ptr); err != nil {
 					return err
 				}
@@ -464,7 +464,7 @@ func (b *Broker) drainPointers(ctx context.Context, l layout, o part) (int, erro
 			b.rdb.ZRem(ctx, o.k("x"), id)
 			continue
 		}
-		if ptr.state == 'c' {
+		if ptr.claimed() {
 			if err := b.repair(ctx, o.queue, l, o, id, ptr); err != nil {
 				return 0, err
 			}
@@ -473,7 +473,9 @@ func (b *Broker) drainPointers(ctx context.Context, l layout, o part) (int, erro
 		home, _ := b.oldPartOf(o.queue, l, ptr.group)
 		has, err := b.idsText(ctx, home, "look", id, "r")
 		if err != nil {
-			return 0, err
+			if has, err = b.ifRetired(ctx, home, err, "0"); err != nil {
+				return 0, err
+			}
 		}
 		if has == "1" {
 			if err := b.moveAhead(ctx, l, home, []string{id}); err != nil {

@@ -333,10 +333,11 @@ func TestRepartitionMovesFreeGroupIDs(t *testing.T) {
 }
 
 // A repartition that stopped after it held free grouped IDs back (its mark
-// is set, the layout not yet changed) keeps refusing them, and a
-// repartition to one partition lifts the hold.
+// is set, the layout not yet changed) keeps refusing them (an enqueue waits
+// for the new layout a while first), and a repartition to one partition
+// lifts the hold. Not parallel: it sets how long that wait is.
 func TestRepartitionHoldOfFreeGroupIDs(t *testing.T) {
-	t.Parallel()
+	defer redisbroker.SetHoldWait(redisbroker.SetHoldWait(100 * time.Millisecond))
 	e := setup(t)
 	ctx := context.Background()
 	const q = "freehold"

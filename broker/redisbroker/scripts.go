@@ -22,7 +22,7 @@ var scriptFS embed.FS
 // place, differs from it (bindings_test.go maps each name to its key).
 // TestScriptHelperFiles and TestScriptsLinked check the prelude linker.
 type scripts struct {
-	enqueue, enqueuePlain, enqueueOne, dequeue, dequeuePlain, extend, settle, settlePlain, setResult, remove, maintain, admin, move, registry, drop, limits, share, slots, wait, progress, flow, step, signal, ids *redis.Script
+	enqueue, enqueuePlain, enqueueOne, dequeue, dequeuePlain, extend, settle, settlePlain, setResult, remove, maintain, admin, move, registry, drop, limits, share, slots, wait, progress, flow, step, signal, ids, relocate *redis.Script
 
 	byFile map[string]*redis.Script // file name -> script, for tests
 }
@@ -61,6 +61,7 @@ func loadScripts() *scripts {
 		step:         s("step.lua"),
 		signal:       s("signal.lua"),
 		ids:          s("ids.lua"),
+		relocate:     s("relocate.lua"),
 	}
 }
 

@@ -39,6 +39,15 @@ func (b *Broker) Wait(ctx context.Context, queue, id string) (*tidetype.TaskInfo
 	var where []found // kept once a pointer led to the task: see resolve
 	for {
 		info, done, err := b.waitStep(ctx, queue, id, &where)
+		if errors.Is(err, broker.ErrTaskNotFound) && where != nil {
+			// A pointer led there and the task is gone: a Replace may
+			// have moved it to another partition (freeids.go). Look again.
+			where = nil
+			first := err
+			if info, done, err = b.waitStep(ctx, queue, id, &where); errors.Is(err, broker.ErrTaskNotFound) {
+				err = first
+			}
+		}
 		if err != nil || done {
 			return info, err
 		}

@@ -22,7 +22,9 @@
 --   by a repartition that starts, see repartition.go). On a queue of several
 --   partitions such a task's group is followed by "\0", the nonce of its
 --   claim (16 characters) and the time (ms) after which it may not be
---   stored: code '6' then, or when the nonce is in the fences zset.
+--   stored: code '6' then, or when the nonce is in the fences zset. A
+--   task whose ID holds a move's claim ('v', ids.lua) with its nonce
+--   takes the claim's place (the task moves into this partition).
 -- Returns a string of one code per task: '0' stored, '1' ID conflict,
 -- '2' unique lock held, '3' a broker-chosen ID met another task (the broker
 -- draws again), '4' the idempotency key was used within the window, '5' an
@@ -98,7 +100,12 @@ for i = 9, #ARGV, 8 do
     hits[#hits + 1] = first
   elseif redis.call('HSETNX', KEYS[1], id, rec) == 0 then
     code = '1'
-    if own then
+    local cur = claim and redis.call('HGET', KEYS[1], id)
+    if cur and string.sub(cur, 1, 3) == '\0gv' and string.sub(cur, 4, 19) == string.sub(claim, 1, 16) then
+      -- A move's claim (ids.lua) of this very task: the task moves here.
+      redis.call('HSET', KEYS[1], id, rec)
+      code = 'R'
+    elseif own then
       code = own_conflict(redis.call('HGET', KEYS[1], id), rec)
     elseif replace then
       local cur = redis.call('HGET', KEYS[1], id)

@@ -13,19 +13,34 @@
 --   fence   4 nonce  5 expiry (ms)
 --   look    4 'r' a record only counts, 'a' also a waiter or a kept outcome
 --   due     (none)
+--   move    4 nonce  5 group  6 first look (ms from now)  7 nonce of the
+--           confirmed pointer to move  8 its group: Replace into a group
+--           of another partition (see relocate.lua) claims the ID for the
+--           new group while the task leaves the old one
+--   moved   4 nonce  5 next look: a move's claim becomes the confirmed
+--           pointer of the new group (the task moved)
+--   stay    4 nonce  5 next look: a move's claim becomes the confirmed
+--           pointer of the old group again (the task stayed)
+--   back    4 nonce  5 group  6 next look: an enqueue's claim that took a
+--           confirmed pointer's place (Replace into a group of the same
+--           partition) whose store was refused becomes a confirmed pointer
+--           of the task that is still there (group 5)
 --   put     4 nonce  5 group: a repartition writes the confirmed pointer
 --           of a task it moves (in its new I)
 --   drop    4 group: a repartition drops the pointer of a task it moved
 --           (in its old I)
 -- A pointer is the record hash's field ID holding "\0g", its state ('c'
--- claimed, 'k' confirmed), its nonce (16 characters), the claim's time
--- (ms, I's clock), "\0" and the group.
+-- claimed, 'k' confirmed, 'v' a move's claim), its nonce (16 characters),
+-- the claim's time (ms, I's clock), "\0" and the group (of a move: the new
+-- group, "\0" and the old one).
 -- Returns: claim 'c<time>' claimed (or claimed before by this nonce), '1'
 -- a task record or a repartition's placeholder holds the ID, 'p<pointer>'
 -- another nonce's pointer; confirm and release '1' done, '0' the pointer
 -- is not this nonce's (or not in that state); fence 's' G holds a record
 -- for the ID, 'f' fenced: a store with this nonce is refused from now on;
--- look '1' or '0'; put '1' written, '0' a task record or placeholder holds
+-- look '1' or '0'; move like claim, or '0' the pointer is not the one to
+-- move (any more), 'd' this nonce's move is settled; moved, stay and back
+-- '1' done, '0' not this nonce's (move's) claim; put '1' written, '0' a task record or placeholder holds
 -- the ID; drop '1' dropped, '0' no pointer of that group; due a flat list of ID, pointer of the pointers whose
 -- look is due, each put off by its age (10 s to an hour).
 local bad = layout_error(KEYS[6], ARGV[1])
@@ -53,6 +68,34 @@ if op == 'claim' then
   if nonce == ARGV[4] then return 'c' .. string.format('%d', at) end
   if st == 'k' and nonce == ARGV[7] then return claim() end
   return 'p' .. cur
+elseif op == 'move' then
+  local st, nonce, at, g = ptr_parse(redis.call('HGET', KEYS[1], id))
+  if st and nonce == ARGV[4] then
+    if st == 'v' then return 'c' .. string.format('%d', at) end
+    return 'd'
+  end
+  if st ~= 'k' or nonce ~= ARGV[7] or g ~= ARGV[8] then return '0' end
+  local now = redis_now()
+  redis.call('HSET', KEYS[1], id, '\0gv' .. ARGV[4] .. string.format('%d', now) .. '\0' .. ARGV[5] .. '\0' .. ARGV[8])
+  redis.call('ZADD', KEYS[2], now + tonumber(ARGV[6]), id)
+  return 'c' .. string.format('%d', now)
+elseif op == 'moved' or op == 'stay' then
+  local v = redis.call('HGET', KEYS[1], id)
+  local st, nonce, at, g = ptr_parse(v)
+  if st ~= 'v' or nonce ~= ARGV[4] then return '0' end
+  local z = string.find(g, '\0', 1, true)
+  local keep = string.sub(g, 1, z - 1)
+  if op == 'stay' then keep = string.sub(g, z + 1) end
+  redis.call('HSET', KEYS[1], id, '\0gk' .. string.sub(v, 4, 19) .. string.format('%d', at) .. '\0' .. keep)
+  redis.call('ZADD', KEYS[2], redis_now() + tonumber(ARGV[5]), id)
+  return '1'
+elseif op == 'back' then
+  local v = redis.call('HGET', KEYS[1], id)
+  local st, nonce, at = ptr_parse(v)
+  if st ~= 'c' or nonce ~= ARGV[4] then return '0' end
+  redis.call('HSET', KEYS[1], id, '\0gk' .. nonce .. string.format('%d', at) .. '\0' .. ARGV[5])
+  redis.call('ZADD', KEYS[2], redis_now() + tonumber(ARGV[6]), id)
+  return '1'
 elseif op == 'confirm' then
   local st, nonce = ptr_parse(redis.call('HGET', KEYS[1], id))
   if nonce ~= ARGV[4] then return '0' end
