@@ -98,11 +98,18 @@ func repartitionHeld(t *testing.T, b *Broker, q string, parts, n int, during fun
 		}
 		return strings.Contains(v, "<")
 	})
-	b.forgetLayout(q)
-	l, err := b.freshLayout(ctx, q)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The partitions learn the layout after the queue's record of it:
+	// until each has, a fresh read answers ErrUnavailable.
+	var l layout
+	testwait.For(t, 10*time.Second, "every partition to learn the repartition's layout", func() bool {
+		b.forgetLayout(q)
+		var err error
+		l, err = b.freshLayout(ctx, q)
+		if err != nil && !errors.Is(err, broker.ErrUnavailable) {
+			t.Fatal(err)
+		}
+		return err == nil
+	})
 	if l.old == nil || l.cur.n != n {
 		t.Fatalf("layout %q while the repartition runs, want %d partitions next to the old ones", l.tag, n)
 	}
