@@ -155,6 +155,24 @@ func (b *Broker) sameSpan(queue string, l layout, p part, key string) part {
 	return b.partOf(queue, l, key)
 }
 
+// fenceClaim fences the claim ptr of id in partition g, where its task is
+// (or was to be) stored: 's' g holds a record of the claim's store, 'f' a
+// store with the claim's nonce is refused from now on (also when g has
+// retired).
+func (b *Broker) fenceClaim(ctx context.Context, g part, id string, ptr pointer) (string, error) {
+	r, err := b.idsText(ctx, g, "fence", id, ptr.nonce, b.claimEnd(ptr))
+	if err != nil {
+		return b.ifRetired(ctx, g, err, "f")
+	}
+	return r, nil
+}
+
+// claimEnd is when (ms, Redis clock) the claim ptr can no longer be
+// stored under, whatever a client's clock says: when its fence expires.
+func (b *Broker) claimEnd(ptr pointer) int64 {
+	return ptr.at + (b.claimLife() + clockSlack()).Milliseconds()
+}
+
 // repair settles the claim ptr of id in partition in: it fences the claim
 // in the group's partition, then confirms it (the task was stored) or
 // releases it (it never will be).
@@ -162,13 +180,9 @@ func (b *Broker) repair(ctx context.Context, queue string, l layout, in part, id
 	if ptr.state == 'v' {
 		return b.repairMove(ctx, queue, l, in, id, ptr)
 	}
-	g := b.sameSpan(queue, l, in, ptr.group)
-	exp := ptr.at + (b.claimLife() + clockSlack()).Milliseconds()
-	r, err := b.idsText(ctx, g, "fence", id, ptr.nonce, exp)
+	r, err := b.fenceClaim(ctx, b.sameSpan(queue, l, in, ptr.group), id, ptr)
 	if err != nil {
-		if r, err = b.ifRetired(ctx, g, err, "f"); err != nil {
-			return err
-		}
+		return err
 	}
 	if r == "s" {
 		_, err = b.idsText(ctx, in, "confirm", id, ptr.nonce, pointerLook.Milliseconds())
@@ -724,12 +738,9 @@ func (b *Broker) undoMove(ctx context.Context, queue string, in, src part, id, n
 func (b *Broker) repairMove(ctx context.Context, queue string, l layout, in part, id string, ptr pointer) error {
 	dst := b.sameSpan(queue, l, in, ptr.group)
 	src := b.sameSpan(queue, l, in, ptr.from)
-	exp := ptr.at + (b.claimLife() + clockSlack()).Milliseconds()
-	r, err := b.idsText(ctx, dst, "fence", id, ptr.nonce, exp)
+	r, err := b.fenceClaim(ctx, dst, id, ptr)
 	if err != nil {
-		if r, err = b.ifRetired(ctx, dst, err, "f"); err != nil {
-			return err
-		}
+		return err
 	}
 	if r == "s" {
 		if _, err := b.relocateText(ctx, src, "gone", id, ptr.nonce, src.channel, src.idx, b.doneChannel(src.queue)); err != nil {
@@ -740,7 +751,7 @@ func (b *Broker) repairMove(ctx context.Context, queue string, l layout, in part
 		_, err = b.idsText(ctx, in, "moved", id, ptr.nonce, pointerLook.Milliseconds())
 		return err
 	}
-	s, err := b.relocateText(ctx, src, "stay", id, ptr.nonce, exp, src.channel, src.idx)
+	s, err := b.relocateText(ctx, src, "stay", id, ptr.nonce, b.claimEnd(ptr), src.channel, src.idx)
 	if err != nil {
 		if s, err = b.ifRetired(ctx, src, err, "g"); err != nil {
 			return err
