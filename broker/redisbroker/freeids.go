@@ -38,6 +38,10 @@ func clockSlack() time.Duration { return time.Duration(slackNs.Load()) }
 // store; an error ends the enqueue there, as if the client died.
 var afterClaim atomic.Pointer[func(id string) error]
 
+// afterLookup, when set (by tests), runs in Delete and Cancel after the
+// lookup by ID and before the removal it leads to.
+var afterLookup atomic.Pointer[func(id string)]
+
 // pointerLook is how long after a pointer is confirmed the maintainer of
 // its partition first looks whether its task is still there.
 const pointerLook = 10 * time.Second
