@@ -799,12 +799,24 @@ func (b *Broker) waitHolds(ctx context.Context, tasks []*tidetype.TaskInfo, todo
 // or no partition of it is held any more; false when holdWait or ctx ended
 // first.
 func (b *Broker) waitHold(ctx context.Context, queue string) bool {
+	deadline := time.Now().Add(time.Duration(holdWait.Load()))
 	b.forgetLayout(queue)
 	l, err := b.layoutOf(ctx, queue)
-	if err != nil {
-		return false
+	for d := 5 * time.Millisecond; err != nil; d = min(2*d, 200*time.Millisecond) {
+		// Read while the repartition records the new layout and marks
+		// the partitions: the registry and their meta keys differ for a
+		// moment.
+		if !time.Now().Before(deadline) {
+			return false
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(d):
+		}
+		b.forgetLayout(queue)
+		l, err = b.layoutOf(ctx, queue)
 	}
-	deadline := time.Now().Add(time.Duration(holdWait.Load()))
 	for d := 5 * time.Millisecond; ; d = min(2*d, 200*time.Millisecond) {
 		pipe := b.rdb.Pipeline()
 		held := make([]*redis.BoolCmd, l.cur.n)
@@ -828,7 +840,7 @@ func (b *Broker) waitHold(ctx context.Context, queue string) bool {
 		b.forgetLayout(queue)
 		nl, err := b.layoutOf(ctx, queue)
 		if err != nil {
-			return false
+			continue // as above: read again
 		}
 		if nl.tag != l.tag {
 			return true
