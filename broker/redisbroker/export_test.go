@@ -56,6 +56,17 @@ func SetAfterClaim(f func(id string) error) {
 	afterClaim.Store(&f)
 }
 
+// SetAfterLookup sets a function that Delete and Cancel run after their
+// lookup by ID and before the removal; nil removes it. Tests that set it
+// must not run in parallel with others that do.
+func SetAfterLookup(f func(id string)) {
+	if f == nil {
+		afterLookup.Store(nil)
+		return
+	}
+	afterLookup.Store(&f)
+}
+
 // SetClockSlack sets the clock difference between Redis nodes that the
 // free-ID protocol allows for (a minute by default) and returns the old
 // value.

@@ -38,6 +38,10 @@ func clockSlack() time.Duration { return time.Duration(slackNs.Load()) }
 // store; an error ends the enqueue there, as if the client died.
 var afterClaim atomic.Pointer[func(id string) error]
 
+// afterLookup, when set (by tests), runs in Delete and Cancel after the
+// lookup by ID and before the removal it leads to.
+var afterLookup atomic.Pointer[func(id string)]
+
 // pointerLook is how long after a pointer is confirmed the maintainer of
 // its partition first looks whether its task is still there.
 const pointerLook = 10 * time.Second
@@ -806,12 +810,24 @@ func (b *Broker) waitHolds(ctx context.Context, tasks []*tidetype.TaskInfo, todo
 // or no partition of it is held any more; false when holdWait or ctx ended
 // first.
 func (b *Broker) waitHold(ctx context.Context, queue string) bool {
+	deadline := time.Now().Add(time.Duration(holdWait.Load()))
 	b.forgetLayout(queue)
 	l, err := b.layoutOf(ctx, queue)
-	if err != nil {
-		return false
+	for d := 5 * time.Millisecond; err != nil; d = min(2*d, 200*time.Millisecond) {
+		// Read while the repartition records the new layout and marks
+		// the partitions: the registry and their meta keys differ for a
+		// moment.
+		if !time.Now().Before(deadline) {
+			return false
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(d):
+		}
+		b.forgetLayout(queue)
+		l, err = b.layoutOf(ctx, queue)
 	}
-	deadline := time.Now().Add(time.Duration(holdWait.Load()))
 	for d := 5 * time.Millisecond; ; d = min(2*d, 200*time.Millisecond) {
 		pipe := b.rdb.Pipeline()
 		held := make([]*redis.BoolCmd, l.cur.n)
@@ -835,7 +851,7 @@ func (b *Broker) waitHold(ctx context.Context, queue string) bool {
 		b.forgetLayout(queue)
 		nl, err := b.layoutOf(ctx, queue)
 		if err != nil {
-			return false
+			continue // as above: read again
 		}
 		if nl.tag != l.tag {
 			return true

@@ -284,3 +284,31 @@ func TestFreeIDDeleteQueue(t *testing.T) {
 		}
 	}
 }
+
+// A Delete whose lookup found nothing in the ID's partition, where an
+// enqueue of the ID then wrote its pointer, follows the pointer to the task
+// instead of taking it for a record there: the task is deleted, and no
+// record is left without its pointer. Not parallel: it sets a hook.
+func TestFreeIDDeleteMeetsAPointerWrittenAfterItsLookup(t *testing.T) {
+	e := setup(t, redisbroker.WithPartitions(6))
+	ctx := context.Background()
+	const q = "deleteptr"
+	// order-cancel:42 is in partition 2, shop-7 in 3.
+	once := true
+	redisbroker.SetAfterLookup(func(id string) {
+		if once {
+			once = false
+			mustEnqueue(t, e.b, broker.EnqueueOptions{}, freeMsg(q, id, "shop-7"))
+		}
+	})
+	defer redisbroker.SetAfterLookup(nil)
+	if err := e.b.Delete(ctx, q, "order-cancel:42"); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	if ix := indexOf(t, e.rdb, e.prefix, q, 6, "order-cancel:42"); len(ix.records) != 0 {
+		t.Fatalf("after Delete: records in %v, pointers %v", ix.records, ix.pointers)
+	}
+	if _, err := e.b.GetTask(ctx, q, "order-cancel:42"); !errors.Is(err, broker.ErrTaskNotFound) {
+		t.Fatalf("GetTask after Delete: %v", err)
+	}
+}

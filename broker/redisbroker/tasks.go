@@ -105,6 +105,7 @@ const (
 	removeInternal   = "6" // a workflow follow-up, left alone
 	removeFollowed   = "7" // cancelstep: gone, but its follow-up is stored
 	removeFinished   = "8" // cancelstep: finished, left as it is
+	removePointer    = "9" // a free ID's pointer written since the lookup: look again
 )
 
 // remove runs remove.lua with op on one task, in the task's partition, and
@@ -121,34 +122,51 @@ func (b *Broker) remove(ctx context.Context, queue, id, op string) error {
 		return err
 	}
 	code := removeNotFound // a placeholder alone is no task
-	where, err := b.resolve(ctx, queue, l, id)
-	if err != nil {
-		return err
-	}
-	for _, f := range where {
-		p := f.p
-		rid, cache, exp, _ := b.request(p)
-		c := &call{
-			script: b.s.remove,
-			keys:   append(append(append(p.keys("t", "pending", "scheduled", "retry", "archived", "completed", "result", "active", "u", "meta"), cache, p.k("moving"), p.k("h")), append(p.groupKeys(), p.endKeys()...)...), p.k(eventsKey)),
-			args:   []any{p.layout, rid, exp, id, op, p.channel, b.doneChannel(queue), b.eventsArg(p), p.idTag, p.idx},
-			queue:  queue,
+	// A free ID's pointer may be written in the ID's partition after the
+	// lookup found nothing there (an enqueue's claim, a repartition's
+	// move of the task): remove.lua leaves it alone and the lookup runs
+	// again, so the pointer is followed rather than taken for a record.
+look:
+	for try := 0; ; try++ {
+		where, err := b.resolve(ctx, queue, l, id)
+		if err != nil {
+			return err
 		}
-		b.run(ctx, []*call{c})
-		if c.err != nil {
-			return callErr(op, c.err)
+		if f := afterLookup.Load(); f != nil {
+			(*f)(id)
 		}
-		reply, err := c.cmd.Text()
-		if err != nil || reply == "" {
-			return callErr(op, fmt.Errorf("unexpected reply %q (%v)", reply, err))
-		}
-		if reply != removeNotFound && reply != removeMovingHere {
-			code = reply
-			if code == removeDeleted {
-				b.release(ctx, f, id)
+		for _, f := range where {
+			p := f.p
+			rid, cache, exp, _ := b.request(p)
+			c := &call{
+				script: b.s.remove,
+				keys:   append(append(append(p.keys("t", "pending", "scheduled", "retry", "archived", "completed", "result", "active", "u", "meta"), cache, p.k("moving"), p.k("h")), append(p.groupKeys(), p.endKeys()...)...), p.k(eventsKey)),
+				args:   []any{p.layout, rid, exp, id, op, p.channel, b.doneChannel(queue), b.eventsArg(p), p.idTag, p.idx},
+				queue:  queue,
 			}
-			break
+			b.run(ctx, []*call{c})
+			if c.err != nil {
+				return callErr(op, c.err)
+			}
+			reply, err := c.cmd.Text()
+			if err != nil || reply == "" {
+				return callErr(op, fmt.Errorf("unexpected reply %q (%v)", reply, err))
+			}
+			if reply == removePointer {
+				if try == 4 {
+					return fmt.Errorf("%w: %s %s/%s: its index entry keeps changing", broker.ErrUnavailable, op, queue, id)
+				}
+				continue look
+			}
+			if reply != removeNotFound && reply != removeMovingHere {
+				code = reply
+				if code == removeDeleted {
+					b.release(ctx, f, id)
+				}
+				break look
+			}
 		}
+		break
 	}
 	switch {
 	case code == removeNotFound:

@@ -26,7 +26,8 @@
 -- '5' the task was about to move in here from the old span of a repartition:
 -- its placeholder is removed, the caller removes it there too; '6' a
 -- workflow follow-up (rec_flowfu), which is left alone; '7' and '8' as
--- above.
+-- above; '9' a free ID's pointer (ids.lua) stands here, written since the
+-- caller looked: it is left alone (not cached) and the caller looks again.
 -- A flow's step that has not finished is archived instead of deleted
 -- ("deleted by an operator", "cancelled"), which is its end: its follow-up
 -- is stored (fu_end) so that its flow learns. A deleted task's waiters are
@@ -69,6 +70,7 @@ if rec_absent(rec) then
   redis.call('HDEL', KEYS[1], id)
   return answer('5')
 end
+if string.sub(rec, 1, 2) == '\0g' then return '9' end -- a pointer is no task
 if rec_flowfu(rec) then return answer('6') end -- tide's own bookkeeping
 local st = nil
 if rec_ok(rec) then st = rec_state(rec)
