@@ -124,6 +124,20 @@ func repartitionHeld(t *testing.T, b *Broker, q string, parts, n int, during fun
 	}
 }
 
+// wantRateFull enqueues ids into q and checks that none starts, the minute
+// already holding starts starts under a Rate of limit per minute, and that
+// the partitions hold exactly limit rate tokens between them.
+func wantRateFull(t *testing.T, b *Broker, q string, ids []string, starts, limit int) {
+	t.Helper()
+	fillQueue(t, b, q, ids)
+	if n := leaseSettle(t, b, q, 5); n != 0 {
+		t.Fatalf("%d tasks started after %d starts in the minute, under a Rate of %d per minute", n, starts, limit)
+	}
+	if _, r := slotTotals(t, b, q); r != int64(limit) {
+		t.Fatalf("the nodes hold %d rate tokens, want %d", r, limit)
+	}
+}
+
 // A Rate switched on just after a repartition ended counts the starts its
 // new partitions made while it ran: 12 tasks start in the new span and one
 // in the old without a rate, then a Rate of 9 per minute leaves no room.
@@ -142,13 +156,7 @@ func TestRateSwitchedOnAfterARepartitionCountsItsStarts(t *testing.T) {
 	if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 9, Per: time.Minute}}); err != nil {
 		t.Fatal(err)
 	}
-	fillQueue(t, b, q, idsIn("b", 0, 1, 9))
-	if n := leaseSettle(t, b, q, 5); n != 0 {
-		t.Fatalf("%d tasks started after 13 starts in the minute, under a Rate of 9 per minute", n)
-	}
-	if _, r := slotTotals(t, b, q); r != 9 {
-		t.Fatalf("the nodes hold %d rate tokens, want 9", r)
-	}
+	wantRateFull(t, b, q, idsIn("b", 0, 1, 9), 13, 9)
 }
 
 // The same when a SetQueueLimits during the repartition switched the rate
@@ -181,13 +189,7 @@ func TestRateSwitchedOffDuringARepartitionAndOnAfter(t *testing.T) {
 	if err := b.SetQueueLimits(ctx, q, rate); err != nil {
 		t.Fatal(err)
 	}
-	fillQueue(t, b, q, idsIn("c", 0, 1, 9))
-	if n := leaseSettle(t, b, q, 5); n != 0 {
-		t.Fatalf("%d tasks started after 13 starts in the minute, under a Rate of 13 per minute", n)
-	}
-	if _, r := slotTotals(t, b, q); r != 13 {
-		t.Fatalf("the nodes hold %d rate tokens, want 13", r)
-	}
+	wantRateFull(t, b, q, idsIn("c", 0, 1, 9), 13, 13)
 }
 
 // Starts that travel with their tokens keep counting when the rate is
@@ -238,13 +240,7 @@ func TestRateOffAndOnKeepsStartsOfAnOutstandingTransfer(t *testing.T) {
 	if err := b.SetQueueLimits(ctx, q, rate); err != nil {
 		t.Fatal(err)
 	}
-	fillQueue(t, b, q, append(idsIn("c", 0, 2, 5), idsIn("d", 1, 2, 5)...))
-	if n := leaseSettle(t, b, q, 5); n != 0 {
-		t.Fatalf("%d tasks started after 13 starts in the minute, under a Rate of 13 per minute", n)
-	}
-	if _, r := slotTotals(t, b, q); r != 13 {
-		t.Fatalf("the nodes hold %d rate tokens, want 13", r)
-	}
+	wantRateFull(t, b, q, append(idsIn("c", 0, 2, 5), idsIn("d", 1, 2, 5)...), 13, 13)
 }
 
 // A Rate switched on just after a repartition ended, while another
@@ -357,11 +353,5 @@ func TestRateSwitchedOnAsARepartitionEnds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fillQueue(t, b, q, idsIn("b", 0, 1, 9))
-	if n := leaseSettle(t, b, q, 5); n != 0 {
-		t.Fatalf("%d tasks started after 13 starts in the minute, under a Rate of 9 per minute", n)
-	}
-	if _, r := slotTotals(t, b, q); r != 9 {
-		t.Fatalf("the nodes hold %d rate tokens, want 9", r)
-	}
+	wantRateFull(t, b, q, idsIn("b", 0, 1, 9), 13, 9)
 }
