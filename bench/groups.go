@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -206,12 +207,18 @@ var topLevel = map[string]bool{"evalsha": true, "eval": true, "info": true, "hle
 	"client|setname": true, "config|resetstat": true, "script|load": true, "select": true}
 
 // readCost reads INFO commandstats and returns the cost per task of n tasks.
-func readCost(ctx context.Context, e *env, n int) (redisCost, error) {
+// With the environment variable TIDE_BENCH_CMDSTATS set it also prints to
+// stderr, under label, each command's calls per task and µs per call, and
+// how much of the scripts' time per task went outside the commands they
+// ran (the Lua around them and each redis.call's own conversions).
+func readCost(ctx context.Context, e *env, n int, label string) (redisCost, error) {
 	info, err := e.admin.Info(ctx, "commandstats").Result()
 	if err != nil {
 		return redisCost{}, err
 	}
 	var c redisCost
+	var detail []string
+	var innerUsec float64
 	for _, line := range strings.Split(info, "\n") {
 		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
 		if !ok || !strings.HasPrefix(name, "cmdstat_") {
@@ -229,6 +236,12 @@ func readCost(ctx context.Context, e *env, n int) (redisCost, error) {
 				usec = x
 			}
 		}
+		if !topLevel[name] {
+			innerUsec += usec
+		}
+		if os.Getenv("TIDE_BENCH_CMDSTATS") != "" && calls > 0 {
+			detail = append(detail, fmt.Sprintf("%s %.3f/task %.2fµs/call", name, calls/float64(n), usec/calls))
+		}
 		switch {
 		case name == "evalsha" || name == "eval":
 			c.scripts += calls
@@ -239,6 +252,12 @@ func readCost(ctx context.Context, e *env, n int) (redisCost, error) {
 		case !topLevel[name]:
 			c.inner += calls
 		}
+	}
+	if len(detail) > 0 {
+		sort.Strings(detail)
+		f := float64(n)
+		fmt.Fprintf(os.Stderr, "commandstats per task, %s: scripts %.1f µs, of it inside commands %.1f µs, outside %.1f µs; %s\n",
+			label, c.usec/f, innerUsec/f, (c.usec-innerUsec)/f, strings.Join(detail, "; "))
 	}
 	f := float64(n)
 	return redisCost{scripts: c.scripts / f, usec: c.usec / f, inner: c.inner / f, publish: c.publish / f}, nil
@@ -319,7 +338,7 @@ func drainGroups(ctx context.Context, e *env, mode groupsMode) (float64, redisCo
 	if err != nil {
 		return 0, redisCost{}, err
 	}
-	cost, err := readCost(ctx, e, n)
+	cost, err := readCost(ctx, e, n, what)
 	if err != nil {
 		return 0, redisCost{}, err
 	}
