@@ -220,6 +220,8 @@ func (b *Broker) enqueueNow(ctx context.Context, items []item, opts broker.Enque
 		for gi, g := range groups {
 			calls[gi] = b.enqueueCall(g.p, items, g.idx)
 		}
+		// One call and no replica wait: it may take the kept connection.
+		calls[0].solo = len(calls) == 1 && opts.WaitReplicas == 0
 		var waits []*redis.Cmd
 		if opts.WaitReplicas > 0 {
 			var err error

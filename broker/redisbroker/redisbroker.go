@@ -533,6 +533,7 @@ type Broker struct {
 	newID          func() string // broker.NewID; tests replace it
 
 	coalesce coalescer
+	solo     soloConn // a lone enqueue's kept connection
 	closed   atomic.Bool
 	waits    waitHub // Wait's subscriptions
 	subsMu   sync.Mutex
@@ -708,6 +709,7 @@ func (b *Broker) Close() error {
 	b.reb.stop()
 	b.reb.mu.Unlock()
 	b.reb.wg.Wait()
+	b.solo.close()
 	b.subsMu.Lock()
 	defer b.subsMu.Unlock()
 	for _, cancel := range b.subs {

@@ -34,6 +34,9 @@ type call struct {
 	// the partition's later calls on that cache need not set it again.
 	expiry [2]string
 	slots  bool // expiry names reply slots (replySlot), not a reply cache
+	// solo: a lone call that may run on the broker's kept connection
+	// (soloConn) rather than through the pool.
+	solo bool
 
 	// full builds, for a call of a plain script (dequeue_plain.lua,
 	// settle_plain.lua), the general script's call with the same request:
@@ -230,9 +233,19 @@ func (b *Broker) runOnce(ctx context.Context, calls []*call) {
 func (b *Broker) send(ctx context.Context, calls []*call) {
 	if len(calls) == 1 {
 		c := calls[0]
-		c.cmd = c.evalSha(ctx, b.rdb)
+		var x scripter = b.rdb
+		var conn *redis.Conn
+		if c.solo {
+			if conn = b.solo.take(b.rdb); conn != nil {
+				x = conn
+			}
+		}
+		c.cmd = c.evalSha(ctx, x)
 		if noScript(c.cmd.Err()) {
-			c.cmd = c.eval(ctx, b.rdb)
+			c.cmd = c.eval(ctx, x)
+		}
+		if conn != nil {
+			b.solo.give(c.cmd.Err())
 		}
 		return
 	}
