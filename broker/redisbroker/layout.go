@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -194,8 +195,12 @@ func (b *Broker) knownLayout(ctx context.Context, queue string) (l layout, known
 }
 
 // forgetLayout drops the cached layout of queue after a script refused it, so
-// that the next call reads the recorded one again.
-func (b *Broker) forgetLayout(queue string) { b.layouts.Delete(queue) }
+// that the next call reads the recorded one again. A read under way that
+// began before (loadLayout) does not cache what it read.
+func (b *Broker) forgetLayout(queue string) {
+	b.forgets.Add(1)
+	b.layouts.Delete(queue)
+}
 
 // loadLayout records queue in <prefix>:queues, records its partition count
 // unless one is recorded already, checks it against the configuration and
@@ -211,6 +216,7 @@ func (b *Broker) loadLayout(ctx context.Context, queue string) (layout, error) {
 			return c.l, nil
 		}
 	}
+	forgets := b.forgets.Load()
 	want, explicit := b.parts[queue]
 	if !explicit {
 		want = b.defaultParts
@@ -228,6 +234,9 @@ func (b *Broker) loadLayout(ctx context.Context, queue string) (layout, error) {
 		return layout{}, fmt.Errorf("%w: queue %q: %v", broker.ErrLayout, queue, err)
 	}
 	l.events = b.eventsOn(evFlag.Val())
+	if f := afterLayoutRead.Load(); f != nil {
+		(*f)(queue)
+	}
 	if explicit && (l.cur.n != want || l.old != nil) {
 		return layout{}, fmt.Errorf("%w: queue %q has %s recorded in Redis but this process is configured with %d (WithQueuePartitions); "+
 			"drop the option to adopt the recorded count, or change the queue with `tide queues repartition %s %d`", broker.ErrLayout, queue, l.describe(), want, queue, want)
@@ -258,9 +267,18 @@ func (b *Broker) loadLayout(ctx context.Context, queue string) (layout, error) {
 	for i := range l.parts {
 		l.parts[i] = b.spanPart(queue, l, l.cur, i, i, false)
 	}
-	b.layouts.Store(queue, cachedLayout{l: l, at: time.Now()})
+	// A layout forgotten while it was read (a repartition that recorded
+	// its new one meanwhile) may be the old one: it answers this call
+	// only, and the next reads again.
+	if b.forgets.Load() == forgets {
+		b.layouts.Store(queue, cachedLayout{l: l, at: time.Now()})
+	}
 	return l, nil
 }
+
+// afterLayoutRead, when set (by tests), runs in loadLayout after the
+// registry is read and before the partitions' meta keys are.
+var afterLayoutRead atomic.Pointer[func(queue string)]
 
 // describe says what the layout is, for error messages.
 func (l layout) describe() string {
