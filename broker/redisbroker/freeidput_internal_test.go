@@ -106,30 +106,12 @@ func TestStaleRepartitionStepKeepsTheNewSpans(t *testing.T) {
 			}
 			check := func(when string) {
 				t.Helper()
-				var recs []int
-				var ptrs []pointer
-				for p := range 3 {
-					v, err := rdb.HGet(ctx, b.partAt(q, l, p).k("t"), id).Result()
-					if errors.Is(err, redis.Nil) {
-						continue
-					}
-					if err != nil {
-						t.Fatal(err)
-					}
-					if ptr, ok := parsePointer(v); ok {
-						if p != in3 {
-							t.Fatalf("%s: a pointer in partition %d, not the ID's", when, p)
-						}
-						ptrs = append(ptrs, ptr)
-					} else {
-						recs = append(recs, p)
-					}
-				}
+				recs, ptrs := newSpanIndex(t, b, l, q, id)
 				gp := broker.Partition(c.into, 3)
 				if len(recs) != 1 || recs[0] != gp {
 					t.Fatalf("%s: records in %v, want one in %d", when, recs, gp)
 				}
-				if gp == in3 && len(ptrs) != 0 || gp != in3 && (len(ptrs) != 1 || ptrs[0].state != 'k' || ptrs[0].group != c.into) {
+				if gp == in3 && len(ptrs) != 0 || gp != in3 && (len(ptrs) != 1 || ptrs[0].p != in3 || ptrs[0].state != 'k' || ptrs[0].group != c.into) {
 					t.Fatalf("%s: pointers %+v, want one naming %s", when, ptrs, c.into)
 				}
 				if got, err := b.GetTask(ctx, q, id); err != nil || got.Group != c.into {
@@ -147,4 +129,31 @@ func TestStaleRepartitionStepKeepsTheNewSpans(t *testing.T) {
 			check("after a later enqueue")
 		})
 	}
+}
+
+// placedPointer is a pointer and the partition that holds it.
+type placedPointer struct {
+	pointer
+	p int
+}
+
+// newSpanIndex returns the partitions of l's new span that hold a record of
+// task id, and the pointers they hold for it.
+func newSpanIndex(t *testing.T, b *Broker, l layout, q, id string) (recs []int, ptrs []placedPointer) {
+	t.Helper()
+	for p := range l.cur.n {
+		v, err := b.rdb.HGet(context.Background(), b.partAt(q, l, p).k("t"), id).Result()
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ptr, ok := parsePointer(v); ok {
+			ptrs = append(ptrs, placedPointer{ptr, p})
+		} else {
+			recs = append(recs, p)
+		}
+	}
+	return recs, ptrs
 }

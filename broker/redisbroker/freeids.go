@@ -325,9 +325,9 @@ func (b *Broker) enqueueFree(ctx context.Context, it item, opts broker.EnqueueOp
 		}
 		if ptr.state == 'k' && it.replace {
 			if broker.Partition(ptr.group, l.cur.n) != broker.Partition(t.Group, l.cur.n) {
-				if l.old != nil {
-					return fmt.Errorf("%w: task %q is in group %q, whose partition is not group %q's; Replace moves it there once the repartition of queue %q ends", broker.ErrTaskIDConflict, t.ID, ptr.group, t.Group, t.Queue)
-				}
+				// While a repartition runs the task is in the new span by
+				// now (lookOldSpan moved it ahead: its old pointer goes
+				// last), and moves there as any other time.
 				again, err := b.moveFree(ctx, it, opts, in, ptr)
 				if again {
 					continue
@@ -419,8 +419,9 @@ func (b *Broker) freeConflicts(ctx context.Context, items []item, errs []error, 
 		}
 		if !clear {
 			// A task of a group of another partition holds the ID:
-			// Replace moves it here.
-			if it.replace && ptr.state == 'k' && it.lay.old == nil {
+			// Replace moves it here (while a repartition runs, only after
+			// lookOldSpan, above: the task is in the new span then).
+			if it.replace && ptr.state == 'k' {
 				if again, err := b.moveFree(ctx, it, opts, in, ptr); !again {
 					errs[i] = err
 				}
