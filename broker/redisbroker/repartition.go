@@ -309,7 +309,8 @@ var afterHold func(queue string)
 // group state), from when on enqueue.lua refuses new such tasks in them
 // (processes that route by the new layout refuse them while the
 // repartition runs), then settles every claim of their pointers (repair),
-// so that no enqueue of one is half done while tasks move.
+// so that no enqueue of one is half done while tasks move, and every move
+// of one whose task left its partition.
 func (b *Broker) holdFreeIDs(ctx context.Context, queue string, l layout) error {
 	fail := func(err error) error {
 		return fmt.Errorf("tide: redisbroker: repartition %s: %w", queue, classify(err))
@@ -338,6 +339,13 @@ func (b *Broker) holdFreeIDs(ctx context.Context, queue string, l layout) error 
 					return err
 				}
 			}
+		}
+	}
+	// A move out of an ID's own partition makes no claim (moveHere): its
+	// task, flagged as moving, is settled from where it left.
+	for i := range l.cur.n {
+		if err := b.sweepLeft(ctx, queue, l, b.partAt(queue, l, i), true); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -35,7 +35,8 @@
 -- A pointer is the record hash's field ID holding "\0g", its state ('c'
 -- claimed, 'k' confirmed, 'v' a move's claim), its nonce (16 characters),
 -- the claim's time (ms, I's clock), "\0" and the group (of a move: the new
--- group, "\0" and the old one).
+-- group, "\0" and the old one, '' for a move out of I itself whose task
+-- was deleted in I: remove.lua writes that claim in the record's place).
 -- Returns: claim 'c<time>' claimed (or claimed before by this nonce), '1'
 -- a task record or a repartition's placeholder holds the ID, 'p<pointer>'
 -- another nonce's pointer; confirm and release '1' done, '0' the pointer
