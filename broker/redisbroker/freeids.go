@@ -243,7 +243,7 @@ func (b *Broker) lookOldSpan(ctx context.Context, it item) error {
 			// move's claim made since never took its task out of its old
 			// group (the hold refuses that too): the task is there.
 			groups := []string{ptr.group}
-			if ptr.state == 'v' {
+			if ptr.state == 'v' && ptr.from != "" {
 				groups = []string{ptr.from, ptr.group}
 			}
 			found := false
@@ -309,7 +309,12 @@ func (b *Broker) enqueueFree(ctx context.Context, it item, opts broker.EnqueueOp
 		}
 		if r == "1" {
 			if it.replace {
-				return fmt.Errorf("%w: task %q is stored in its ID's partition; Replace does not move it into group %q of another partition (delete it and enqueue it anew)", broker.ErrTaskIDConflict, t.ID, t.Group)
+				// A task stored in the ID's partition itself moves out.
+				again, err := b.moveHere(ctx, it, opts, in)
+				if again {
+					continue
+				}
+				return err
 			}
 			return broker.ErrTaskIDConflict
 		}
@@ -325,9 +330,9 @@ func (b *Broker) enqueueFree(ctx context.Context, it item, opts broker.EnqueueOp
 		}
 		if ptr.state == 'k' && it.replace {
 			if broker.Partition(ptr.group, l.cur.n) != broker.Partition(t.Group, l.cur.n) {
-				if l.old != nil {
-					return fmt.Errorf("%w: task %q is in group %q, whose partition is not group %q's; Replace moves it there once the repartition of queue %q ends", broker.ErrTaskIDConflict, t.ID, ptr.group, t.Group, t.Queue)
-				}
+				// While a repartition runs the task is in the new span by
+				// now (lookOldSpan moved it ahead: its old pointer goes
+				// last), and moves there as any other time.
 				again, err := b.moveFree(ctx, it, opts, in, ptr)
 				if again {
 					continue
@@ -419,8 +424,9 @@ func (b *Broker) freeConflicts(ctx context.Context, items []item, errs []error, 
 		}
 		if !clear {
 			// A task of a group of another partition holds the ID:
-			// Replace moves it here.
-			if it.replace && ptr.state == 'k' && it.lay.old == nil {
+			// Replace moves it here (while a repartition runs, only after
+			// lookOldSpan, above: the task is in the new span then).
+			if it.replace && ptr.state == 'k' {
 				if again, err := b.moveFree(ctx, it, opts, in, ptr); !again {
 					errs[i] = err
 				}
@@ -478,11 +484,13 @@ func (b *Broker) resolve(ctx context.Context, queue string, l layout, id string)
 		if ptr, ok := parsePointer(c.Val()); ok {
 			in := out[i].p
 			res[len(res)-1] = found{p: b.sameSpan(queue, l, in, ptr.group), via: &in, nonce: ptr.nonce}
-			if ptr.state == 'v' {
+			if ptr.state == 'v' && ptr.from != "" {
 				// A move under way: the task stays in the old group's
 				// partition until it is stored in the new one's, so look
 				// there first. A task deleted there releases no pointer:
-				// the move's nonce becomes the new task's pointer's.
+				// the move's nonce becomes the new task's pointer's. (A
+				// move out of the ID's own partition names no old group:
+				// its task was deleted there, its claim left in its place.)
 				res = append(res[:len(res)-1], found{p: b.sameSpan(queue, l, in, ptr.from)}, res[len(res)-1])
 			}
 		}
@@ -534,7 +542,7 @@ func (b *Broker) sweepIDs(ctx context.Context, queue string, l layout, p part) e
 		return nil
 	}
 	b.idSweeps.Store(p.base, time.Now())
-	if err := b.sweepLeft(ctx, queue, l, p); err != nil {
+	if err := b.sweepLeft(ctx, queue, l, p, false); err != nil {
 		return err
 	}
 	cmd, err := b.ids(ctx, p, "due", "100")
@@ -606,7 +614,7 @@ func (b *Broker) relocateText(ctx context.Context, p part, op, id, nonce string,
 	keys := append(p.keys("t", "pending", "scheduled", "retry", "archived", "completed", "result", "h", "u", "meta", "xr", "xl"), p.groupKeys()...)
 	c := &call{
 		script: b.s.relocate,
-		keys:   append(keys, p.k("pg"), p.k("wt")),
+		keys:   append(keys, p.k("pg"), p.k("wt"), p.k("x")),
 		args:   append([]any{p.layout, op, id, nonce}, args...),
 		queue:  p.queue,
 	}
@@ -699,7 +707,7 @@ func (b *Broker) moveFree(ctx context.Context, it item, opts broker.EnqueueOptio
 		if serr := moveStep(id, "stored"); serr != nil {
 			return false, serr
 		}
-		_, gerr := b.relocateText(ctx, src, "gone", id, nonce, src.channel, src.idx, b.doneChannel(src.queue))
+		_, gerr := b.relocateText(ctx, src, "gone", id, nonce, src.channel, src.idx, b.doneChannel(src.queue), "", 0)
 		if gerr == nil {
 			_, gerr = b.idsText(ctx, in, "moved", id, nonce, pointerLook.Milliseconds())
 		}
@@ -741,13 +749,20 @@ func (b *Broker) undoMove(ctx context.Context, queue string, in, src part, id, n
 // (or the pointer released when it is gone).
 func (b *Broker) repairMove(ctx context.Context, queue string, l layout, in part, id string, ptr pointer) error {
 	dst := b.sameSpan(queue, l, in, ptr.group)
-	src := b.sameSpan(queue, l, in, ptr.from)
+	src := in // a move out of the ID's own partition (moveHere)
+	if ptr.from != "" {
+		src = b.sameSpan(queue, l, in, ptr.from)
+	}
 	r, err := b.fenceClaim(ctx, dst, id, ptr)
 	if err != nil {
 		return err
 	}
 	if r == "s" {
-		if _, err := b.relocateText(ctx, src, "gone", id, ptr.nonce, src.channel, src.idx, b.doneChannel(src.queue)); err != nil {
+		at := ""
+		if src.base == in.base {
+			at = strconv.FormatInt(ptr.at, 10)
+		}
+		if _, err := b.relocateText(ctx, src, "gone", id, ptr.nonce, src.channel, src.idx, b.doneChannel(src.queue), at, pointerLook.Milliseconds()); err != nil {
 			if _, err = b.ifRetired(ctx, src, err, "0"); err != nil {
 				return err
 			}
@@ -859,12 +874,14 @@ func (b *Broker) waitHold(ctx context.Context, queue string) bool {
 	}
 }
 
-// sweepLeft settles the moves (moveFree) whose task left partition p and
-// that nobody finished by their deadline (plus the clock slack): as
-// repairMove, from the side of the partition the task left, which also
-// covers a move into the ID's own partition, whose store replaced the
-// move's claim with the task.
-func (b *Broker) sweepLeft(ctx context.Context, queue string, l layout, p part) error {
+// sweepLeft settles the moves (moveFree, moveHere) whose task left
+// partition p and that nobody finished by their deadline (plus the clock
+// slack), or every one with force (a repartition's hold, which moves no
+// task that left): as repairMove, from the side of the partition the task
+// left, which also covers a move into the ID's own partition, whose store
+// replaced the move's claim with the task, and a move out of it, which
+// made no claim.
+func (b *Broker) sweepLeft(ctx context.Context, queue string, l layout, p part, force bool) error {
 	left, err := b.rdb.HGetAll(ctx, p.k("xl")).Result()
 	if err != nil {
 		return callErr("task index sweep", classify(err))
@@ -876,7 +893,7 @@ func (b *Broker) sweepLeft(ctx context.Context, queue string, l layout, p part) 
 			continue
 		}
 		deadline, err := strconv.ParseInt(f[1], 10, 64)
-		if err != nil || now < deadline+clockSlack().Milliseconds() {
+		if err != nil || !force && now < deadline+clockSlack().Milliseconds() {
 			continue
 		}
 		nonce, group := f[0][:16], f[2]
@@ -888,7 +905,11 @@ func (b *Broker) sweepLeft(ctx context.Context, queue string, l layout, p part) 
 			return err
 		}
 		if r == "s" {
-			if _, err := b.relocateText(ctx, p, "gone", id, nonce, p.channel, p.idx, b.doneChannel(p.queue)); err != nil {
+			at := "" // out of the ID's own partition: its pointer takes the record's place
+			if in.base == p.base {
+				at = strconv.FormatInt(deadline-b.claimLife().Milliseconds(), 10)
+			}
+			if _, err := b.relocateText(ctx, p, "gone", id, nonce, p.channel, p.idx, b.doneChannel(p.queue), at, pointerLook.Milliseconds()); err != nil {
 				return err
 			}
 			if _, err := b.idsText(ctx, in, "moved", id, nonce, pointerLook.Milliseconds()); err != nil {

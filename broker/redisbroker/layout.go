@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -194,8 +195,12 @@ func (b *Broker) knownLayout(ctx context.Context, queue string) (l layout, known
 }
 
 // forgetLayout drops the cached layout of queue after a script refused it, so
-// that the next call reads the recorded one again.
-func (b *Broker) forgetLayout(queue string) { b.layouts.Delete(queue) }
+// that the next call reads the recorded one again. A read under way that
+// began before (loadLayout) does not cache what it read.
+func (b *Broker) forgetLayout(queue string) {
+	b.forgets.Add(1)
+	b.layouts.Delete(queue)
+}
 
 // loadLayout records queue in <prefix>:queues, records its partition count
 // unless one is recorded already, checks it against the configuration and
@@ -211,25 +216,63 @@ func (b *Broker) loadLayout(ctx context.Context, queue string) (layout, error) {
 			return c.l, nil
 		}
 	}
+	forgets := b.forgets.Load()
+	var l layout
+	for attempt := 0; ; attempt++ {
+		var moved bool
+		var err error
+		if l, moved, err = b.readLayout(ctx, queue); err == nil {
+			break
+		}
+		// Read while a repartition records its layout and marks the old
+		// partitions (the registry before, the meta keys after): the
+		// registry says more now, read it all again.
+		if !moved || attempt == 3 {
+			return layout{}, err
+		}
+	}
+	l.parts = make([]part, l.cur.n)
+	for i := range l.parts {
+		l.parts[i] = b.spanPart(queue, l, l.cur, i, i, false)
+	}
+	// A layout forgotten while it was read (a repartition that recorded
+	// its new one meanwhile) may be the old one: it answers this call
+	// only, and the next reads again.
+	if b.forgets.Load() == forgets {
+		b.layouts.Store(queue, cachedLayout{l: l, at: time.Now()})
+	}
+	return l, nil
+}
+
+// readLayout reads queue's recorded layout (recording a new queue) and
+// checks the configuration and the partitions' meta keys against it. When a
+// meta key disagrees it reads the registry again: moved reports that the
+// layout recorded there changed meanwhile.
+func (b *Broker) readLayout(ctx context.Context, queue string) (l layout, moved bool, err error) {
 	want, explicit := b.parts[queue]
 	if !explicit {
 		want = b.defaultParts
 	}
+	reg := b.prefix + ":partitions"
 	pipe := b.rdb.Pipeline()
 	pipe.SAdd(ctx, b.prefix+":queues", queue)
-	pipe.HSetNX(ctx, b.prefix+":partitions", queue, want)
-	got := pipe.HGet(ctx, b.prefix+":partitions", queue)
+	pipe.HSetNX(ctx, reg, queue, want)
+	got := pipe.HGet(ctx, reg, queue)
 	evFlag := pipe.HGet(ctx, b.prefix+":"+eventsKey, queue)
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return layout{}, fmt.Errorf("tide: redisbroker: register queue %q: %w", queue, classify(err))
+		return layout{}, false, fmt.Errorf("tide: redisbroker: register queue %q: %w", queue, classify(err))
 	}
-	l, err := parseLayout(got.Val())
-	if err != nil {
-		return layout{}, fmt.Errorf("%w: queue %q: %v", broker.ErrLayout, queue, err)
+	if l, err = parseLayout(got.Val()); err != nil {
+		return layout{}, false, fmt.Errorf("%w: queue %q: %v", broker.ErrLayout, queue, err)
 	}
 	l.events = b.eventsOn(evFlag.Val())
+	if f := afterLayoutRead.Load(); f != nil {
+		if err := (*f)(queue); err != nil {
+			return layout{}, false, err
+		}
+	}
 	if explicit && (l.cur.n != want || l.old != nil) {
-		return layout{}, fmt.Errorf("%w: queue %q has %s recorded in Redis but this process is configured with %d (WithQueuePartitions); "+
+		return layout{}, false, fmt.Errorf("%w: queue %q has %s recorded in Redis but this process is configured with %d (WithQueuePartitions); "+
 			"drop the option to adopt the recorded count, or change the queue with `tide queues repartition %s %d`", broker.ErrLayout, queue, l.describe(), want, queue, want)
 	}
 	// Each partition's meta key lets the scripts refuse a caller with
@@ -246,21 +289,22 @@ func (b *Broker) loadLayout(ctx context.Context, queue string) (layout, error) {
 		metas[i] = pipe.Get(ctx, p.k("meta"))
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return layout{}, fmt.Errorf("tide: redisbroker: register queue %q: %w", queue, classify(err))
+		return layout{}, false, fmt.Errorf("tide: redisbroker: register queue %q: %w", queue, classify(err))
 	}
 	for i, m := range metas {
 		p := b.partAt(queue, l, i)
 		if got := m.Val(); got != p.layout && !(p.old && (got == "retired" || got == "" || got == l.old.tag())) {
-			return layout{}, fmt.Errorf("%w: partition %d of queue %q records layout %q but the queue's is %q", broker.ErrLayout, i, queue, got, l.tag)
+			now, rerr := b.rdb.HGet(ctx, reg, queue).Result()
+			return layout{}, rerr == nil && now != l.tag, fmt.Errorf("%w: partition %d of queue %q records layout %q but the queue's is %q", broker.ErrLayout, i, queue, got, l.tag)
 		}
 	}
-	l.parts = make([]part, l.cur.n)
-	for i := range l.parts {
-		l.parts[i] = b.spanPart(queue, l, l.cur, i, i, false)
-	}
-	b.layouts.Store(queue, cachedLayout{l: l, at: time.Now()})
-	return l, nil
+	return l, false, nil
 }
+
+// afterLayoutRead, when set (by tests), runs in readLayout after the
+// registry is read and before the partitions' meta keys are; an error it
+// returns is the read's.
+var afterLayoutRead atomic.Pointer[func(queue string) error]
 
 // describe says what the layout is, for error messages.
 func (l layout) describe() string {

@@ -192,6 +192,9 @@ type Broker struct {
 	subs     map[int]func() // open subscriptions, ended by Close
 	subSeq   int
 	layouts  sync.Map // queue name -> layout
+	// forgets counts forgetLayout calls: a layout read before one is not
+	// cached (loadLayout), it may be the one just forgotten.
+	forgets  atomic.Uint64
 	idSweeps sync.Map // partition base -> time of its last sweepIDs
 	// cacheExpiry maps a partition's key prefix to the last of its reply
 	// caches whose expiry a call of this process set (enqueuePlainCall).

@@ -309,7 +309,8 @@ var afterHold func(queue string)
 // group state), from when on enqueue.lua refuses new such tasks in them
 // (processes that route by the new layout refuse them while the
 // repartition runs), then settles every claim of their pointers (repair),
-// so that no enqueue of one is half done while tasks move.
+// so that no enqueue of one is half done while tasks move, and every move
+// of one whose task left its partition.
 func (b *Broker) holdFreeIDs(ctx context.Context, queue string, l layout) error {
 	fail := func(err error) error {
 		return fmt.Errorf("tide: redisbroker: repartition %s: %w", queue, classify(err))
@@ -338,6 +339,13 @@ func (b *Broker) holdFreeIDs(ctx context.Context, queue string, l layout) error 
 					return err
 				}
 			}
+		}
+	}
+	// A move out of an ID's own partition makes no claim (moveHere): its
+	// task, flagged as moving, is settled from where it left.
+	for i := range l.cur.n {
+		if err := b.sweepLeft(ctx, queue, l, b.partAt(queue, l, i), true); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -496,7 +504,8 @@ func (b *Broker) drainPointers(ctx context.Context, l layout, o part) (int, erro
 
 // reserveAndTake reserves the peeked tasks' IDs (and copies their locks) in
 // the new span, then takes them out of o; tasks that turned active or went
-// away meanwhile are unreserved.
+// away meanwhile are unreserved. A task with a free ID gets its pointer in
+// the new span first.
 func (b *Broker) reserveAndTake(ctx context.Context, l layout, o part, peek []any) ([]moved, error) {
 	if len(peek)%3 != 0 {
 		return nil, fmt.Errorf("tide: redisbroker: repartition %s: peek returned %d values", o.queue, len(peek))
@@ -505,47 +514,74 @@ func (b *Broker) reserveAndTake(ctx context.Context, l layout, o part, peek []an
 		ids []string
 		cmd *redis.Cmd
 	}
+	type peeked struct {
+		id, uniq, lock, key string
+		free                bool // needs a pointer in the new span
+		group               string
+	}
+	var ps []peeked
+	for i := 0; i < len(peek); i += 3 {
+		var pk peeked
+		pk.id, _ = peek[i].(string)
+		rec, _ := peek[i+1].(string)
+		pk.lock, _ = peek[i+2].(string)
+		pk.key = pk.id
+		if t, err := codec.DecodeHeader(o.queue, pk.id, []byte(rec)); err == nil {
+			pk.uniq = t.UniqueKey
+			pk.key = storeKey(t)
+			pk.free, pk.group = needsPointer(t, l), t.Group
+		}
+		ps = append(ps, pk)
+	}
+	// A task with a free ID gets its pointer first: a lookup by ID (a
+	// Delete) then finds the task's placeholder and, once it is placed,
+	// the task in its new partition. What was peeked may be out of date:
+	// a Replace may have moved the task ahead since, and the new span may
+	// have made something else of the ID (replaced the task into another
+	// group, deleted it and stored another task). put keeps a pointer it
+	// finds, and a record there is a conflict only when the task still
+	// waits here.
+	var putClash []string
+	for _, pk := range ps {
+		if !pk.free {
+			continue
+		}
+		r, err := b.idsText(ctx, b.partOf(o.queue, l, pk.id), "put", pk.id, newNonce(), pk.group)
+		if err != nil {
+			return nil, fmt.Errorf("tide: redisbroker: repartition %s: %w", o.queue, err)
+		}
+		if r != "1" {
+			putClash = append(putClash, pk.id)
+		}
+	}
+	var skip map[string]bool
+	if len(putClash) > 0 {
+		var err error
+		if skip, err = b.movedMeanwhile(ctx, o, putClash); err != nil {
+			return nil, err
+		}
+	}
 	reserve := map[part][]any{}
 	locks := map[part][]any{}
-	pointers := map[part][]string{} // ID's partition -> ID, group
-	groupOf := map[string]string{}  // ID -> what places it (storeKey)
+	groupOf := map[string]string{} // ID -> what places it (storeKey)
 	var ids []any
-	for i := 0; i < len(peek); i += 3 {
-		id, _ := peek[i].(string)
-		rec, _ := peek[i+1].(string)
-		lock, _ := peek[i+2].(string)
-		uniq := ""
-		key := id
-		if t, err := codec.DecodeHeader(o.queue, id, []byte(rec)); err == nil {
-			uniq = t.UniqueKey
-			key = storeKey(t)
-			if needsPointer(t, l) {
-				// Its pointer first: a lookup by ID then finds the task in
-				// its new partition once it is placed there.
-				pointers[b.partOf(o.queue, l, id)] = append(pointers[b.partOf(o.queue, l, id)], id, t.Group)
-			}
+	for _, pk := range ps {
+		if skip[pk.id] {
+			continue
 		}
-		groupOf[id] = key
-		np := b.partOf(o.queue, l, key)
-		if uniq != "" && lock != "" && broker.Partition(uniq, l.cur.n) != broker.Partition(key, l.cur.n) {
+		uniq, lock := pk.uniq, pk.lock
+		groupOf[pk.id] = pk.key
+		np := b.partOf(o.queue, l, pk.key)
+		if uniq != "" && lock != "" && broker.Partition(uniq, l.cur.n) != broker.Partition(pk.key, l.cur.n) {
 			up := b.partOf(o.queue, l, uniq)
 			locks[up] = append(locks[up], uniq, lock)
 			uniq, lock = "", ""
 		}
-		reserve[np] = append(reserve[np], id, uniq, lock)
-		ids = append(ids, id)
+		reserve[np] = append(reserve[np], pk.id, uniq, lock)
+		ids = append(ids, pk.id)
 	}
-	for p, pg := range pointers {
-		for i := 0; i < len(pg); i += 2 {
-			r, err := b.idsText(ctx, p, "put", pg[i], newNonce(), pg[i+1])
-			if err != nil {
-				return nil, fmt.Errorf("tide: redisbroker: repartition %s: %w", o.queue, err)
-			}
-			if r != "1" {
-				return nil, fmt.Errorf("%w: repartition %s: task %q exists in both the old and the new partitions; delete one of them and run the repartition again",
-					broker.ErrTaskIDConflict, o.queue, pg[i])
-			}
-		}
+	if len(ids) == 0 {
+		return nil, nil
 	}
 	pipe := b.rdb.Pipeline()
 	var rs []res

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -138,10 +139,14 @@ look:
 		for _, f := range where {
 			p := f.p
 			rid, cache, exp, _ := b.request(p)
+			here := "0" // the ID's own partition (of its span)
+			if slices.ContainsFunc(b.lookup(queue, l, id), func(i part) bool { return i.base == p.base }) {
+				here = "1"
+			}
 			c := &call{
 				script: b.s.remove,
-				keys:   append(append(append(p.keys("t", "pending", "scheduled", "retry", "archived", "completed", "result", "active", "u", "meta"), cache, p.k("moving"), p.k("h")), append(p.groupKeys(), p.endKeys()...)...), p.k(eventsKey)),
-				args:   []any{p.layout, rid, exp, id, op, p.channel, b.doneChannel(queue), b.eventsArg(p), p.idTag, p.idx},
+				keys:   append(append(append(p.keys("t", "pending", "scheduled", "retry", "archived", "completed", "result", "active", "u", "meta"), cache, p.k("moving"), p.k("h")), append(p.groupKeys(), p.endKeys()...)...), p.k(eventsKey), p.k("xl"), p.k("x")),
+				args:   []any{p.layout, rid, exp, id, op, p.channel, b.doneChannel(queue), b.eventsArg(p), p.idTag, p.idx, here},
 				queue:  queue,
 			}
 			b.run(ctx, []*call{c})

@@ -26,13 +26,17 @@
 --           partition) whose store was refused becomes a confirmed pointer
 --           of the task that is still there (group 5)
 --   put     4 nonce  5 group: a repartition writes the confirmed pointer
---           of a task it moves (in its new I)
+--           of a task it moves (in its new I), unless a pointer is there
+--           (kept: another step's for the same task, or, for a step that
+--           acts on what it read before a Replace moved the task ahead,
+--           what the new span made of the ID since)
 --   drop    4 group: a repartition drops the pointer of a task it moved
 --           (in its old I)
 -- A pointer is the record hash's field ID holding "\0g", its state ('c'
 -- claimed, 'k' confirmed, 'v' a move's claim), its nonce (16 characters),
 -- the claim's time (ms, I's clock), "\0" and the group (of a move: the new
--- group, "\0" and the old one).
+-- group, "\0" and the old one, '' for a move out of I itself whose task
+-- was deleted in I: remove.lua writes that claim in the record's place).
 -- Returns: claim 'c<time>' claimed (or claimed before by this nonce), '1'
 -- a task record or a repartition's placeholder holds the ID, 'p<pointer>'
 -- another nonce's pointer; confirm and release '1' done, '0' the pointer
@@ -40,8 +44,8 @@
 -- for the ID, 'f' fenced: a store with this nonce is refused from now on;
 -- look '1' or '0'; move like claim, or '0' the pointer is not the one to
 -- move (any more), 'd' this nonce's move is settled; moved, stay and back
--- '1' done, '0' not this nonce's (move's) claim; put '1' written, '0' a task record or placeholder holds
--- the ID; drop '1' dropped, '0' no pointer of that group; due a flat list of ID, pointer of the pointers whose
+-- '1' done, '0' not this nonce's (move's) claim; put '1' written or a
+-- pointer kept, '0' a task record or placeholder holds the ID; drop '1' dropped, '0' no pointer of that group; due a flat list of ID, pointer of the pointers whose
 -- look is due, each put off by its age (10 s to an hour).
 local bad = layout_error(KEYS[6], ARGV[1])
 if bad then return bad end
@@ -123,6 +127,7 @@ elseif op == 'look' then
 elseif op == 'put' then
   local cur = redis.call('HGET', KEYS[1], id)
   if cur and not ptr_parse(cur) then return '0' end
+  if cur then return '1' end
   local now = redis_now()
   redis.call('HSET', KEYS[1], id, '\0gk' .. ARGV[4] .. string.format('%d', now) .. '\0' .. ARGV[5])
   redis.call('ZADD', KEYS[2], now + 10000, id)

@@ -5,12 +5,17 @@
 -- KEYS[10] layout meta  KEYS[11] reply cache KEYS[12] moving zset (repartition)
 -- KEYS[13] attempt histories hash  KEYS[14..19] group keys (groups.lua)
 -- KEYS[20] progress hash  KEYS[21..23] waiter keys (w_keys in lib.lua)
--- KEYS[24] events stream
+-- KEYS[24] events stream  KEYS[25] leaving hash (relocate.lua)
+-- KEYS[26] pointers zset (ids.lua)
 -- ARGV[1] layout  ARGV[2] request ID  ARGV[3] reply cache expiry (ms)
 -- ARGV[4] id  ARGV[5] op  ARGV[6] event channel  ARGV[7] done channel
 -- ARGV[8] events stream MAXLEN ('' or '0': no events)
 -- ARGV[9] a hash tag of this partition (for follow-up IDs, fu_end)
 -- ARGV[10] partition (for the 'p' event when a follow-up was stored)
+-- ARGV[11] '1' when this is the task ID's own partition: a task deleted
+--   while a Replace moves it out of it (relocate.lua, leave 'i') leaves
+--   the move's claim (ids.lua, 'v') in its place, so that the ID stays
+--   taken for the task the move stores in its new group
 -- op 'delete': delete a task that is not active.
 -- op 'cancel': delete a task that is not active, or record the cancellation
 --   of an active one (flag in its record, read by Extend and Settle) and
@@ -122,10 +127,13 @@ if st and st ~= 5 and st ~= 6 and rec_flow(rec) then
   end
   return answer('1')
 end
+local leaving = nil
 if st and rec_moving(rec) then
-  -- Taken out of its structure by a repartition: only the record is left.
+  -- Taken out of its structure by a repartition or a move: only the record
+  -- is left.
   redis.call('ZREM', KEYS[12], id)
   release_uniq(rec, KEYS[9], id)
+  if ARGV[11] == '1' then leaving = redis.call('HGET', KEYS[25], id) end
 elseif st then
   if st == 1 then
     local g, seq = g_of(G, id)
@@ -138,6 +146,16 @@ else
   for k = 3, 6 do redis.call('ZREM', KEYS[k], id) end
 end
 redis.call('HDEL', KEYS[1], id)
+if leaving then
+  -- "<nonce><score>\0<deadline>\0<new group>": the move's claim, from
+  -- no group of another partition, its time the deadline (later than the
+  -- move's: its repair waits a little longer).
+  local z = string.find(leaving, '\0', 17, true)
+  local z2 = string.find(leaving, '\0', z + 1, true)
+  local deadline = string.sub(leaving, z + 1, z2 - 1)
+  redis.call('HSET', KEYS[1], id, '\0gv' .. string.sub(leaving, 1, 16) .. deadline .. '\0' .. string.sub(leaving, z2 + 1) .. '\0')
+  redis.call('ZADD', KEYS[26], tonumber(deadline), id)
+end
 redis.call('HDEL', KEYS[7], id, dur_field(id))
 redis.call('HDEL', KEYS[13], id)
 redis.call('HDEL', KEYS[20], id)

@@ -1,0 +1,120 @@
+package redisbroker
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/tidetype"
+)
+
+// While a repartition runs, Replace moves a waiting grouped task with a
+// free ID into a group of another partition of the new span, as it does
+// any other time: whether the task still waits in the old span (it moves
+// ahead first) or has moved already; into a group of the ID's own
+// partition too (no pointer then). The task is found by its ID in its new
+// group, stored once, with one pointer naming that group, during and after
+// the repartition, and runs once.
+func TestFreeIDReplaceAcrossPartitionsDuringARepartition(t *testing.T) {
+	t.Parallel()
+	const id = "order-cancel:42"
+	group := func(ok func(p6, p3 int) bool) string {
+		for i := 0; ; i++ {
+			if g := "shop-" + strconv.Itoa(i); ok(broker.Partition(g, 6), broker.Partition(g, 3)) {
+				return g
+			}
+		}
+	}
+	in6, in3 := broker.Partition(id, 6), broker.Partition(id, 3)
+	from := group(func(p6, p3 int) bool { return p6 != in6 && p3 != in3 })
+	fp := broker.Partition(from, 3)
+	away := group(func(_, p3 int) bool { return p3 != fp && p3 != in3 })
+	home := group(func(_, p3 int) bool { return p3 == in3 })
+	for _, c := range []struct {
+		name  string
+		into  string
+		ahead bool // the repartition moved the task before the Replace
+	}{
+		{"WaitingInTheOldSpan", away, false},
+		{"MovedAlready", away, true},
+		{"IntoTheIDsPartition", home, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			b := New(redistest.Client(t, redistest.Addr(t)), WithPrefix(redistest.Prefix(t)), WithPartitions(6))
+			t.Cleanup(func() { _ = b.Close() })
+			ctx := context.Background()
+			const q = "moverep"
+			enqueue := func(g, payload string, replace bool) error {
+				now := time.Now()
+				m := &tidetype.TaskInfo{ID: id, Queue: q, Type: "t", Payload: []byte(payload), State: tidetype.StatePending, MaxRetry: 3, NextProcessAt: now, EnqueuedAt: now, Group: g}
+				errs, err := b.Enqueue(ctx, []*tidetype.TaskInfo{m}, broker.EnqueueOptions{Replace: replace})
+				if err == nil {
+					err = errs[0]
+				}
+				return err
+			}
+			if err := enqueue(from, "first", false); err != nil {
+				t.Fatal(err)
+			}
+			l, err := b.startRepartition(ctx, q, 3)
+			if err != nil || l.old == nil {
+				t.Fatalf("startRepartition: %+v, %v", l, err)
+			}
+			if c.ahead {
+				o, _ := b.oldPartOf(q, l, from)
+				if err := b.moveAhead(ctx, l, o, []string{id}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := enqueue(c.into, "moved", true); err != nil {
+				t.Fatalf("Replace into %s during the repartition: %v", c.into, err)
+			}
+			check := func(when string) {
+				t.Helper()
+				recs, ptrs := newSpanIndex(t, b, l, q, id)
+				gp := broker.Partition(c.into, 3)
+				if len(recs) != 1 || recs[0] != gp {
+					t.Fatalf("%s: records in %v, want one in %d", when, recs, gp)
+				}
+				if gp == in3 && len(ptrs) != 0 || gp != in3 && (len(ptrs) != 1 || ptrs[0].p != in3 || ptrs[0].state != 'k' || ptrs[0].group != c.into) {
+					t.Fatalf("%s: pointers %+v, want one naming %s", when, ptrs, c.into)
+				}
+				if got, err := b.GetTask(ctx, q, id); err != nil || got.Group != c.into || string(got.Payload) != "moved" {
+					t.Fatalf("%s: GetTask: %+v, %v", when, got, err)
+				}
+			}
+			check("during the repartition")
+			if err := b.Repartition(ctx, q, 3, nil); err != nil {
+				t.Fatal(err)
+			}
+			check("after the repartition")
+			var ran []string
+			for {
+				ds, err := b.Dequeue(ctx, []string{q}, 10, time.Minute)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(ds) == 0 {
+					break
+				}
+				for _, d := range ds {
+					ran = append(ran, d.Task.ID+"/"+d.Task.Group)
+					if _, err := b.Settle(ctx, []broker.Settlement{{Lease: d.Lease(), Kind: broker.SettleDone, Task: d.Task}}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if len(ran) != 1 || ran[0] != id+"/"+c.into {
+				t.Fatalf("ran %v, want %s once in %s", ran, id, c.into)
+			}
+			if _, err := b.GetTask(ctx, q, id); !errors.Is(err, broker.ErrTaskNotFound) {
+				t.Fatalf("GetTask after it ran: %v", err)
+			}
+		})
+	}
+}

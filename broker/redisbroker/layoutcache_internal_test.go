@@ -1,0 +1,141 @@
+package redisbroker
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/tidequeue/tide/broker"
+	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/tidetype"
+)
+
+// A layout read while a repartition records the new one and forgets the
+// cached one is not cached: the next call reads the new layout. (Cached, it
+// answered for 30 s with the old span alone, and the repartition's own
+// next step, run on that layout, was refused by the old partitions.)
+func TestLayoutForgottenWhileReadIsNotCached(t *testing.T) {
+	// Not parallel: it sets the package's hook.
+	rdb := redistest.Client(t, redistest.Addr(t))
+	prefix := redistest.Prefix(t)
+	b := New(rdb, WithPrefix(prefix), WithPartitions(2))
+	t.Cleanup(func() { _ = b.Close() })
+	ctx := context.Background()
+	const q = "cache"
+	if l, err := b.layoutOf(ctx, q); err != nil || l.cur.n != 2 {
+		t.Fatalf("layout: %+v, %v", l, err)
+	}
+	b.forgetLayout(q)
+	once := false
+	hook := func(queue string) error {
+		if once || queue != q {
+			return nil
+		}
+		once = true
+		// Another process records a new layout, and this one learns it
+		// (as Repartition does) while the read above is under way.
+		if err := rdb.HSet(ctx, prefix+":partitions", q, "3@1").Err(); err != nil {
+			t.Error(err)
+		}
+		b.forgetLayout(q)
+		return nil
+	}
+	afterLayoutRead.Store(&hook)
+	t.Cleanup(func() { afterLayoutRead.Store(nil) })
+	if l, err := b.layoutOf(ctx, q); err != nil || l.cur.n != 2 {
+		t.Fatalf("the read under way: %+v, %v", l, err)
+	}
+	if !once {
+		t.Fatal("the hook did not run")
+	}
+	if l, err := b.layoutOf(ctx, q); err != nil || l.cur.n != 3 {
+		t.Fatalf("the layout after the read that met a forget: %v partitions (%v), want 3", l.cur.n, err)
+	}
+}
+
+// straddle arms the package's hook so that the next read of queue q's
+// layout reads the registry before a repartition of q from 6 partitions
+// records its layout and the partitions' meta keys after it marked the old
+// partitions; it returns a function for afterHold that lets the
+// repartition go on once that read has begun, and reports whether it did.
+func straddle(t *testing.T, b *Broker, q string) (hold func(queue string), did func() bool) {
+	ctx := context.Background()
+	marked := func() bool {
+		for i := range 6 {
+			m, err := b.rdb.Get(ctx, b.prefix+":{"+q+":"+strconv.Itoa(i)+"}:meta").Result()
+			if err != nil || m != "6>3@1" {
+				return false
+			}
+		}
+		return true
+	}
+	reading := make(chan struct{})
+	done := false
+	read := func(queue string) error {
+		if queue != q || done {
+			return nil
+		}
+		done = true
+		afterLayoutRead.Store(nil)
+		close(reading)
+		for deadline := time.Now().Add(10 * time.Second); !marked(); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Error("the old partitions were not marked")
+				break
+			}
+		}
+		return nil
+	}
+	t.Cleanup(func() { afterLayoutRead.Store(nil) })
+	return func(queue string) {
+			if queue != q {
+				return
+			}
+			afterLayoutRead.Store(&read)
+			select {
+			case <-reading:
+			case <-time.After(10 * time.Second):
+				t.Error("no read of the layout began")
+			}
+		}, func() bool {
+			return done
+		}
+}
+
+// A read of the layout that straddles a repartition recording its own
+// (the registry read before, the partitions' meta keys after they were
+// marked) reads again and answers the new layout, rather than the old
+// partitions' refusal.
+func TestLayoutReadAcrossARepartitionsRecording(t *testing.T) {
+	// Not parallel: it sets the package's hooks.
+	rdb := redistest.Client(t, redistest.Addr(t))
+	b := New(rdb, WithPrefix(redistest.Prefix(t)), WithPartitions(6))
+	t.Cleanup(func() { _ = b.Close() })
+	ctx := context.Background()
+	const q = "straddle"
+	now := time.Now()
+	if errs, err := b.Enqueue(ctx, []*tidetype.TaskInfo{{ID: "a", Queue: q, Type: "t", State: tidetype.StatePending, NextProcessAt: now, EnqueuedAt: now}}, broker.EnqueueOptions{}); err != nil || errs[0] != nil {
+		t.Fatalf("Enqueue: %v %v", errs, err)
+	}
+	hold, did := straddle(t, b, q)
+	got := make(chan error, 1)
+	afterHold = func(queue string) {
+		go func() {
+			b.forgetLayout(q)
+			_, err := b.layoutOf(ctx, q)
+			got <- err
+		}()
+		hold(queue)
+	}
+	t.Cleanup(func() { afterHold = nil })
+	if err := b.Repartition(ctx, q, 3, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("a read of the layout across the repartition's recording: %v", err)
+	}
+	if !did() {
+		t.Fatal("the read did not straddle the recording")
+	}
+}
