@@ -96,3 +96,54 @@ func TestHeldGroupNextHoldAnnounced(t *testing.T) {
 	}
 	settleAll(t, b, second)
 }
+
+// A throttle's end is announced by the settle that throttles the group:
+// servers look again then. Before, only a later lease call of the
+// partition announced it, and with none coming (nothing else to run
+// there) the group waited for the maintainer that makes the deferred task
+// ready, which wakes its own server only (busy, maybe).
+func TestThrottleEndAnnounced(t *testing.T) {
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	b := slotBroker(t, addr, prefix, 1)
+	ctx := context.Background()
+	const q = "throttle-end"
+	now := time.Now()
+	var ms []*tidetype.TaskInfo
+	for _, id := range []string{"1", "2"} {
+		ms = append(ms, &tidetype.TaskInfo{ID: id + "{g}", Queue: q, Type: "t", State: tidetype.StatePending, NextProcessAt: now, EnqueuedAt: now, Group: "g"})
+	}
+	if _, err := b.Enqueue(ctx, ms, broker.EnqueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ds := dequeuePart(t, b, q, 0, 1)
+	if len(ds) != 1 {
+		t.Fatalf("started %d tasks, want 1", len(ds))
+	}
+	l, err := b.layoutOf(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := b.partAt(q, l, 0)
+	sub := b.rdb.Subscribe(ctx, b.channel(q))
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil { // the subscription's confirmation
+		t.Fatal(err)
+	}
+	if _, err := b.Settle(ctx, []broker.Settlement{{Lease: ds[0].Lease(), Kind: broker.SettleDefer, Task: ds[0].Task, RetryIn: time.Minute, Throttle: true}}); err != nil {
+		t.Fatal(err)
+	}
+	until, err := b.rdb.ZScore(ctx, p.k("gw"), "g").Result()
+	if err != nil {
+		t.Fatalf("group g is not held: %v", err)
+	}
+	want := "p" + strconv.Itoa(p.idx) + ":" + strconv.FormatInt(int64(until), 10)
+	for {
+		msg, err := sub.ReceiveTimeout(ctx, 5*time.Second)
+		if err != nil {
+			t.Fatalf("the end of group g's throttle (%s) was not announced: %v", want, err)
+		}
+		if m, ok := msg.(*redis.Message); ok && m.Payload == want {
+			break
+		}
+	}
+}
