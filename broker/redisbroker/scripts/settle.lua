@@ -4,7 +4,7 @@
 -- KEYS[7] results hash  KEYS[8] scheduled zset KEYS[9] unique locks hash
 -- KEYS[10] stats hash   KEYS[11] layout meta  KEYS[12] reply cache
 -- KEYS[13] attempt histories hash  KEYS[14] minute counters hash
--- KEYS[15] limits hash (c: concurrency share)  KEYS[16..21] group keys (groups.lua)
+-- KEYS[15] limits hash (c: concurrency share; gw: last announced end of a group's hold)  KEYS[16..21] group keys (groups.lua)
 -- KEYS[22] progress hash  KEYS[23..25] waiter keys (w_keys in lib.lua)
 -- KEYS[26] events stream
 -- ARGV[1] layout  ARGV[2] request ID  ARGV[3] reply cache expiry (ms)
@@ -86,7 +86,7 @@ else
 end
 local forgot = {}
 local ordered = lim[2] == '1'
-local woke = false
+local woke, throttled = false, false
 -- Progress and waiters are rare: one EXISTS tells when neither is here.
 local W, progress = nil, false
 if redis.call('EXISTS', KEYS[22], KEYS[23], KEYS[24]) > 0 then
@@ -154,7 +154,10 @@ for i = 13, #ARGV, 9 do
       redis.call('HSET', KEYS[1], id, rec_patch(rec, 4, nil, retried, at, tonumber(b), c))
       redis.call('ZADD', KEYS[4], at, id)
       hist_add(KEYS[13], id, started, tonumber(b), op == 't' and 'w' or op, server, c)
-      if g and op == 't' then g_throttle(G, g, at) end
+      if g and op == 't' then
+        g_throttle(G, g, at)
+        throttled = true
+      end
       if not first_retry or at < first_retry then first_retry = at end
     elseif op == 'a' then
       if fu_end(F, E, id, rec, 'a', tonumber(b), c, now) then followed = true end
@@ -218,6 +221,19 @@ elseif cap and #left > 0 and redis.call('ZCARD', KEYS[2]) < share and redis.call
   -- for them, so servers look here, and the dequeue that finds free slots
   -- under the cap rebalances.
   redis.call('PUBLISH', ARGV[4], 'p' .. ARGV[5])
+end
+if throttled then
+  -- The first time a held group may run again, announced once as the
+  -- lease calls do (dequeue.lua's gw): servers look again then, not only
+  -- the one whose maintainer makes the deferred task ready.
+  local held = redis.call('ZRANGE', G.w, 0, 0, 'WITHSCORES')[2]
+  if held then
+    local at = string.format('%d', tonumber(held))
+    if redis.call('HGET', KEYS[15], 'gw') ~= at then
+      redis.call('HSET', KEYS[15], 'gw', at)
+      redis.call('PUBLISH', ARGV[4], 'p' .. ARGV[5] .. ':' .. at)
+    end
+  end
 end
 if first_retry and (not before or first_retry < before) then
   redis.call('PUBLISH', ARGV[4], 's' .. ARGV[5] .. ':' .. string.format('%d', first_retry))
