@@ -89,19 +89,6 @@ local function release_held(G, now)
   end
   return back
 end
--- announce_held announces, once, the first time a held group may run
--- again ("p<partition>:<ms>"): servers look again then. A later one is
--- announced by the first call after that one has passed.
-local function announce_held(G)
-  local held = redis.call('ZRANGE', G.w, 0, 0, 'WITHSCORES')[2]
-  if held then
-    local at = string.format('%d', tonumber(held))
-    if redis.call('HGET', KEYS[12], 'gw') ~= at then
-      redis.call('HSET', KEYS[12], 'gw', at)
-      redis.call('PUBLISH', ARGV[6], 'p' .. ARGV[7] .. ':' .. at)
-    end
-  end
-end
 -- want_held is want for a call that found no room: groups whose hold
 -- ended come back first, and when one did the call asks even at the
 -- partition's fair share, which was computed without them (another
@@ -113,7 +100,7 @@ local function want_held(fair, now)
   if redis.call('EXISTS', KEYS[14]) == 1 then
     local G = g_keys(14)
     if release_held(G, now) then fair = nil end
-    announce_held(G)
+    announce_held(G, KEYS[12], ARGV[6], ARGV[7])
   end
   return want(fair)
 end
@@ -312,7 +299,7 @@ else
   g_flush(G)
   if c then redis.call('HSET', G.s, 'c', c) end
   if capped then redis.call('PUBLISH', ARGV[6], 'p' .. ARGV[7]) end
-  announce_held(G)
+  announce_held(G, KEYS[12], ARGV[6], ARGV[7])
 end
 if #ids == 0 then
   -- Nothing to start: free slots held while other partitions want some

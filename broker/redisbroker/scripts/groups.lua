@@ -282,3 +282,18 @@ local function g_rate(G, g, per, now)
   log = string.sub(log, i)
   return log, #log / 6
 end
+-- announce_held announces, once, the first time a held group of G may run
+-- again: "p<partition>:<ms>" published on channel, the time kept in the
+-- partition's meta hash (field gw) so that it is announced once; servers
+-- look again then. A later one is announced by the first lease call or
+-- throttling settle after that one has passed.
+local function announce_held(G, meta, channel, partition)
+  local held = redis.call('ZRANGE', G.w, 0, 0, 'WITHSCORES')[2]
+  if held then
+    local at = string.format('%d', tonumber(held))
+    if redis.call('HGET', meta, 'gw') ~= at then
+      redis.call('HSET', meta, 'gw', at)
+      redis.call('PUBLISH', channel, 'p' .. partition .. ':' .. at)
+    end
+  end
+end

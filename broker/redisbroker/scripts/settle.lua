@@ -226,14 +226,7 @@ if throttled then
   -- The first time a held group may run again, announced once as the
   -- lease calls do (dequeue.lua's gw): servers look again then, not only
   -- the one whose maintainer makes the deferred task ready.
-  local held = redis.call('ZRANGE', G.w, 0, 0, 'WITHSCORES')[2]
-  if held then
-    local at = string.format('%d', tonumber(held))
-    if redis.call('HGET', KEYS[15], 'gw') ~= at then
-      redis.call('HSET', KEYS[15], 'gw', at)
-      redis.call('PUBLISH', ARGV[4], 'p' .. ARGV[5] .. ':' .. at)
-    end
-  end
+  announce_held(G, KEYS[15], ARGV[4], ARGV[5])
 end
 if first_retry and (not before or first_retry < before) then
   redis.call('PUBLISH', ARGV[4], 's' .. ARGV[5] .. ':' .. string.format('%d', first_retry))
