@@ -56,12 +56,8 @@ func (b *Broker) waitHolds(ctx context.Context, tasks []*tidetype.TaskInfo, todo
 // first.
 func (b *Broker) waitHold(ctx context.Context, queue string) bool {
 	deadline := time.Now().Add(time.Duration(holdWait.Load()))
-	b.forgetLayout(queue)
-	l, err := b.layoutOf(ctx, queue)
-	for d := 5 * time.Millisecond; err != nil; d = min(2*d, 200*time.Millisecond) {
-		// Read while the repartition records the new layout and marks
-		// the partitions: the registry and their meta keys differ for a
-		// moment.
+	// pause waits d; false when the deadline has passed or ctx ends first.
+	pause := func(d time.Duration) bool {
 		if !time.Now().Before(deadline) {
 			return false
 		}
@@ -69,6 +65,17 @@ func (b *Broker) waitHold(ctx context.Context, queue string) bool {
 		case <-ctx.Done():
 			return false
 		case <-time.After(d):
+			return true
+		}
+	}
+	b.forgetLayout(queue)
+	l, err := b.layoutOf(ctx, queue)
+	for d := 5 * time.Millisecond; err != nil; d = min(2*d, 200*time.Millisecond) {
+		// Read while the repartition records the new layout and marks
+		// the partitions: the registry and their meta keys differ for a
+		// moment.
+		if !pause(d) {
+			return false
 		}
 		b.forgetLayout(queue)
 		l, err = b.layoutOf(ctx, queue)
@@ -85,13 +92,8 @@ func (b *Broker) waitHold(ctx context.Context, queue string) bool {
 		if !slices.ContainsFunc(held, func(c *redis.BoolCmd) bool { return c.Val() }) {
 			return true
 		}
-		if !time.Now().Before(deadline) {
+		if !pause(d) {
 			return false
-		}
-		select {
-		case <-ctx.Done():
-			return false
-		case <-time.After(d):
 		}
 		b.forgetLayout(queue)
 		nl, err := b.layoutOf(ctx, queue)
