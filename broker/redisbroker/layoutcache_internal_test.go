@@ -57,9 +57,11 @@ func TestLayoutForgottenWhileReadIsNotCached(t *testing.T) {
 // straddle arms the package's hook so that the next read of queue q's
 // layout reads the registry before a repartition of q from 6 partitions
 // records its layout and the partitions' meta keys after it marked the old
-// partitions; it returns a function for afterHold that lets the
-// repartition go on once that read has begun, and reports whether it did.
-func straddle(t *testing.T, b *Broker, q string) (hold func(queue string), did func() bool) {
+// partitions. It returns, for afterHold, arm, which sets the hook (call it
+// before the read is started: a read that ran first would straddle
+// nothing), and wait, which lets the repartition go on once that read has
+// begun; did reports whether it did.
+func straddle(t *testing.T, b *Broker, q string) (arm func(), wait func(), did func() bool) {
 	ctx := context.Background()
 	marked := func() bool {
 		for i := range 6 {
@@ -88,11 +90,9 @@ func straddle(t *testing.T, b *Broker, q string) (hold func(queue string), did f
 		return nil
 	}
 	t.Cleanup(func() { afterLayoutRead.Store(nil) })
-	return func(queue string) {
-			if queue != q {
-				return
-			}
+	return func() {
 			afterLayoutRead.Store(&read)
+		}, func() {
 			select {
 			case <-reading:
 			case <-time.After(10 * time.Second):
@@ -118,15 +118,19 @@ func TestLayoutReadAcrossARepartitionsRecording(t *testing.T) {
 	if errs, err := b.Enqueue(ctx, []*tidetype.TaskInfo{{ID: "a", Queue: q, Type: "t", State: tidetype.StatePending, NextProcessAt: now, EnqueuedAt: now}}, broker.EnqueueOptions{}); err != nil || errs[0] != nil {
 		t.Fatalf("Enqueue: %v %v", errs, err)
 	}
-	hold, did := straddle(t, b, q)
+	arm, wait, did := straddle(t, b, q)
 	got := make(chan error, 1)
 	afterHold = func(queue string) {
+		if queue != q {
+			return
+		}
+		arm()
 		go func() {
 			b.forgetLayout(q)
 			_, err := b.layoutOf(ctx, q)
 			got <- err
 		}()
-		hold(queue)
+		wait()
 	}
 	t.Cleanup(func() { afterHold = nil })
 	if err := b.Repartition(ctx, q, 3, nil); err != nil {
