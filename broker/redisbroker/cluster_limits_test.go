@@ -11,7 +11,6 @@ import (
 
 	"github.com/tidequeue/tide"
 	"github.com/tidequeue/tide/broker"
-	"github.com/tidequeue/tide/broker/redisbroker"
 	"github.com/tidequeue/tide/internal/redistest"
 	"github.com/tidequeue/tide/internal/testwait"
 )
@@ -25,11 +24,7 @@ func TestClusterQueueLimits(t *testing.T) {
 	rdb := c.Client(t)
 	ctx := context.Background()
 	prefix := redistest.Prefix(t)
-	newBroker := func() *redisbroker.Broker {
-		b := redisbroker.New(rdb, redisbroker.WithPrefix(prefix), redisbroker.WithPartitions(clusterParts))
-		t.Cleanup(func() { _ = b.Close() })
-		return b
-	}
+	newBroker := clusterBrokers(t, rdb, prefix)
 	const limit, n = clusterParts, 300
 	var cur, peak, done atomic.Int64
 	h := tide.HandlerFunc(func(context.Context, *tide.Task) error {
@@ -76,11 +71,7 @@ func TestClusterGroupLimits(t *testing.T) {
 	rdb := c.Client(t)
 	ctx := context.Background()
 	prefix := redistest.Prefix(t)
-	newBroker := func() *redisbroker.Broker {
-		b := redisbroker.New(rdb, redisbroker.WithPrefix(prefix), redisbroker.WithPartitions(clusterParts))
-		t.Cleanup(func() { _ = b.Close() })
-		return b
-	}
+	newBroker := clusterBrokers(t, rdb, prefix)
 	const groups, per, limit = 8, 30, 2
 	var cur, peak [groups]atomic.Int64
 	var done atomic.Int64
@@ -138,11 +129,7 @@ func TestClusterLimitsFollowBacklog(t *testing.T) {
 	rdb := c.Client(t)
 	ctx := context.Background()
 	prefix := redistest.Prefix(t)
-	newBroker := func() *redisbroker.Broker {
-		b := redisbroker.New(rdb, redisbroker.WithPrefix(prefix), redisbroker.WithPartitions(clusterParts))
-		t.Cleanup(func() { _ = b.Close() })
-		return b
-	}
+	newBroker := clusterBrokers(t, rdb, prefix)
 	const limit, rate, per, waves, perWave = 4, 5, 300 * time.Millisecond, 3, 12
 	var cur, peak, done atomic.Int64
 	var mu sync.Mutex

@@ -34,6 +34,16 @@ import (
 // twice the masters, so that one queue spreads over all of them.
 const clusterParts = 6
 
+// clusterBrokers returns a constructor of brokers on rdb with prefix and
+// clusterParts partitions, each closed when the test ends.
+func clusterBrokers(t *testing.T, rdb redis.UniversalClient, prefix string) func() *redisbroker.Broker {
+	return func() *redisbroker.Broker {
+		b := redisbroker.New(rdb, redisbroker.WithPrefix(prefix), redisbroker.WithPartitions(clusterParts))
+		t.Cleanup(func() { _ = b.Close() })
+		return b
+	}
+}
+
 // spreadQueue is a queue name whose clusterParts partitions land on all
 // three masters of a cluster made by redis-cli (slots 0-5460, 5461-10922,
 // 10923-16383); TestClusterPartitionsSpreadOverMasters asserts it.
@@ -128,11 +138,7 @@ func TestClusterLoadUsesEveryMaster(t *testing.T) {
 	rdb := c.Client(t)
 	ctx := context.Background()
 	prefix := redistest.Prefix(t)
-	newBroker := func() *redisbroker.Broker {
-		b := redisbroker.New(rdb, redisbroker.WithPrefix(prefix), redisbroker.WithPartitions(clusterParts))
-		t.Cleanup(func() { _ = b.Close() })
-		return b
-	}
+	newBroker := clusterBrokers(t, rdb, prefix)
 	cl := tide.NewClient(newBroker())
 
 	before := scriptCalls(t, c.Masters)
@@ -758,11 +764,7 @@ func TestClusterReshardMidBatch(t *testing.T) {
 	rdb := c.Client(t)
 	ctx := context.Background()
 	prefix := redistest.Prefix(t)
-	newBroker := func() *redisbroker.Broker {
-		b := redisbroker.New(rdb, redisbroker.WithPrefix(prefix), redisbroker.WithPartitions(clusterParts))
-		t.Cleanup(func() { _ = b.Close() })
-		return b
-	}
+	newBroker := clusterBrokers(t, rdb, prefix)
 	cl := tide.NewClient(newBroker())
 
 	var mu sync.Mutex
