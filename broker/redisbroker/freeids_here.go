@@ -2,7 +2,6 @@ package redisbroker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -57,35 +56,9 @@ func (b *Broker) moveHere(ctx context.Context, it item, opts broker.EnqueueOptio
 	if err := moveStep(t.ID, "left"); err != nil {
 		return false, err
 	}
-	it.claim = nonce + strconv.FormatInt(deadline, 10)
 	it.replace = false // nothing holds the ID where the task moves
-	id := t.ID
-	errs, err := b.enqueueNow(ctx, []item{it}, opts)
-	if err == nil {
-		err = errs[0]
-	}
-	switch {
-	case (err == nil || errors.Is(err, broker.ErrNotReplicated)) && t.ID == id:
-		if serr := moveStep(id, "stored"); serr != nil {
-			return false, serr
-		}
-		at := strconv.FormatInt(deadline-b.claimLife().Milliseconds(), 10)
-		_, gerr := b.relocateText(ctx, in, "gone", id, nonce, in.channel, in.idx, b.doneChannel(in.queue), at, pointerLook.Milliseconds())
-		if gerr == nil {
-			// Deleted meanwhile: the claim left in its place is the new
-			// task's pointer now.
-			_, gerr = b.idsText(ctx, in, "moved", id, nonce, pointerLook.Milliseconds())
-		}
-		if gerr != nil {
-			b.log.Warn("tide: redisbroker: a moved task's index entry is left unsettled; the partition's maintainer finishes the move", "queue", t.Queue, "err", gerr)
-		}
-		return false, err
-	case err == nil || errors.Is(err, broker.ErrTaskIDConflict) || errors.Is(err, broker.ErrDuplicateTask) ||
-		errors.Is(err, broker.ErrInvalidTask) || errors.Is(err, errFenced) || errors.Is(err, broker.ErrLayout):
-		// Nothing stored under this claim: the task stays where it was.
-		t.ID = id
-		b.undoMove(ctx, t.Queue, in, in, id, nonce, deadline)
-		return false, err
-	}
-	return false, err // unknown: the sweep settles the move
+	// Deleted meanwhile, the task leaves the claim in its place, which
+	// is the new task's pointer once gone has run: moved confirms it.
+	at := strconv.FormatInt(deadline-b.claimLife().Milliseconds(), 10)
+	return b.storeMove(ctx, it, opts, in, in, nonce, deadline, in.channel, in.idx, b.doneChannel(in.queue), at, pointerLook.Milliseconds())
 }

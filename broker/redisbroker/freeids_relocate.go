@@ -97,11 +97,25 @@ func (b *Broker) moveFree(ctx context.Context, it item, opts broker.EnqueueOptio
 	if err := moveStep(t.ID, "left"); err != nil {
 		return false, err
 	}
-	it.claim = nonce + strconv.FormatInt(deadline, 10)
 	// Nothing else holds the ID where the task moves. An ungrouped task
 	// keeps the Replace flag all the same: it keeps it off the plain
 	// scripts, which know no claims.
 	it.replace = t.Group == ""
+	return b.storeMove(ctx, it, opts, in, src, nonce, deadline, src.channel, src.idx, b.doneChannel(src.queue), "", 0)
+}
+
+// storeMove is the end of a move of task it.t.ID (moveHere, moveFree)
+// that left partition src, its ID's index being in partition in: it
+// stores the task in its new partition under the move's claim (nonce,
+// good until deadline), then deletes what left src (relocate.lua's gone,
+// with goneArgs after the ID and nonce) and confirms the pointer in in
+// (moved). A definite refusal of the store puts the task back (undoMove);
+// with no answer, or when a step after the store fails, the claim stays
+// for the maintainer of in (sweepLeft, repairMove) or a repartition's hold
+// to settle.
+func (b *Broker) storeMove(ctx context.Context, it item, opts broker.EnqueueOptions, in, src part, nonce string, deadline int64, goneArgs ...any) (again bool, err error) {
+	t := it.t
+	it.claim = nonce + strconv.FormatInt(deadline, 10)
 	id := t.ID
 	errs, err := b.enqueueNow(ctx, []item{it}, opts)
 	if err == nil {
@@ -112,12 +126,12 @@ func (b *Broker) moveFree(ctx context.Context, it item, opts broker.EnqueueOptio
 		if serr := moveStep(id, "stored"); serr != nil {
 			return false, serr
 		}
-		_, gerr := b.relocateText(ctx, src, "gone", id, nonce, src.channel, src.idx, b.doneChannel(src.queue), "", 0)
+		_, gerr := b.relocateText(ctx, src, "gone", id, nonce, goneArgs...)
 		if gerr == nil {
 			_, gerr = b.idsText(ctx, in, "moved", id, nonce, pointerLook.Milliseconds())
 		}
 		if gerr != nil {
-			b.log.Warn("tide: redisbroker: a moved task's index entry is left claimed; the partition's maintainer finishes the move", "queue", t.Queue, "err", gerr)
+			b.log.Warn("tide: redisbroker: a moved task's index entry is left unsettled; the partition's maintainer finishes the move", "queue", t.Queue, "err", gerr)
 		}
 		return false, err
 	case err == nil || errors.Is(err, broker.ErrTaskIDConflict) || errors.Is(err, broker.ErrDuplicateTask) ||
@@ -127,7 +141,7 @@ func (b *Broker) moveFree(ctx context.Context, it item, opts broker.EnqueueOptio
 		b.undoMove(ctx, t.Queue, in, src, id, nonce, deadline)
 		return false, err
 	}
-	return false, err // unknown: the claim stays for the repair to decide
+	return false, err // unknown: the claim stays for the maintainer to settle
 }
 
 // undoMove puts back the task that a move (nonce) took out of partition
