@@ -79,11 +79,6 @@ func (b *Broker) Groups(ctx context.Context, queue string, n int) ([]tidetype.Gr
 			gi.ThrottledUntil = at
 		}
 	}
-	// A partition that keeps no running counts (no group limit: groups.lua's
-	// nc) has its running grouped tasks counted from its active tasks.
-	if err := b.countRunning(ctx, queue, l, state, get); err != nil {
-		return nil, err
-	}
 	for i := range l.total() {
 		for _, g := range rotation[i].Val() {
 			if g != "" { // '' is the ungrouped tasks' turn
@@ -153,55 +148,4 @@ func (b *Broker) Groups(ctx context.Context, queue string, n int) ([]tidetype.Gr
 		out = out[:n]
 	}
 	return out, nil
-}
-
-// countRunning adds to each group's Running (get) the running tasks of the
-// partitions of layout l whose group state (state, by partition) says they
-// keep no running counts (field nc): their active tasks, each looked up in
-// the grouped IDs. The active tasks are bounded by the queue's concurrency.
-func (b *Broker) countRunning(ctx context.Context, queue string, l layout, state []*redis.MapStringStringCmd, get func(int, string) *tidetype.GroupInfo) error {
-	var parts []int
-	for i := range l.total() {
-		if state[i].Val()["nc"] != "" {
-			parts = append(parts, i)
-		}
-	}
-	if len(parts) == 0 {
-		return nil
-	}
-	pipe := b.rdb.Pipeline()
-	active := make([]*redis.StringSliceCmd, len(parts))
-	for j, i := range parts {
-		active[j] = pipe.ZRange(ctx, b.partAt(queue, l, i).k("active"), 0, -1)
-	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return callErr("groups of "+queue, classify(err))
-	}
-	pipe = b.rdb.Pipeline()
-	groups := make([]*redis.SliceCmd, len(parts))
-	for j, i := range parts {
-		if ids := active[j].Val(); len(ids) > 0 {
-			groups[j] = pipe.HMGet(ctx, b.partAt(queue, l, i).k("gid"), ids...)
-		}
-	}
-	if pipe.Len() == 0 {
-		return nil
-	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return callErr("groups of "+queue, classify(err))
-	}
-	for j, i := range parts {
-		if groups[j] == nil {
-			continue
-		}
-		for _, v := range groups[j].Val() {
-			// "<group>\0<seq>" for a grouped task, nil for another.
-			if s, ok := v.(string); ok {
-				if g, _, ok := strings.Cut(s, "\x00"); ok {
-					get(i, g).Running++
-				}
-			}
-		}
-	}
-	return nil
 }

@@ -30,11 +30,7 @@
 --      with tasks running, so that the settle that may let it run again
 --      knows to look, or twice g_out() when it left at its concurrency
 --      limit, so that no task made ready brings it back before such a settle
---      (a zero is removed: absent is zero; see g_count); nc: '1' while the
---      partition keeps no such counts nor marks (no group limit is set:
---      share.lua sets it, and deletes the counts; unsetting it counts the
---      running tasks again), so that leasing and settling a grouped task
---      costs no count; absent (as before any limits were set) they are kept;
+--      (a zero is removed: absent is zero; see g_count);
 --      h:<group> the task that holds an ordered group's place;
 --      t:<group> throttled until (ms); xf: set while a repartition to more
 --      partitions starts (enqueue.lua then refuses grouped tasks whose IDs
@@ -63,19 +59,11 @@ local function g_cache(G)
   G.a, G.dirty = {}, {}
 end
 
--- g_counting reports whether the partition keeps its groups' active counts
--- (s's nc is not set), read once per script (a caller that reads s anyway
--- may set G.on itself).
-local function g_counting(G)
-  if G.on == nil then G.on = redis.call('HEXISTS', G.s, 'nc') == 0 end
-  return G.on
-end
-
 -- g_prefetch reads, with one command, the counts of the groups at
 -- positions first, first + step, ... of list gs that the cache does not
 -- hold ('' and repeats are skipped).
 local function g_prefetch(G, gs, first, step)
-  if not G.a or not g_counting(G) then return end
+  if not G.a then return end
   local want, fields = {}, {}
   for i = first, #gs, step do
     local g = gs[i]
@@ -93,10 +81,8 @@ local function g_prefetch(G, gs, first, step)
   end
 end
 
--- g_active returns group g's active count (with its g_out marks); 0 while
--- no counts are kept.
+-- g_active returns group g's active count (with its g_out marks).
 local function g_active(G, g)
-  if not g_counting(G) then return 0 end
   if G.a then
     local v = G.a[g]
     if v == nil then
@@ -109,10 +95,8 @@ local function g_active(G, g)
 end
 
 -- g_count adds d to group g's active count and returns the new count; a
--- count of zero is deleted. While no counts are kept it does nothing and
--- returns 0.
+-- count of zero is deleted.
 local function g_count(G, g, d)
-  if not g_counting(G) then return 0 end
   if G.a then
     local v = g_active(G, g) + d
     G.a[g] = v

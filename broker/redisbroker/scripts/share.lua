@@ -5,8 +5,7 @@
 -- KEYS[2] pending list  KEYS[3] active zset  KEYS[4] layout meta
 -- KEYS[5] starts zset (start ms of the tasks started in the last period)
 -- KEYS[6] group rotation zset  KEYS[7] group state hash
--- KEYS[8] held-back groups zset  KEYS[9] ready grouped tasks
--- KEYS[10] grouped task IDs (gid of groups.lua)
+-- KEYS[8] held-back groups zset  KEYS[9] ready grouped tasks (groups.lua)
 -- ARGV[1] layout  ARGV[2] version of the queue's limits the settings come from
 -- ARGV[3] concurrency era ('' for no limit)  ARGV[4] event channel
 -- ARGV[5] partition  ARGV[6] rate era ('' for no limit)  ARGV[7] period ms
@@ -94,33 +93,6 @@ repeat
     end
   end
 until cursor == '0'
--- The groups' active counts are kept only while a group limit needs them
--- (groups.lua's nc). Switched off, they are deleted (the groups they kept
--- out of the rotation were put back above); switched on, they are counted
--- from the partition's running tasks, which this script sees all of.
-local limited = gc ~= '0' or gr ~= '0' or ord == '1'
-local counting = redis.call('HEXISTS', KEYS[7], 'nc') == 0
-if limited and not counting then
-  local n = {}
-  for _, id in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
-    local v = redis.call('HGET', KEYS[10], id)
-    local sep = v and string.find(v, '\0', 1, true)
-    if sep then
-      local g = string.sub(v, 1, sep - 1)
-      n[g] = (n[g] or 0) + 1
-    end
-  end
-  for g, k in pairs(n) do redis.call('HSET', KEYS[7], 'a:' .. g, string.format('%d', k)) end
-  redis.call('HDEL', KEYS[7], 'nc')
-elseif not limited and counting then
-  cursor = '0'
-  repeat
-    local r = redis.call('HSCAN', KEYS[7], cursor, 'MATCH', 'a:*', 'COUNT', 1000)
-    cursor = r[1]
-    for j = 1, #r[2], 2 do redis.call('HDEL', KEYS[7], r[2][j]) end
-  until cursor == '0'
-  redis.call('HSET', KEYS[7], 'nc', '1')
-end
 local c = redis.call('HGET', KEYS[1], 'c')
 if (redis.call('LLEN', KEYS[2]) > 0 or redis.call('ZCARD', KEYS[9]) > 0) and (not c or redis.call('ZCARD', KEYS[3]) < tonumber(c)) then
   redis.call('PUBLISH', ARGV[4], 'p' .. ARGV[5])
