@@ -64,7 +64,13 @@ if counted_before ~= counted then
   repeat
     local r = redis.call('HSCAN', KEYS[7], cursor, 'MATCH', 'a:*', 'COUNT', 1000)
     cursor = r[1]
-    for j = 1, #r[2], 2 do redis.call('HDEL', KEYS[7], r[2][j]) end
+    for j = 1, #r[2], 2 do
+      redis.call('HDEL', KEYS[7], r[2][j])
+      -- A group out of the rotation at its old limits gets a turn again
+      -- (see below: the loop there no longer finds its count).
+      local g = string.sub(r[2][j], 3)
+      if not redis.call('ZSCORE', KEYS[8], g) then redis.call('ZADD', KEYS[6], 'NX', 0, g) end
+    end
   until cursor == '0'
   if counted then
     local n, groups = {}, {}
