@@ -26,7 +26,7 @@
 --   s  hash: j: the last join number handed out; c: the cursor; lc: where
 --      Maintain's sweep of l stands (an HSCAN cursor); seq: the
 --      last enqueue sequence; a:<group> its
---      active tasks, plus g_out() while the group is out of the rotation
+--      active tasks (only while a group limit is set, see below), plus g_out() while the group is out of the rotation
 --      with tasks running, so that the settle that may let it run again
 --      knows to look, or twice g_out() when it left at its concurrency
 --      limit, so that no task made ready brings it back before such a settle
