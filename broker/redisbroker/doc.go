@@ -35,8 +35,9 @@
 //	<prefix>:{<queue>:<p>}:gq         zset: "<group>\0<seq><id>" of every ready grouped task, in group and enqueue order
 //	<prefix>:{<queue>:<p>}:gr         zset: the rotation: groups that may start a task, by when they joined
 //	<prefix>:{<queue>:<p>}:gw         zset: group -> until when it is held back (throttled, over its rate) (ms)
-//	<prefix>:{<queue>:<p>}:gs         hash: join number, cursor, sequence; per group its active tasks,
-//	                                  ordered holder and throttle (groups.lua's header has the fields)
+//	<prefix>:{<queue>:<p>}:gs         hash: join number, cursor, sequence; per group its active tasks (kept
+//	                                  only under a group limit), ordered holder and throttle
+//	                                  (groups.lua's header has the fields)
 //	<prefix>:{<queue>:<p>}:gid        hash: task ID -> "<group>\0<seq>" of every grouped task
 //	<prefix>:{<queue>:<p>}:gl         hash: group -> its start times within the GroupRate window
 //	<prefix>:{<queue>:<p>}:pg         hash: task ID -> progress "<percent>:<ms>:<note>"

@@ -16,11 +16,6 @@ import (
 	"github.com/tidequeue/tide/tidetype"
 )
 
-// groupOut is groups.lua's g_out(): the mark on a group's active count while
-// the group is out of the rotation with tasks running (twice it while the
-// group is at its concurrency limit), so the count is the value modulo it.
-const groupOut = 1 << 40
-
 // groupedID returns the task ID of a member of a partition's ready grouped
 // tasks ("<group>\0<8-byte sequence><id>", see groups.lua).
 func groupedID(member string) (string, bool) {
@@ -36,6 +31,9 @@ func groupedID(member string) (string, bool) {
 // with running tasks or a held place (at their limits): their number is
 // bounded by the groups in use, not by their tasks. Each one's backlog is
 // counted in the ready tasks (ZLEXCOUNT), and the largest are returned.
+// Running tasks are counted from the partition's active tasks and their
+// groups (the id hash): the groups' counts in the state hash are kept only
+// while a group limit is set (groups.lua).
 func (b *Broker) Groups(ctx context.Context, queue string, n int) ([]tidetype.GroupInfo, error) {
 	if err := b.check(); err != nil {
 		return nil, err
@@ -51,14 +49,28 @@ func (b *Broker) Groups(ctx context.Context, queue string, n int) ([]tidetype.Gr
 	rotation := make([]*redis.StringSliceCmd, l.total())
 	held := make([]*redis.ZSliceCmd, l.total())
 	state := make([]*redis.MapStringStringCmd, l.total())
+	active := make([]*redis.StringSliceCmd, l.total())
 	for i := range l.total() {
 		p := b.partAt(queue, l, i)
+		active[i] = pipe.ZRange(ctx, p.k("active"), 0, -1)
 		rotation[i] = pipe.ZRange(ctx, p.k("gr"), 0, -1)
 		held[i] = pipe.ZRangeWithScores(ctx, p.k("gw"), 0, -1) // throttled or over their rate
 		state[i] = pipe.HGetAll(ctx, p.k("gs"))
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, callErr("groups of "+queue, classify(err))
+	}
+	pipe = b.rdb.Pipeline()
+	activeGroups := make([]*redis.SliceCmd, l.total())
+	for i := range l.total() {
+		if ids := active[i].Val(); len(ids) > 0 {
+			activeGroups[i] = pipe.HMGet(ctx, b.partAt(queue, l, i).k("gid"), ids...)
+		}
+	}
+	if pipe.Len() > 0 {
+		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+			return nil, callErr("groups of "+queue, classify(err))
+		}
 	}
 	now := b.Now()
 	type key struct {
@@ -85,6 +97,15 @@ func (b *Broker) Groups(ctx context.Context, queue string, n int) ([]tidetype.Gr
 				get(i, g)
 			}
 		}
+		if activeGroups[i] != nil {
+			for _, v := range activeGroups[i].Val() {
+				if s, ok := v.(string); ok {
+					if g, _, ok := strings.Cut(s, "\x00"); ok {
+						get(i, g).Running++
+					}
+				}
+			}
+		}
 		for _, z := range held[i].Val() {
 			g, _ := z.Member.(string)
 			later(get(i, g), time.UnixMilli(int64(z.Score)))
@@ -95,11 +116,6 @@ func (b *Broker) Groups(ctx context.Context, queue string, n int) ([]tidetype.Gr
 				continue // turn, u, seq
 			}
 			switch kind {
-			case "a":
-				// The count, with groups.lua's g_out mark when the group is
-				// out of the rotation.
-				x, _ := strconv.ParseInt(v, 10, 64)
-				get(i, g).Running += int(max(x%groupOut, 0))
 			case "h":
 				get(i, g)
 			case "t":

@@ -14,15 +14,19 @@ import (
 	"github.com/tidequeue/tide/tidetype"
 )
 
-// TestGroupActiveCounts: the group state hash counts, for each group, the
-// tasks running (dequeue and settle read and write the counts of a batch
-// at once), and holds a count only while the group has tasks running, so
-// that it stays a small hash whatever the number of groups.
+// TestGroupActiveCounts: under a group limit the group state hash counts,
+// for each group, the tasks running (dequeue and settle read and write the
+// counts of a batch at once), and holds a count only while the group has
+// tasks running, so that it stays a small hash whatever the number of
+// groups. (Without a group limit no count is kept: TestGroupCountsUnlimited.)
 func TestGroupActiveCounts(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	ctx := context.Background()
 	const q, groups, per = "gcounts", 40, 3
+	if err := e.b.SetQueueLimits(ctx, q, tidetype.QueueLimits{GroupConcurrency: 100}); err != nil {
+		t.Fatal(err)
+	}
 	for g := range groups {
 		for i := range per {
 			mustEnqueue(t, e.b, broker.EnqueueOptions{}, groupMsg(q, fmt.Sprintf("t%d", i), fmt.Sprintf("g%02d", g)))
@@ -100,6 +104,114 @@ func TestGroupActiveCounts(t *testing.T) {
 		if len(ds) == 0 && len(held) == 0 {
 			break
 		}
+	}
+}
+
+// groupCounts returns the running counts (a:<group> fields, modulo the
+// g_out mark) of partition 0 of queue q.
+func groupCounts(t *testing.T, e env, q string) map[string]int64 {
+	t.Helper()
+	state, err := e.rdb.HGetAll(context.Background(), e.prefix+":{"+q+":0}:gs").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int64{}
+	for f, v := range state {
+		if g, ok := strings.CutPrefix(f, "a:"); ok {
+			x, _ := strconv.ParseInt(v, 10, 64)
+			out[g] = x % (1 << 40)
+		}
+	}
+	return out
+}
+
+// TestGroupCountsUnlimited: without a group limit no running counts are
+// kept; a GroupConcurrency set while grouped tasks run holds at once (the
+// counts are rebuilt from the running tasks), and unsetting it drops the
+// counts and lets the group that waited at its limit run again at once.
+func TestGroupCountsUnlimited(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	const q = "gcountsfree"
+	for i := range 8 {
+		mustEnqueue(t, e.b, broker.EnqueueOptions{}, groupMsg(q, fmt.Sprintf("t%d", i), "g"))
+	}
+	dequeue := func(n int) []*broker.Delivery {
+		t.Helper()
+		var out []*broker.Delivery
+		for len(out) < n { // a call serves a group at most twice
+			ds, err := e.b.Dequeue(ctx, []string{q}, n-len(out), time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(ds) == 0 {
+				break
+			}
+			out = append(out, ds...)
+		}
+		return out
+	}
+	settle := func(ds ...*broker.Delivery) {
+		t.Helper()
+		for _, d := range ds {
+			errs, err := e.b.Settle(ctx, []broker.Settlement{{Lease: d.Lease(), Kind: broker.SettleDone, Task: d.Task, At: time.Now()}})
+			if err != nil || errs[0] != nil {
+				t.Fatalf("settle %s: %v %v", d.Task.ID, err, errs)
+			}
+		}
+	}
+	inG := dequeue(3)
+	if len(inG) != 3 {
+		t.Fatalf("%d tasks started, want 3", len(inG))
+	}
+	if c := groupCounts(t, e, q); len(c) != 0 {
+		t.Fatalf("counts %v kept without a group limit", c)
+	}
+	// Three of g run; a limit of 2 set now holds g until two have ended.
+	if err := e.b.SetQueueLimits(ctx, q, tidetype.QueueLimits{GroupConcurrency: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if c := groupCounts(t, e, q); c["g"] != 3 || len(c) != 1 {
+		t.Fatalf("counts %v after the limit was set, want g: 3", c)
+	}
+	if ds := dequeue(5); len(ds) != 0 {
+		t.Fatalf("%d tasks of g started with 3 running under GroupConcurrency 2", len(ds))
+	}
+	settle(inG[0])
+	if ds := dequeue(5); len(ds) != 0 {
+		t.Fatalf("%d tasks of g started with 2 running under GroupConcurrency 2", len(ds))
+	}
+	settle(inG[1])
+	ds := dequeue(5)
+	if len(ds) != 1 {
+		t.Fatalf("%d tasks of g started with 1 running under GroupConcurrency 2, want 1", len(ds))
+	}
+	// g is at its limit (2 running) and out of the rotation: unsetting the
+	// limit drops the counts and lets it run its other tasks at once.
+	if err := e.b.SetQueueLimits(ctx, q, tidetype.QueueLimits{}); err != nil {
+		t.Fatal(err)
+	}
+	if c := groupCounts(t, e, q); len(c) != 0 {
+		t.Fatalf("counts %v kept after the group limit was unset", c)
+	}
+	rest := dequeue(10)
+	if len(rest) != 4 {
+		t.Fatalf("%d tasks started after the limit was unset, want the 4 left", len(rest))
+	}
+	settle(append(append(rest, ds...), inG[2])...)
+	if c := groupCounts(t, e, q); len(c) != 0 {
+		t.Fatalf("counts %v left after every task ended", c)
+	}
+	// Set again with nothing running: no count, and the limit holds.
+	for i := range 3 {
+		mustEnqueue(t, e.b, broker.EnqueueOptions{}, groupMsg(q, fmt.Sprintf("v%d", i), "g"))
+	}
+	if err := e.b.SetQueueLimits(ctx, q, tidetype.QueueLimits{GroupConcurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if ds := dequeue(3); len(ds) != 1 {
+		t.Fatalf("%d tasks of g started under GroupConcurrency 1, want 1", len(ds))
 	}
 }
 

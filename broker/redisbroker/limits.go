@@ -148,7 +148,7 @@ func groupLimits(l tidetype.QueueLimits, hold bool) string {
 func (b *Broker) shareCall(p part, v int64, ce, re string, per time.Duration, g string) *call {
 	return &call{
 		script: b.s.share,
-		keys:   p.keys("lim", "pending", "active", "meta", "starts", "gr", "gs", "gw", "gq"),
+		keys:   p.keys("lim", "pending", "active", "meta", "starts", "gr", "gs", "gw", "gq", "gid"),
 		args:   []any{p.layout, v, ce, p.channel, p.idx, re, per.Milliseconds(), g},
 		queue:  p.queue,
 	}

@@ -168,6 +168,7 @@ else
   -- here costs a few commands only.
   release_held(G, now)
   local gc, grl, gper, ord, hold = tonumber(lim[4]), tonumber(lim[5]), tonumber(lim[6]), lim[7] == '1', lim[8] == '1'
+  g_uncounted(G, lim[4], lim[5], lim[7]) -- no group limit: no counts kept
   local c = redis.call('HGET', G.s, 'c')
   local ungrouped = redis.call('LLEN', KEYS[2])
   if ungrouped > 0 and not hold then g_join(G, '') end -- the ungrouped tasks take turns too

@@ -26,7 +26,7 @@
 --   s  hash: j: the last join number handed out; c: the cursor; lc: where
 --      Maintain's sweep of l stands (an HSCAN cursor); seq: the
 --      last enqueue sequence; a:<group> its
---      active tasks, plus g_out() while the group is out of the rotation
+--      active tasks (only while a group limit is set, see below), plus g_out() while the group is out of the rotation
 --      with tasks running, so that the settle that may let it run again
 --      knows to look, or twice g_out() when it left at its concurrency
 --      limit, so that no task made ready brings it back before such a settle
@@ -41,10 +41,23 @@
 --      the group rate's window, trimmed as it starts tasks
 -- A group limit comes from the partition's limits hash: gc (concurrency),
 -- gr and gper (rate), ord ('1' ordered); groups are never split, so these
--- are the queue's values, not shares.
+-- are the queue's values, not shares. Without any of them s holds no a:
+-- fields: a group then leaves the rotation only when nothing is ready and
+-- a task made ready brings it back, so no count is needed, and the scripts
+-- skip them (G.nc, set by g_uncounted); share.lua rebuilds the counts from
+-- the active tasks when a group limit is set, and drops them when the last
+-- is unset, in the same script that changes the limits.
 
 local function g_keys(i)
   return {q = KEYS[i], r = KEYS[i + 1], w = KEYS[i + 2], s = KEYS[i + 3], id = KEYS[i + 4], l = KEYS[i + 5]}
+end
+
+-- g_uncounted marks G as a partition without group limits (gc, gr, ord
+-- are the limits hash's fields, nil or false when unset): its groups'
+-- active counts are not kept (g_active is 0, g_count does nothing).
+local function g_uncounted(G, gc, gr, ord)
+  G.nc = not gc and not gr and ord ~= '1'
+  return G.nc
 end
 
 -- A group's active count (s's a:<group>) is read and written through
@@ -56,6 +69,7 @@ end
 -- count that reaches zero is deleted (absent is zero), so that s stays a
 -- small hash of the groups with tasks running.
 local function g_cache(G)
+  if G.nc then return end
   G.a, G.dirty = {}, {}
 end
 
@@ -83,6 +97,7 @@ end
 
 -- g_active returns group g's active count (with its g_out marks).
 local function g_active(G, g)
+  if G.nc then return 0 end
   if G.a then
     local v = G.a[g]
     if v == nil then
@@ -97,6 +112,7 @@ end
 -- g_count adds d to group g's active count and returns the new count; a
 -- count of zero is deleted.
 local function g_count(G, g, d)
+  if G.nc then return 0 end
   if G.a then
     local v = g_active(G, g) + d
     G.a[g] = v

@@ -57,7 +57,12 @@ local limit = tonumber(ARGV[8])
 local forwarded, recovered, more = 0, 0, false
 local was_empty = nil
 local G = g_keys(15)
-if redis.call('EXISTS', G.id) == 0 then G = nil end
+if redis.call('EXISTS', G.id) == 0 then
+  G = nil
+else
+  local gl = redis.call('HMGET', KEYS[25], 'gc', 'gr', 'ord')
+  g_uncounted(G, gl[1], gl[2], gl[3])
+end
 local woke = false
 local W = w_keys(22)
 local E = ev_new(KEYS[26], ARGV[14])

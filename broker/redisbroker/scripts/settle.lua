@@ -65,7 +65,7 @@ local out = {}
 local requeued, first_retry = 0, nil
 local processed, failed, finished = 0, 0, 0
 local before = earliest(KEYS[8], KEYS[4])
-local lim = redis.call('HMGET', KEYS[15], 'c', 'ord', 'ct')
+local lim = redis.call('HMGET', KEYS[15], 'c', 'ord', 'ct', 'gc', 'gr')
 local share = tonumber(lim[1] or '-1')
 local was_full = share >= 0 and redis.call('ZCARD', KEYS[2]) >= share
 -- A partition capped under its slots (ct: other partitions want them) that
@@ -75,10 +75,10 @@ local was_capped = cap and cap < share and redis.call('ZCARD', KEYS[2]) >= cap
 local G = g_keys(16)
 if redis.call('EXISTS', G.id) == 0 then
   G = nil
-else
+elseif not g_uncounted(G, lim[4], lim[5], lim[2]) then
   -- The groups' active counts are read with one command and written with
   -- one or two at the end (g_flush); so are the grouped IDs of done tasks
-  -- deleted (forgot).
+  -- deleted (forgot). Without group limits none are kept (groups.lua).
   g_cache(G)
   G.a['?'] = 0 -- not a group: the settlement's caller did not know it
   g_prefetch(G, ARGV, 21, 9)

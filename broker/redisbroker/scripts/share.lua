@@ -6,6 +6,7 @@
 -- KEYS[5] starts zset (start ms of the tasks started in the last period)
 -- KEYS[6] group rotation zset  KEYS[7] group state hash
 -- KEYS[8] held-back groups zset  KEYS[9] ready grouped tasks (groups.lua)
+-- KEYS[10] grouped task IDs hash (task ID -> "<group>\0<seq>", groups.lua)
 -- ARGV[1] layout  ARGV[2] version of the queue's limits the settings come from
 -- ARGV[3] concurrency era ('' for no limit)  ARGV[4] event channel
 -- ARGV[5] partition  ARGV[6] rate era ('' for no limit)  ARGV[7] period ms
@@ -20,6 +21,10 @@
 -- era than the limit's (the limit was switched on since) starts with none;
 -- without the limit it loses them. When the settings leave room for tasks
 -- that wait, idle servers are woken ("p" event).
+-- The groups' active counts (a:<group> in the group state) are kept only
+-- while a group limit (gc, gr, ord) is set (groups.lua): the first group
+-- limit set rebuilds them from the partition's active tasks, and unsetting
+-- the last drops them, here, so that no lease or settle sees them half made.
 if redis.call('GET', KEYS[4]) == 'retired' then return 0 end
 local bad = layout_error(KEYS[4], ARGV[1])
 if bad then return bad end
@@ -47,6 +52,41 @@ end
 local gc, gr, gper, ord, hold = string.match(ARGV[8], '^(%d+):(%d+):(%d+):([01]):([01])$')
 local function set(f, v)
   if v == nil or v == '0' then redis.call('HDEL', KEYS[1], f) else redis.call('HSET', KEYS[1], f, v) end
+end
+local had = redis.call('HMGET', KEYS[1], 'gc', 'gr', 'ord')
+local counted_before = had[1] or had[2] or had[3] == '1'
+local counted = gc ~= '0' or gr ~= '0' or ord == '1'
+if counted_before ~= counted then
+  -- Drop the counts (a:<group>), then, when a group limit is switched on,
+  -- count the active tasks by group (the active zset is bounded by the
+  -- partition's running tasks; each grouped task's group is in KEYS[10]).
+  local cursor = '0'
+  repeat
+    local r = redis.call('HSCAN', KEYS[7], cursor, 'MATCH', 'a:*', 'COUNT', 1000)
+    cursor = r[1]
+    for j = 1, #r[2], 2 do
+      redis.call('HDEL', KEYS[7], r[2][j])
+      -- A group out of the rotation at its old limits gets a turn again
+      -- (see below: the loop there no longer finds its count).
+      local g = string.sub(r[2][j], 3)
+      if not redis.call('ZSCORE', KEYS[8], g) then redis.call('ZADD', KEYS[6], 'NX', 0, g) end
+    end
+  until cursor == '0'
+  if counted then
+    local n, groups = {}, {}
+    local active = redis.call('ZRANGE', KEYS[3], 0, -1)
+    for i = 1, #active, 1000 do
+      local vs = redis.call('HMGET', KEYS[10], unpack(active, i, math.min(i + 999, #active)))
+      for j = 1, #vs do
+        if vs[j] then
+          local g = string.sub(vs[j], 1, string.find(vs[j], '\0', 1, true) - 1)
+          if not n[g] then groups[#groups + 1] = g end
+          n[g] = (n[g] or 0) + 1
+        end
+      end
+    end
+    for _, g in ipairs(groups) do redis.call('HSET', KEYS[7], 'a:' .. g, string.format('%d', n[g])) end
+  end
 end
 set('gc', gc)
 set('gr', gr)
