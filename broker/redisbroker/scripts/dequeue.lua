@@ -166,9 +166,9 @@ else
   -- limit (see groups.lua). Due scheduled and retry tasks are made ready by
   -- the partition's maintainer (which a due time wakes), so that each call
   -- here costs a few commands only.
+  g_uncounted(G, lim[4], lim[5], lim[7]) -- no group limit: no counts kept
   release_held(G, now)
   local gc, grl, gper, ord, hold = tonumber(lim[4]), tonumber(lim[5]), tonumber(lim[6]), lim[7] == '1', lim[8] == '1'
-  g_uncounted(G, lim[4], lim[5], lim[7]) -- no group limit: no counts kept
   local c = redis.call('HGET', G.s, 'c')
   local ungrouped = redis.call('LLEN', KEYS[2])
   if ungrouped > 0 and not hold then g_join(G, '') end -- the ungrouped tasks take turns too

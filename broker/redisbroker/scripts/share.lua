@@ -6,7 +6,7 @@
 -- KEYS[5] starts zset (start ms of the tasks started in the last period)
 -- KEYS[6] group rotation zset  KEYS[7] group state hash
 -- KEYS[8] held-back groups zset  KEYS[9] ready grouped tasks (groups.lua)
--- KEYS[10] grouped task IDs hash (task ID -> "<group>\0<seq>", groups.lua)
+-- KEYS[10] grouped task IDs (gid of groups.lua: task ID -> "<group>\0<seq>")
 -- ARGV[1] layout  ARGV[2] version of the queue's limits the settings come from
 -- ARGV[3] concurrency era ('' for no limit)  ARGV[4] event channel
 -- ARGV[5] partition  ARGV[6] rate era ('' for no limit)  ARGV[7] period ms
