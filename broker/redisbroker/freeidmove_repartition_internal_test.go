@@ -38,10 +38,13 @@ func TestFreeIDReplaceAcrossPartitionsDuringARepartition(t *testing.T) {
 		name  string
 		into  string
 		ahead bool // the repartition moved the task before the Replace
+		put   bool // a drain step wrote the task's new pointer, then stopped (the take found the task gone or active)
 	}{
-		{"WaitingInTheOldSpan", away, false},
-		{"MovedAlready", away, true},
-		{"IntoTheIDsPartition", home, false},
+		{"WaitingInTheOldSpan", away, false, false},
+		{"MovedAlready", away, true, false},
+		{"IntoTheIDsPartition", home, false, false},
+		{"PointerPutAhead", away, false, true},
+		{"PointerPutAheadIntoTheIDsPartition", home, false, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -64,6 +67,11 @@ func TestFreeIDReplaceAcrossPartitionsDuringARepartition(t *testing.T) {
 			l, err := b.startRepartition(ctx, q, 3)
 			if err != nil || l.old == nil {
 				t.Fatalf("startRepartition: %+v, %v", l, err)
+			}
+			if c.put {
+				if r, err := b.idsText(ctx, b.partOf(q, l, id), "put", id, newNonce(), from); err != nil || r != "1" {
+					t.Fatalf("put: %q, %v", r, err)
+				}
 			}
 			if c.ahead {
 				o, _ := b.oldPartOf(q, l, from)
@@ -114,6 +122,71 @@ func TestFreeIDReplaceAcrossPartitionsDuringARepartition(t *testing.T) {
 			}
 			if _, err := b.GetTask(ctx, q, id); !errors.Is(err, broker.ErrTaskNotFound) {
 				t.Fatalf("GetTask after it ran: %v", err)
+			}
+		})
+	}
+}
+
+// A drain step that wrote a task's pointer in the new span and stopped
+// there (its take found the task gone or running) leaves that pointer; a
+// Delete of the task, still waiting in the old span, and an Enqueue of the
+// ID into a group of another partition then leave one task, which the
+// repartition does not meet twice.
+func TestFreeIDDeleteAndEnqueueAfterAPutDuringARepartition(t *testing.T) {
+	t.Parallel()
+	const id = "order-cancel:42"
+	group := func(ok func(p6, p3 int) bool) string {
+		for i := 0; ; i++ {
+			if g := "shop-" + strconv.Itoa(i); ok(broker.Partition(g, 6), broker.Partition(g, 3)) {
+				return g
+			}
+		}
+	}
+	in6, in3 := broker.Partition(id, 6), broker.Partition(id, 3)
+	from := group(func(p6, p3 int) bool { return p6 != in6 && p3 != in3 })
+	fp := broker.Partition(from, 3)
+	away := group(func(_, p3 int) bool { return p3 != fp && p3 != in3 })
+	for _, replace := range []bool{false, true} {
+		t.Run("Replace="+strconv.FormatBool(replace), func(t *testing.T) {
+			t.Parallel()
+			b := New(redistest.Client(t, redistest.Addr(t)), WithPrefix(redistest.Prefix(t)), WithPartitions(6))
+			t.Cleanup(func() { _ = b.Close() })
+			ctx := context.Background()
+			const q = "putdel"
+			enqueue := func(g, payload string, replace bool) error {
+				now := time.Now()
+				m := &tidetype.TaskInfo{ID: id, Queue: q, Type: "t", Payload: []byte(payload), State: tidetype.StatePending, MaxRetry: 3, NextProcessAt: now, EnqueuedAt: now, Group: g}
+				errs, err := b.Enqueue(ctx, []*tidetype.TaskInfo{m}, broker.EnqueueOptions{Replace: replace})
+				if err == nil {
+					err = errs[0]
+				}
+				return err
+			}
+			if err := enqueue(from, "first", false); err != nil {
+				t.Fatal(err)
+			}
+			l, err := b.startRepartition(ctx, q, 3)
+			if err != nil || l.old == nil {
+				t.Fatalf("startRepartition: %+v, %v", l, err)
+			}
+			if r, err := b.idsText(ctx, b.partOf(q, l, id), "put", id, newNonce(), from); err != nil || r != "1" {
+				t.Fatalf("put: %q, %v", r, err)
+			}
+			if err := b.Delete(ctx, q, id); err != nil {
+				t.Fatalf("Delete: %v", err)
+			}
+			if err := enqueue(away, "again", replace); err != nil {
+				t.Fatalf("Enqueue into %s: %v", away, err)
+			}
+			if err := b.Repartition(ctx, q, 3, nil); err != nil {
+				t.Fatal(err)
+			}
+			recs, ptrs := newSpanIndex(t, b, l, q, id)
+			if gp := broker.Partition(away, 3); len(recs) != 1 || recs[0] != gp {
+				t.Fatalf("records in %v, want one in %d (pointers %+v)", recs, gp, ptrs)
+			}
+			if got, err := b.GetTask(ctx, q, id); err != nil || got.Group != away || string(got.Payload) != "again" {
+				t.Fatalf("GetTask: %+v, %v", got, err)
 			}
 		})
 	}

@@ -14,8 +14,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/broker/redisbroker"
+	"github.com/tidequeue/tide/broker/redisbroker/internal/codec"
 	"github.com/tidequeue/tide/internal/faultproxy"
 	"github.com/tidequeue/tide/internal/testwait"
 	"github.com/tidequeue/tide/tidetype"
@@ -389,21 +392,8 @@ func movesUnderLoad(t *testing.T, to int) {
 			rctx, cancel := context.WithTimeout(ctx, time.Minute)
 			defer cancel()
 			if err := e.b.Repartition(rctx, q, to, nil); err != nil {
-				keys, _ := e.rdb.Keys(ctx, e.prefix+":{"+q+":*").Result()
-				var left []string
-				for _, k := range keys {
-					switch {
-					case strings.HasSuffix(k, "}:t") || strings.HasSuffix(k, "}:xl"):
-						m, _ := e.rdb.HGetAll(ctx, k).Result()
-						for f, v := range m {
-							left = append(left, fmt.Sprintf("%s[%s]=%q", k, f, v[:min(len(v), 3)]))
-						}
-					case strings.HasSuffix(k, "}:active"):
-						ids, _ := e.rdb.ZRange(ctx, k, 0, -1).Result()
-						left = append(left, fmt.Sprintf("%s %v", k, ids))
-					}
-				}
-				t.Errorf("Repartition: %v; keys %v", err, left)
+				left := dumpIDs(e.rdb, e.prefix, q, ids)
+				t.Errorf("Repartition: %v; what holds the IDs:\n%s", err, strings.Join(left, "\n"))
 			}
 		})
 	}
@@ -586,4 +576,54 @@ func TestFreeIDWaitFollowsAMove(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("Wait did not learn the moved task's end")
 	}
+}
+
+// dumpIDs describes, for a failed run, every entry of queue q (all spans)
+// that holds one of ids: records (state, group, moving), placeholders,
+// pointers in full (state, nonce, time, groups), leavers, the active set,
+// pointers' looks and a repartition's moving and reserved entries.
+func dumpIDs(rdb *redis.Client, prefix, q string, ids []string) []string {
+	ctx := context.Background()
+	keys, _ := rdb.Keys(ctx, prefix+":{"+q+":*").Result()
+	slices.Sort(keys)
+	want := map[string]bool{}
+	for _, id := range ids {
+		want[id] = true
+	}
+	var out []string
+	for _, k := range keys {
+		typ, _ := rdb.Type(ctx, k).Result()
+		switch typ {
+		case "hash":
+			m, _ := rdb.HGetAll(ctx, k).Result()
+			for f, v := range m {
+				if !want[f] {
+					continue
+				}
+				out = append(out, fmt.Sprintf("%s[%s] = %s", k, f, describeEntry(q, f, v)))
+			}
+		case "zset":
+			zs, _ := rdb.ZRangeWithScores(ctx, k, 0, -1).Result()
+			for _, z := range zs {
+				if m, _ := z.Member.(string); want[m] {
+					out = append(out, fmt.Sprintf("%s %s @%.0f", k, m, z.Score))
+				}
+			}
+		}
+	}
+	return out
+}
+
+// describeEntry reads a hash value of the free-ID index or a task record.
+func describeEntry(q, id, v string) string {
+	switch {
+	case strings.HasPrefix(v, "\x00g") && len(v) >= 19:
+		return fmt.Sprintf("pointer %s nonce %s at+groups %q", v[2:3], v[3:19], v[19:])
+	case v == "\x00mv":
+		return "placeholder"
+	}
+	if t, err := codec.DecodeHeader(q, id, []byte(v)); err == nil {
+		return fmt.Sprintf("record state %v group %q moving %v", t.State, t.Group, codec.Moving([]byte(v)))
+	}
+	return fmt.Sprintf("%q", v[:min(len(v), 40)])
 }
