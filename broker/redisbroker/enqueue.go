@@ -111,12 +111,13 @@ func (b *Broker) Enqueue(ctx context.Context, tasks []*tidetype.TaskInfo, opts b
 	}
 }
 
-// enqueueState holds a single Enqueue's outcome, ownership and indexes,
-// allocated together.
+// enqueueState holds a single Enqueue's outcome, ownership, indexes and
+// call, allocated together.
 type enqueueState struct {
-	errs [1]error
-	own  [1]bool
-	todo [1]int
+	errs  [1]error
+	own   [1]bool
+	todo  [1]int
+	calls [1]*call // enqueueNow's
 }
 
 // enqueueSome enqueues the tasks at indexes todo, writing their outcomes
@@ -214,9 +215,10 @@ func (b *Broker) drawID(t *tidetype.TaskInfo, l layout) string {
 func (b *Broker) enqueueNow(ctx context.Context, items []item, opts broker.EnqueueOptions) ([]error, error) {
 	var errs []error
 	var todo []int
+	var oneCalls []*call
 	if len(items) == 1 { // the common single Enqueue: one allocation
 		one := new(enqueueState)
-		errs, todo = one.errs[:], one.todo[:]
+		errs, todo, oneCalls = one.errs[:], one.todo[:], one.calls[:]
 	} else {
 		errs = make([]error, len(items))
 		todo = make([]int, len(items))
@@ -236,7 +238,10 @@ func (b *Broker) enqueueNow(ctx context.Context, items []item, opts broker.Enque
 	for round := 0; len(todo) > 0; round++ {
 		var again []int
 		groups := b.groupItems(items, todo)
-		calls := make([]*call, len(groups))
+		calls := oneCalls
+		if len(groups) != 1 || calls == nil {
+			calls = make([]*call, len(groups))
+		}
 		for gi, g := range groups {
 			calls[gi] = b.enqueueCall(g.p, items, g.idx)
 		}
