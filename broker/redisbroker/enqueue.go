@@ -80,9 +80,17 @@ func (b *Broker) Enqueue(ctx context.Context, tasks []*tidetype.TaskInfo, opts b
 	if len(tasks) == 0 {
 		return nil, nil
 	}
-	errs := make([]error, len(tasks))
-	own := make([]bool, len(tasks))
-	todo := make([]int, len(tasks))
+	var errs []error
+	var own []bool
+	var todo []int
+	if len(tasks) == 1 { // the common single Enqueue: one allocation
+		one := new(enqueueState)
+		errs, own, todo = one.errs[:], one.own[:], one.todo[:]
+	} else {
+		errs = make([]error, len(tasks))
+		own = make([]bool, len(tasks))
+		todo = make([]int, len(tasks))
+	}
 	for i, t := range tasks {
 		own[i], todo[i] = t.ID == "", i
 	}
@@ -101,6 +109,15 @@ func (b *Broker) Enqueue(ctx context.Context, tasks []*tidetype.TaskInfo, opts b
 		}
 		todo = again
 	}
+}
+
+// enqueueState holds a single Enqueue's outcome, ownership, indexes and
+// call, allocated together.
+type enqueueState struct {
+	errs  [1]error
+	own   [1]bool
+	todo  [1]int
+	calls [1]*call // enqueueNow's
 }
 
 // enqueueSome enqueues the tasks at indexes todo, writing their outcomes
@@ -196,8 +213,16 @@ func (b *Broker) drawID(t *tidetype.TaskInfo, l layout) string {
 // gets its own error; an ID the broker chose that the script proves to be
 // another task's is drawn again and sent again.
 func (b *Broker) enqueueNow(ctx context.Context, items []item, opts broker.EnqueueOptions) ([]error, error) {
-	errs := make([]error, len(items))
-	todo := make([]int, len(items))
+	var errs []error
+	var todo []int
+	var oneCalls []*call
+	if len(items) == 1 { // the common single Enqueue: one allocation
+		one := new(enqueueState)
+		errs, todo, oneCalls = one.errs[:], one.todo[:], one.calls[:]
+	} else {
+		errs = make([]error, len(items))
+		todo = make([]int, len(items))
+	}
 	for i := range todo {
 		todo[i] = i
 	}
@@ -213,7 +238,10 @@ func (b *Broker) enqueueNow(ctx context.Context, items []item, opts broker.Enque
 	for round := 0; len(todo) > 0; round++ {
 		var again []int
 		groups := b.groupItems(items, todo)
-		calls := make([]*call, len(groups))
+		calls := oneCalls
+		if len(groups) != 1 || calls == nil {
+			calls = make([]*call, len(groups))
+		}
 		for gi, g := range groups {
 			calls[gi] = b.enqueueCall(g.p, items, g.idx)
 		}

@@ -21,8 +21,11 @@ type group struct {
 
 func (b *Broker) groupItems(items []item, idx []int) []*group {
 	if len(idx) == 1 { // the common single Enqueue: no map
+		// The group and the slice that holds it share one allocation.
 		it := items[idx[0]]
-		return []*group{{p: b.partOf(it.t.Queue, it.lay, storeKey(it.t)), idx: idx}}
+		one := &oneGroup{g: group{p: b.partOf(it.t.Queue, it.lay, storeKey(it.t)), idx: idx}}
+		one.s[0] = &one.g
+		return one.s[:]
 	}
 	var gs grouping
 	for _, i := range idx {
@@ -30,6 +33,13 @@ func (b *Broker) groupItems(items []item, idx []int) []*group {
 		gs.add(b.partOf(it.t.Queue, it.lay, storeKey(it.t)), i)
 	}
 	return gs.order
+}
+
+// oneGroup holds a lone group and the slice naming it, allocated together
+// (groupItems for one element).
+type oneGroup struct {
+	g group
+	s [1]*group
 }
 
 // grouping collects element indexes by partition, in the order partitions
@@ -183,17 +193,22 @@ func (b *Broker) enqueueOneCall(p part, it item) *call {
 		bit = slotBits[repliesPerCache+slot]
 	}
 	t := it.t
-	c := &call{
-		script: b.s.enqueueOne,
-		argv: []any{"evalsha", b.oneSHA, 4, p.one[0], p.one[1], p.one[2], key.boxed[0],
-			p.one[3], bit, exp, p.one[4], t.ID, codec.Encode(t, 0)},
-		queue: p.queue,
-	}
+	// The call and its command share one allocation.
+	oc := &oneCall{argv: [13]any{"evalsha", b.oneSHA, 4, p.one[0], p.one[1], p.one[2], key.boxed[0],
+		p.one[3], bit, exp, p.one[4], t.ID, codec.Encode(t, 0)}}
+	c := &oc.call
+	c.script, c.argv, c.queue = b.s.enqueueOne, oc.argv[:], p.queue
 	if setExp {
 		c.expiry = [2]string{p.base, key.name}
 		c.slots = true
 	}
 	return c
+}
+
+// oneCall is enqueueOneCall's call with its EVALSHA command beside it.
+type oneCall struct {
+	call
+	argv [13]any
 }
 
 // slotBits are the bits that claim reply slots (enqueue_one.lua's

@@ -33,22 +33,34 @@ func init() { holdWait.Store(int64(10 * time.Second)) }
 // the new way. A hold that lasts past holdWait or ctx (a repartition that
 // stopped before it recorded its layout) leaves the refusal as it is.
 func (b *Broker) waitHolds(ctx context.Context, tasks []*tidetype.TaskInfo, todo []int, errs []error) {
-	done := map[string]bool{}
+	var done map[string]bool // made on the first held task: most calls have none
 	for _, i := range todo {
-		var held heldError
-		if !errors.As(errs[i], &held) {
+		if !isHeld(errs[i]) {
 			continue
 		}
 		q := tasks[i].Queue
 		ok, seen := done[q]
 		if !seen {
 			ok = b.waitHold(ctx, q)
+			if done == nil {
+				done = map[string]bool{}
+			}
 			done[q] = ok
 		}
 		if ok {
 			errs[i] = fmt.Errorf("%w: %w: queue %q: a repartition held grouped tasks with free IDs back; its new layout is recorded now", broker.ErrUnavailable, broker.ErrLayout, q)
 		}
 	}
+}
+
+// isHeld reports whether err is a heldError; the target errors.As needs
+// is only made for an error.
+func isHeld(err error) bool {
+	if err == nil {
+		return false
+	}
+	var held heldError
+	return errors.As(err, &held)
 }
 
 // waitHold waits until queue's layout differs from the one it reads first

@@ -1,0 +1,6 @@
+//go:build race
+
+package tide_test
+
+// raceOn: the race detector is on; it adds allocations of its own.
+const raceOn = true
