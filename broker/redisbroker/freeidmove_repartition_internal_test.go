@@ -9,7 +9,6 @@ import (
 
 	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/internal/redistest"
-	"github.com/tidequeue/tide/tidetype"
 )
 
 // While a repartition runs, Replace moves a waiting grouped task with a
@@ -52,15 +51,7 @@ func TestFreeIDReplaceAcrossPartitionsDuringARepartition(t *testing.T) {
 			t.Cleanup(func() { _ = b.Close() })
 			ctx := context.Background()
 			const q = "moverep"
-			enqueue := func(g, payload string, replace bool) error {
-				now := time.Now()
-				m := &tidetype.TaskInfo{ID: id, Queue: q, Type: "t", Payload: []byte(payload), State: tidetype.StatePending, MaxRetry: 3, NextProcessAt: now, EnqueuedAt: now, Group: g}
-				errs, err := b.Enqueue(ctx, []*tidetype.TaskInfo{m}, broker.EnqueueOptions{Replace: replace})
-				if err == nil {
-					err = errs[0]
-				}
-				return err
-			}
+			enqueue := func(g, payload string, replace bool) error { return enqueueOne(ctx, b, q, id, g, payload, replace) }
 			if err := enqueue(from, "first", false); err != nil {
 				t.Fatal(err)
 			}
@@ -153,15 +144,7 @@ func TestFreeIDDeleteAndEnqueueAfterAPutDuringARepartition(t *testing.T) {
 			t.Cleanup(func() { _ = b.Close() })
 			ctx := context.Background()
 			const q = "putdel"
-			enqueue := func(g, payload string, replace bool) error {
-				now := time.Now()
-				m := &tidetype.TaskInfo{ID: id, Queue: q, Type: "t", Payload: []byte(payload), State: tidetype.StatePending, MaxRetry: 3, NextProcessAt: now, EnqueuedAt: now, Group: g}
-				errs, err := b.Enqueue(ctx, []*tidetype.TaskInfo{m}, broker.EnqueueOptions{Replace: replace})
-				if err == nil {
-					err = errs[0]
-				}
-				return err
-			}
+			enqueue := func(g, payload string, replace bool) error { return enqueueOne(ctx, b, q, id, g, payload, replace) }
 			if err := enqueue(from, "first", false); err != nil {
 				t.Fatal(err)
 			}

@@ -66,15 +66,7 @@ func TestStaleRepartitionStepKeepsTheNewSpans(t *testing.T) {
 			t.Cleanup(func() { _ = b.Close() })
 			ctx := context.Background()
 			const q = "stale"
-			enqueue := func(g, payload string, replace bool) error {
-				now := time.Now()
-				m := &tidetype.TaskInfo{ID: id, Queue: q, Type: "t", Payload: []byte(payload), State: tidetype.StatePending, MaxRetry: 3, NextProcessAt: now, EnqueuedAt: now, Group: g}
-				errs, err := b.Enqueue(ctx, []*tidetype.TaskInfo{m}, broker.EnqueueOptions{Replace: replace})
-				if err == nil {
-					err = errs[0]
-				}
-				return err
-			}
+			enqueue := func(g, payload string, replace bool) error { return enqueueOne(ctx, b, q, id, g, payload, replace) }
 			if err := enqueue(from, "first", false); err != nil {
 				t.Fatal(err)
 			}
@@ -156,4 +148,16 @@ func newSpanIndex(t *testing.T, b *Broker, l layout, q, id string) (recs []int, 
 		}
 	}
 	return recs, ptrs
+}
+
+// enqueueOne enqueues a pending task with ID id into group g of queue q of
+// b, carrying payload, with or without Replace, and returns its outcome.
+func enqueueOne(ctx context.Context, b *Broker, q, id, g, payload string, replace bool) error {
+	now := time.Now()
+	m := &tidetype.TaskInfo{ID: id, Queue: q, Type: "t", Payload: []byte(payload), State: tidetype.StatePending, MaxRetry: 3, NextProcessAt: now, EnqueuedAt: now, Group: g}
+	errs, err := b.Enqueue(ctx, []*tidetype.TaskInfo{m}, broker.EnqueueOptions{Replace: replace})
+	if err == nil {
+		err = errs[0]
+	}
+	return err
 }

@@ -53,6 +53,21 @@ local gc, gr, gper, ord, hold = string.match(ARGV[8], '^(%d+):(%d+):(%d+):([01])
 local function set(f, v)
   if v == nil or v == '0' then redis.call('HDEL', KEYS[1], f) else redis.call('HSET', KEYS[1], f, v) end
 end
+-- drop_state deletes the group state's fields that match pattern ('a:*'
+-- counts, 'h:*' ordered places) and gives each of their groups a turn in
+-- the rotation unless it is held back until a time.
+local function drop_state(pattern)
+  local cursor = '0'
+  repeat
+    local r = redis.call('HSCAN', KEYS[7], cursor, 'MATCH', pattern, 'COUNT', 1000)
+    cursor = r[1]
+    for j = 1, #r[2], 2 do
+      redis.call('HDEL', KEYS[7], r[2][j])
+      local g = string.sub(r[2][j], 3)
+      if not redis.call('ZSCORE', KEYS[8], g) then redis.call('ZADD', KEYS[6], 'NX', 0, g) end
+    end
+  until cursor == '0'
+end
 local had = redis.call('HMGET', KEYS[1], 'gc', 'gr', 'ord')
 local counted_before = had[1] or had[2] or had[3] == '1'
 local counted = gc ~= '0' or gr ~= '0' or ord == '1'
@@ -60,18 +75,9 @@ if counted_before ~= counted then
   -- Drop the counts (a:<group>), then, when a group limit is switched on,
   -- count the active tasks by group (the active zset is bounded by the
   -- partition's running tasks; each grouped task's group is in KEYS[10]).
-  local cursor = '0'
-  repeat
-    local r = redis.call('HSCAN', KEYS[7], cursor, 'MATCH', 'a:*', 'COUNT', 1000)
-    cursor = r[1]
-    for j = 1, #r[2], 2 do
-      redis.call('HDEL', KEYS[7], r[2][j])
-      -- A group out of the rotation at its old limits gets a turn again
-      -- (see below: the loop there no longer finds its count).
-      local g = string.sub(r[2][j], 3)
-      if not redis.call('ZSCORE', KEYS[8], g) then redis.call('ZADD', KEYS[6], 'NX', 0, g) end
-    end
-  until cursor == '0'
+  -- A group out of the rotation at its old limits gets a turn again (the
+  -- loop below no longer finds its count).
+  drop_state('a:*')
   if counted then
     local n, groups = {}, {}
     local active = redis.call('ZRANGE', KEYS[3], 0, -1)
@@ -96,16 +102,7 @@ if ord ~= '1' and redis.call('HGET', KEYS[1], 'ord') == '1' then
   -- settle of a group's task only looks for one while ordered); the groups
   -- that waited for a holder (one waiting to be retried) get a turn again
   -- with the others below.
-  local cursor = '0'
-  repeat
-    local r = redis.call('HSCAN', KEYS[7], cursor, 'MATCH', 'h:*', 'COUNT', 1000)
-    cursor = r[1]
-    for j = 1, #r[2], 2 do
-      redis.call('HDEL', KEYS[7], r[2][j])
-      local g = string.sub(r[2][j], 3)
-      if not redis.call('ZSCORE', KEYS[8], g) then redis.call('ZADD', KEYS[6], 'NX', 0, g) end
-    end
-  until cursor == '0'
+  drop_state('h:*')
 end
 set('ord', ord)
 set('gh', hold)
