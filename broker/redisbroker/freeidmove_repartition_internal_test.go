@@ -21,18 +21,8 @@ import (
 func TestFreeIDReplaceAcrossPartitionsDuringARepartition(t *testing.T) {
 	t.Parallel()
 	const id = "order-cancel:42"
-	group := func(ok func(p6, p3 int) bool) string {
-		for i := 0; ; i++ {
-			if g := "shop-" + strconv.Itoa(i); ok(broker.Partition(g, 6), broker.Partition(g, 3)) {
-				return g
-			}
-		}
-	}
-	in6, in3 := broker.Partition(id, 6), broker.Partition(id, 3)
-	from := group(func(p6, p3 int) bool { return p6 != in6 && p3 != in3 })
-	fp := broker.Partition(from, 3)
-	away := group(func(_, p3 int) bool { return p3 != fp && p3 != in3 })
-	home := group(func(_, p3 int) bool { return p3 == in3 })
+	from, away, home := repartitionGroups(id)
+	in3 := broker.Partition(id, 3)
 	for _, c := range []struct {
 		name  string
 		into  string
@@ -126,17 +116,7 @@ func TestFreeIDReplaceAcrossPartitionsDuringARepartition(t *testing.T) {
 func TestFreeIDDeleteAndEnqueueAfterAPutDuringARepartition(t *testing.T) {
 	t.Parallel()
 	const id = "order-cancel:42"
-	group := func(ok func(p6, p3 int) bool) string {
-		for i := 0; ; i++ {
-			if g := "shop-" + strconv.Itoa(i); ok(broker.Partition(g, 6), broker.Partition(g, 3)) {
-				return g
-			}
-		}
-	}
-	in6, in3 := broker.Partition(id, 6), broker.Partition(id, 3)
-	from := group(func(p6, p3 int) bool { return p6 != in6 && p3 != in3 })
-	fp := broker.Partition(from, 3)
-	away := group(func(_, p3 int) bool { return p3 != fp && p3 != in3 })
+	from, away, _ := repartitionGroups(id)
 	for _, replace := range []bool{false, true} {
 		t.Run("Replace="+strconv.FormatBool(replace), func(t *testing.T) {
 			t.Parallel()
@@ -173,4 +153,24 @@ func TestFreeIDDeleteAndEnqueueAfterAPutDuringARepartition(t *testing.T) {
 			}
 		})
 	}
+}
+
+// repartitionGroups picks groups for a task with the free ID id in a queue
+// repartitioned from 6 partitions to 3: from is in neither of the ID's
+// partitions; away, in the new span, is in neither the ID's partition nor
+// from's; home is in the ID's partition of the new span.
+func repartitionGroups(id string) (from, away, home string) {
+	group := func(ok func(p6, p3 int) bool) string {
+		for i := 0; ; i++ {
+			if g := "shop-" + strconv.Itoa(i); ok(broker.Partition(g, 6), broker.Partition(g, 3)) {
+				return g
+			}
+		}
+	}
+	in6, in3 := broker.Partition(id, 6), broker.Partition(id, 3)
+	from = group(func(p6, p3 int) bool { return p6 != in6 && p3 != in3 })
+	fp := broker.Partition(from, 3)
+	away = group(func(_, p3 int) bool { return p3 != fp && p3 != in3 })
+	home = group(func(_, p3 int) bool { return p3 == in3 })
+	return from, away, home
 }
