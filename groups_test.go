@@ -600,13 +600,17 @@ func TestOrderedHolderGoesFirstWhenBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A is enqueued first but due later; B runs first, fails, and is
-	// retried after A became due.
-	if _, err := e.c.Enqueue(ctx, tide.NewTask("step", []byte("A")), tide.Queue(q), tide.Group("acct"), tide.ProcessIn(150*time.Millisecond)); err != nil {
+	// retried after A became due. A is made due from B's first attempt
+	// (RunTask), not by a short ProcessIn, so that a server slow to start
+	// cannot find A due before B has taken the group's place.
+	a, err := e.c.Enqueue(ctx, tide.NewTask("step", []byte("A")), tide.Queue(q), tide.Group("acct"), tide.ProcessIn(time.Hour))
+	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.c.Enqueue(ctx, tide.NewTask("step", []byte("B")), tide.Queue(q), tide.Group("acct")); err != nil {
 		t.Fatal(err)
 	}
+	in := tide.NewInspector(e.b)
 	var mu sync.Mutex
 	var order []string
 	done := make(chan struct{}, 2)
@@ -619,6 +623,9 @@ func TestOrderedHolderGoesFirstWhenBack(t *testing.T) {
 		order = append(order, fmt.Sprint(string(task.Payload()), n))
 		mu.Unlock()
 		if string(task.Payload()) == "B" && n == 0 {
+			if err := in.RunTask(ctx, q, a.ID); err != nil {
+				return fmt.Errorf("RunTask(A): %w: %w", err, tide.SkipRetry)
+			}
 			return errors.New("first attempt fails")
 		}
 		done <- struct{}{}
