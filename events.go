@@ -84,8 +84,11 @@ type EventsFrom struct {
 //
 // While a queue is repartitioned the events of its old and new partitions
 // are all delivered (tokens cover both); a task that moves has events in
-// both, whose relative order is not defined. Deleting a queue drops its
-// events.
+// both, whose relative order is not defined. The old partitions' events go
+// when the repartition retires them: a reading that starts after that
+// (EventsOldest included) sees only the events of the new partitions, so
+// a consumer that must see every event follows the queue while it is
+// repartitioned. Deleting a queue drops its events.
 //
 // Events needs a broker that implements broker.EventReader (both shipped
 // brokers do) and returns ErrNotSupported otherwise. It is safe for

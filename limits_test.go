@@ -277,7 +277,8 @@ func idsPerPartition(prefix string, n, per int) []string {
 	return ids
 }
 
-// starts records when handlers start.
+// starts records when handlers start (the tests count them; rates are
+// checked on the broker's started events, see leaseStarts).
 type starts struct {
 	mu sync.Mutex
 	at []time.Time
@@ -295,21 +296,69 @@ func (s *starts) len() int {
 	return len(s.at)
 }
 
-// checkRate fails when more than limit starts fall in a window shorter than
-// per. The broker's windows are exact on the Redis clock; a handler starts a
-// little after its task was handed out, by a delay that varies (scheduling,
-// the race detector), so the window checked here is per less that jitter:
-// limit+1 consecutive starts must span at least per-jitter.
-func checkRate(t *testing.T, s *starts, limit int, per time.Duration) {
+// recordStarts turns on queue's task events (Inspector.SetQueueEvents) and
+// follows them from then on; the function it returns waits until n
+// started events were read (at most ten seconds) and returns when they
+// were recorded, in time order. Each is recorded on the Redis clock in the
+// script that leases the task, so a rate window checked on them
+// (checkRate) is the broker's own, with no handler start-up delay in it.
+// They are read as they come: a repartition drops the streams of the
+// partitions it retires.
+func recordStarts(t *testing.T, b broker.Broker, queue string) func(n int) []time.Time {
 	t.Helper()
-	const jitter = 200 * time.Millisecond
-	s.mu.Lock()
-	at := slices.Clone(s.at)
-	s.mu.Unlock()
-	slices.SortFunc(at, func(a, b time.Time) int { return a.Compare(b) })
-	for i := 0; i+limit < len(at); i++ {
-		if span := at[i+limit].Sub(at[i]); span < per-jitter {
-			t.Fatalf("starts %d to %d (%d starts) came within %v, under Rate %d/%v", i, i+limit, limit+1, span, limit, per)
+	ctx, cancel := context.WithCancel(context.Background())
+	in := tide.NewInspector(b)
+	if err := in.SetQueueEvents(ctx, queue, true); err != nil {
+		t.Fatal(err)
+	}
+	evs, err := in.Events(ctx, tide.EventsFrom{Queues: []string{queue}, After: tide.EventsOldest})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var at []time.Time
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ev := range evs {
+			if ev.Kind == tide.EventStarted {
+				mu.Lock()
+				at = append(at, ev.At)
+				mu.Unlock()
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return func(n int) []time.Time {
+		t.Helper()
+		var got []time.Time
+		testwait.For(t, 10*time.Second, fmt.Sprintf("%d started events of queue %s", n, queue), func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			got = slices.Clone(at)
+			return len(got) >= n
+		})
+		slices.SortFunc(got, func(a, b time.Time) int { return a.Compare(b) })
+		return got
+	}
+}
+
+// eventSlack is how much later than the lease it records an event's time
+// may be: the script reads the clock again when it writes its events.
+const eventSlack = 5 * time.Millisecond
+
+// checkRate fails when limit+1 of the lease times at (in time order, from
+// recordStarts) from index from on, with the limit before them, came
+// within per (less eventSlack).
+func checkRate(t *testing.T, at []time.Time, from, limit int, per time.Duration) {
+	t.Helper()
+	for j := max(from, limit); j < len(at); j++ {
+		if i := j - limit; at[j].Sub(at[i]) < per-eventSlack {
+			t.Fatalf("starts %d to %d (%d starts, %d of them before index %d) came within %v on the Redis clock, under Rate %d/%v",
+				i, j, limit+1, max(0, from-i), from, at[j].Sub(at[i]), limit, per)
 		}
 	}
 }
@@ -327,6 +376,7 @@ func TestQueueLimitsRate(t *testing.T) {
 			ctx := context.Background()
 			const q, limit, per, tasks = "limrate", 20, time.Second, 70
 			var st starts
+			leaseStarts := recordStarts(t, e.b, q)
 			h := tide.HandlerFunc(func(ctx context.Context, _ *tide.Task) error {
 				st.add()
 				return nil
@@ -343,7 +393,7 @@ func TestQueueLimitsRate(t *testing.T) {
 				}
 			}
 			testwait.For(t, 30*time.Second, "every task to run", func() bool { return st.len() == tasks })
-			checkRate(t, &st, limit, per)
+			checkRate(t, leaseStarts(tasks), 0, limit, per)
 		})
 	}
 }
@@ -357,6 +407,7 @@ func TestQueueLimitsRateRepartition(t *testing.T) {
 	ctx := context.Background()
 	const q, limit, per, tasks = "limraterep", 20, time.Second, 70
 	var st starts
+	leaseStarts := recordStarts(t, e.b, q)
 	cfg := tide.Config{
 		Concurrency: 10, Queues: map[string]int{q: 1},
 		QueueLimits: map[string]tide.QueueLimits{q: {Concurrency: 8, Rate: tide.Rate{Limit: limit, Per: per}}},
@@ -378,7 +429,7 @@ func TestQueueLimitsRateRepartition(t *testing.T) {
 		t.Fatal(err)
 	}
 	testwait.For(t, 30*time.Second, "every task to run", func() bool { return st.len() == tasks })
-	checkRate(t, &st, limit, per)
+	checkRate(t, leaseStarts(tasks), 0, limit, per)
 	if got, err := tide.NewInspector(e.b).QueueLimits(ctx, q); err != nil || got != cfg.QueueLimits[q] {
 		t.Fatalf("QueueLimits after repartitioning = %+v, %v; want %+v", got, err, cfg.QueueLimits[q])
 	}
