@@ -257,7 +257,7 @@ func TestClusterFailoverReplicaBehindWaitForReplicas(t *testing.T) {
 }
 
 func clusterFailover(t *testing.T, opts []tide.Option, lag time.Duration) {
-	c := redistest.StartCluster(t, 3, 1)
+	c := redistest.StartFailoverCluster(t, 3, 1)
 	prefix := redistest.Prefix(t)
 	victim := c.Masters[1]
 	var victimParts []int

@@ -18,11 +18,18 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// ClusterNodeTimeout is the cluster-node-timeout of the clusters StartCluster
-// starts: a master unreachable for this long is flagged as failing and its
-// replica takes over about half a second to two seconds later. It is short
-// so that failover tests stay quick.
+// ClusterNodeTimeout is the cluster-node-timeout of the clusters
+// StartFailoverCluster starts: a master unreachable for this long is
+// flagged as failing and its replica takes over about half a second to two
+// seconds later. It is short so that failover tests stay quick.
 const ClusterNodeTimeout = 1000 * time.Millisecond
+
+// SteadyNodeTimeout is the cluster-node-timeout of the clusters
+// StartCluster starts, for tests that kill no node: long enough that a
+// node stalled by a loaded machine (the whole suite on two cores) is not
+// taken for a failed one, which would fail over and answer CLUSTERDOWN
+// meanwhile.
+const SteadyNodeTimeout = 5 * time.Second
 
 // clusterWait bounds how long StartCluster and WaitHealthy wait for the
 // cluster to form or heal; generous, for a loaded machine.
@@ -52,8 +59,23 @@ type Cluster struct {
 // and waits until every node reports cluster_state:ok with all 16384 slots
 // covered and every replica in sync. It skips t when redis-cli is not
 // installed and fails t when redis-server is not, or the cluster does not
-// form in time. Every node is killed when t ends.
+// form in time. Every node is killed when t ends. Its nodes take a master
+// for failed after SteadyNodeTimeout; tests that kill masters use
+// StartFailoverCluster.
 func StartCluster(t testing.TB, masters, replicasPerMaster int) *Cluster {
+	t.Helper()
+	return startCluster(t, masters, replicasPerMaster, SteadyNodeTimeout)
+}
+
+// StartFailoverCluster is StartCluster with a cluster-node-timeout of
+// ClusterNodeTimeout, so that a killed master's replica takes over within
+// a few seconds.
+func StartFailoverCluster(t testing.TB, masters, replicasPerMaster int) *Cluster {
+	t.Helper()
+	return startCluster(t, masters, replicasPerMaster, ClusterNodeTimeout)
+}
+
+func startCluster(t testing.TB, masters, replicasPerMaster int, nodeTimeout time.Duration) *Cluster {
 	t.Helper()
 	if masters < 3 {
 		t.Fatalf("StartCluster: a cluster needs at least 3 masters, not %d", masters)
@@ -84,7 +106,7 @@ func StartCluster(t testing.TB, masters, replicasPerMaster int) *Cluster {
 	n := masters * (1 + replicasPerMaster)
 	addrs := make([]string, 0, n)
 	for range n {
-		s, args := startClusterNode(t, bin)
+		s, args := startClusterNode(t, bin, nodeTimeout)
 		c.nodes[s.Addr] = s
 		c.args[s.Addr] = args
 		addrs = append(addrs, s.Addr)
@@ -140,7 +162,7 @@ func StartCluster(t testing.TB, masters, replicasPerMaster int) *Cluster {
 
 // startClusterNode starts one cluster-enabled redis-server on a free port
 // whose cluster bus port (port+10000) is free too, retrying on port races.
-func startClusterNode(t testing.TB, bin string) (*Server, []string) {
+func startClusterNode(t testing.TB, bin string, nodeTimeout time.Duration) (*Server, []string) {
 	t.Helper()
 	dir := t.TempDir()
 	var lastErr error
@@ -157,7 +179,7 @@ func startClusterNode(t testing.TB, bin string) (*Server, []string) {
 			"--save", "", "--appendonly", "no", "--logfile", filepath.Join(dir, "redis.log"),
 			"--protected-mode", "no",
 			"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-node-timeout", strconv.FormatInt(ClusterNodeTimeout.Milliseconds(), 10),
+			"--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10),
 			// Let a replica take over however long its link was down.
 			"--cluster-replica-validity-factor", "0",
 			"--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0",
