@@ -178,3 +178,120 @@ func TestSetQueueLimitsAcrossARepartitionsEnd(t *testing.T) {
 		t.Fatalf("Dequeue of a grouped task after the repartition: %d tasks, %v; want 1", len(ds), err)
 	}
 }
+
+// A GroupConcurrency set while a repartition moves groups whose tasks run
+// (a queue that had no group limit, so no running counts were kept): while
+// the move runs no group whose task runs starts another (the repartition
+// holds grouped starts; without that hold a second task of such a group
+// starts here), and neither the move nor the running tasks' settlements
+// in the old partitions leave a count behind in the new ones: after the
+// repartition every group starts one task at a time, none held by a stale
+// count, none over the limit, until all have run. Half of the running
+// tasks settle before the limit is set and half after.
+func TestGroupLimitSetWhileARepartitionMovesGroups(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	const q, groups, per = "glimmove", 8, 3
+	var ms []*tidetype.TaskInfo
+	for i := range per {
+		for g := range groups {
+			ms = append(ms, groupMsg(q, fmt.Sprintf("t%d", i), fmt.Sprintf("g%d", g)))
+		}
+	}
+	mustEnqueue(t, e.b, broker.EnqueueOptions{}, ms...)
+	// No group limit: the rotation hands out one task of each group.
+	running, err := e.b.Dequeue(ctx, []string{q}, groups, time.Minute)
+	if err != nil || len(running) != groups {
+		t.Fatalf("Dequeue: %d tasks, %v; want %d", len(running), err, groups)
+	}
+	seen := map[string]bool{}
+	for _, d := range running {
+		if seen[d.Task.Group] {
+			t.Fatalf("two tasks of group %s started without a limit before the rotation went round", d.Task.Group)
+		}
+		seen[d.Task.Group] = true
+	}
+	settle := func(ds []*broker.Delivery) {
+		t.Helper()
+		for _, d := range ds {
+			errs, err := e.b.Settle(ctx, []broker.Settlement{{Lease: d.Lease(), Kind: broker.SettleDone, Task: d.Task}})
+			if err != nil || errs[0] != nil {
+				t.Errorf("Settle %s: %v %v", d.Task.ID, err, errs)
+			}
+		}
+	}
+	settle(running[:groups/2])
+	var once sync.Once
+	set := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- e.b.Repartition(ctx, q, 4, func(moved, left int) {
+			if moved == 0 {
+				return
+			}
+			once.Do(func() {
+				defer close(set)
+				if err := e.b.SetQueueLimits(ctx, q, tidetype.QueueLimits{GroupConcurrency: 1}); err != nil {
+					t.Errorf("SetQueueLimits while the repartition moves groups: %v", err)
+				}
+			})
+		})
+	}()
+	select {
+	case <-set:
+	case err := <-done:
+		t.Fatalf("the repartition ended (%v) before it moved a task while the others ran", err)
+	}
+	// Meanwhile the groups whose tasks still run start nothing more.
+	extra, err := e.b.Dequeue(ctx, []string{q}, 100, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range extra {
+		for _, r := range running[groups/2:] {
+			if r.Task.Group == d.Task.Group {
+				t.Errorf("%s of group %s started while %s of its group ran, under GroupConcurrency 1", d.Task.ID, d.Task.Group, r.Task.ID)
+			}
+		}
+	}
+	settle(extra)
+	settle(running[groups/2:])
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if t.Failed() {
+		return
+	}
+	// What is left (per-1 tasks a group) runs one task of a group at a time.
+	ran := map[string]int{}
+	for round := 0; ; round++ {
+		ds, err := e.b.Dequeue(ctx, []string{q}, 100, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ds) == 0 {
+			break
+		}
+		at := map[string]bool{}
+		for _, d := range ds {
+			if at[d.Task.Group] {
+				t.Fatalf("round %d: two tasks of group %s run at once under GroupConcurrency 1", round, d.Task.Group)
+			}
+			at[d.Task.Group] = true
+			ran[d.Task.Group]++
+		}
+		settle(ds)
+		if round > 2*per {
+			t.Fatalf("still handing out tasks after %d rounds", round)
+		}
+	}
+	for _, d := range extra {
+		ran[d.Task.Group]++
+	}
+	for g := range groups {
+		if n := ran[fmt.Sprintf("g%d", g)]; n != per-1 {
+			t.Errorf("group g%d ran %d of its %d tasks left after the repartition (a stale running count holds it)", g, n, per-1)
+		}
+	}
+}
