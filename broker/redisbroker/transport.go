@@ -47,6 +47,9 @@ type call struct {
 
 	cmd *redis.Cmd
 	err error // after run: nil, or classified (see classify)
+	// unsure: a send of this call got no reply, so it may have run; a
+	// send after it that the layout check refuses tells nothing about it.
+	unsure bool
 }
 
 // plainRefused is the reply of a plain script that changed nothing because
@@ -201,6 +204,14 @@ func (b *Broker) runOnce(ctx context.Context, calls []*call) {
 			c.err = classify(c.cmd.Err())
 			if lerr, ok := b.layoutRefused(c.queue, c.cmd.Err()); ok {
 				c.err = lerr
+				if c.unsure {
+					// The check runs before the reply cache: the send
+					// that got no reply may have run under the old
+					// layout. Not sent again: the layout stays new.
+					c.err = fmt.Errorf("%w: %w: queue %q: a call sent again after no reply met a new layout, so whether its first send was applied is not known",
+						broker.ErrUnavailable, broker.ErrOutcomeUnknown, c.queue)
+					continue
+				}
 			}
 			if c.err == nil && c.expiry[0] != "" && wroteCache(c.cmd) {
 				if c.slots {
@@ -210,6 +221,7 @@ func (b *Broker) runOnce(ctx context.Context, calls []*call) {
 				}
 			}
 			if errors.Is(c.err, broker.ErrOutcomeUnknown) {
+				c.unsure = true
 				again = append(again, c)
 			}
 		}
