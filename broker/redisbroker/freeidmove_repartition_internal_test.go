@@ -174,3 +174,72 @@ func repartitionGroups(id string) (from, away, home string) {
 	home = group(func(_, p3 int) bool { return p3 == in3 })
 	return from, away, home
 }
+
+// A Delete looks the task up before a drain step writes its pointer and
+// placeholder in the new span, and reaches the old partition after the
+// step took the task there (flagged as moving). The step places its copy
+// of the task later: the Delete must not delete the old record and release
+// the old pointer before the placeholder is gone, or the task lives on in
+// the new span, the old span shows nothing, and an enqueue of the ID into
+// another group meanwhile releases the step's new pointer (a placeholder
+// is no task) and stores a second record. (Not parallel: the hook is
+// global.)
+func TestFreeIDDeleteWhileADrainStepMovesTheTask(t *testing.T) {
+	const id = "order-cancel:42"
+	from, away, _ := repartitionGroups(id)
+	b := New(redistest.Client(t, redistest.Addr(t)), WithPrefix(redistest.Prefix(t)), WithPartitions(6))
+	t.Cleanup(func() { _ = b.Close() })
+	ctx := context.Background()
+	const q = "deltake"
+	enqueue := func(g, payload string) error { return enqueueOne(ctx, b, q, id, g, payload, false) }
+	if err := enqueue(from, "first"); err != nil {
+		t.Fatal(err)
+	}
+	l, err := b.startRepartition(ctx, q, 3)
+	if err != nil || l.old == nil {
+		t.Fatalf("startRepartition: %+v, %v", l, err)
+	}
+	o, _ := b.oldPartOf(q, l, from)
+	var ms []moved
+	var stepErr error
+	stepped := false
+	f := func(queue, rid string, p part) {
+		if queue != q || rid != id || !p.old || stepped {
+			return
+		}
+		// The drain step: pointer and placeholder in the new span, take.
+		stepped = true
+		peek, err := b.moveCall(ctx, o, "peekids", id).Slice()
+		if err == nil {
+			ms, err = b.reserveAndTake(ctx, l, o, peek)
+		}
+		stepErr = err
+	}
+	beforeRemove.Store(&f)
+	t.Cleanup(func() { beforeRemove.Store(nil) })
+	derr := b.Delete(ctx, q, id)
+	beforeRemove.Store(nil)
+	if stepErr != nil || !stepped || len(ms) != 1 {
+		t.Fatalf("drain step: took %d, %v (ran: %v)", len(ms), stepErr, stepped)
+	}
+	if derr != nil {
+		t.Fatalf("Delete: %v", derr)
+	}
+	// An enqueue of the ID before the step places what it took.
+	if err := enqueue(away, "again"); err != nil {
+		t.Fatalf("Enqueue into %s: %v", away, err)
+	}
+	if err := b.place(ctx, l, o, ms); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Repartition(ctx, q, 3, nil); err != nil {
+		t.Fatal(err)
+	}
+	recs, ptrs := newSpanIndex(t, b, l, q, id)
+	if gp := broker.Partition(away, 3); len(recs) != 1 || recs[0] != gp || len(ptrs) != 1 || ptrs[0].group != away {
+		t.Fatalf("records in %v, pointers %+v; want one record in %d and one pointer naming %s", recs, ptrs, gp, away)
+	}
+	if got, err := b.GetTask(ctx, q, id); err != nil || got.Group != away || string(got.Payload) != "again" {
+		t.Fatalf("GetTask: %+v, %v", got, err)
+	}
+}

@@ -41,6 +41,10 @@ var afterClaim atomic.Pointer[func(id string) error]
 // lookup by ID and before the removal it leads to.
 var afterLookup atomic.Pointer[func(id string)]
 
+// beforeRemove, when set (by tests), runs in Delete and Cancel before the
+// removal in each partition the lookup led to.
+var beforeRemove atomic.Pointer[func(queue, id string, p part)]
+
 // pointerLook is how long after a pointer is confirmed the maintainer of
 // its partition first looks whether its task is still there.
 const pointerLook = 10 * time.Second

@@ -106,7 +106,7 @@ const (
 	removeInternal   = "6" // a workflow follow-up, left alone
 	removeFollowed   = "7" // cancelstep: gone, but its follow-up is stored
 	removeFinished   = "8" // cancelstep: finished, left as it is
-	removePointer    = "9" // a free ID's pointer written since the lookup: look again
+	removePointer    = "9" // a free ID's pointer written since the lookup, or a record a repartition took: look again
 )
 
 // remove runs remove.lua with op on one task, in the task's partition, and
@@ -127,8 +127,12 @@ func (b *Broker) remove(ctx context.Context, queue, id, op string) error {
 	// lookup found nothing there (an enqueue's claim, a repartition's
 	// move of the task): remove.lua leaves it alone and the lookup runs
 	// again, so the pointer is followed rather than taken for a record.
+	// A record a repartition has taken may yet be placed in the new span:
+	// remove.lua deletes it only once this lookup removed its placeholder
+	// (answer 9 otherwise, and the lookup runs again).
 look:
 	for try := 0; ; try++ {
+		ph := "0"
 		where, err := b.resolve(ctx, queue, l, id)
 		if err != nil {
 			return err
@@ -138,6 +142,9 @@ look:
 		}
 		for _, f := range where {
 			p := f.p
+			if f := beforeRemove.Load(); f != nil {
+				(*f)(queue, id, p)
+			}
 			rid, cache, exp, _ := b.request(p)
 			here := "0" // the ID's own partition (of its span)
 			if slices.ContainsFunc(b.lookup(queue, l, id), func(i part) bool { return i.base == p.base }) {
@@ -146,7 +153,7 @@ look:
 			c := &call{
 				script: b.s.remove,
 				keys:   append(append(append(p.keys("t", "pending", "scheduled", "retry", "archived", "completed", "result", "active", "u", "meta"), cache, p.k("moving"), p.k("h")), append(p.groupKeys(), p.endKeys()...)...), p.k(eventsKey), p.k("xl"), p.k("x")),
-				args:   []any{p.layout, rid, exp, id, op, p.channel, b.doneChannel(queue), b.eventsArg(p), p.idTag, p.idx, here},
+				args:   []any{p.layout, rid, exp, id, op, p.channel, b.doneChannel(queue), b.eventsArg(p), p.idTag, p.idx, here, ph},
 				queue:  queue,
 			}
 			b.run(ctx, []*call{c})
@@ -162,6 +169,9 @@ look:
 					return fmt.Errorf("%w: %s %s/%s: its index entry keeps changing", broker.ErrUnavailable, op, queue, id)
 				}
 				continue look
+			}
+			if reply == removeMovingHere {
+				ph = "1"
 			}
 			if reply != removeNotFound && reply != removeMovingHere {
 				code = reply

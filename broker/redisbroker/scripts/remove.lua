@@ -16,6 +16,11 @@
 --   while a Replace moves it out of it (relocate.lua, leave 'i') leaves
 --   the move's claim (ids.lua, 'v') in its place, so that the ID stays
 --   taken for the task the move stores in its new group
+-- ARGV[12] '1' when this lookup removed the task's placeholder in the new
+--   span (answer '5' before): only then is a record that a repartition has
+--   taken (flagged as moving, in the moving zset) deleted or cancelled,
+--   else the answer is '9' and the caller looks again (the step that took
+--   it would place its copy over the placeholder)
 -- op 'delete': delete a task that is not active.
 -- op 'cancel': delete a task that is not active, or record the cancellation
 --   of an active one (flag in its record, read by Extend and Settle) and
@@ -32,7 +37,8 @@
 -- its placeholder is removed, the caller removes it there too; '6' a
 -- workflow follow-up (rec_flowfu), which is left alone; '7' and '8' as
 -- above; '9' a free ID's pointer (ids.lua) stands here, written since the
--- caller looked: it is left alone (not cached) and the caller looks again.
+-- caller looked, or a record a repartition has taken while ARGV[12] is not
+-- '1': it is left alone (not cached) and the caller looks again.
 -- A flow's step that has not finished is archived instead of deleted
 -- ("deleted by an operator", "cancelled"), which is its end: its follow-up
 -- is stored (fu_end) so that its flow learns. A deleted task's waiters are
@@ -76,6 +82,9 @@ if rec_absent(rec) then
   return answer('5')
 end
 if string.sub(rec, 1, 2) == '\0g' then return '9' end -- a pointer is no task
+if ARGV[12] ~= '1' and op ~= 'cancelactive' and rec_ok(rec) and rec_moving(rec) and redis.call('ZSCORE', KEYS[12], id) then
+  return '9' -- a repartition took it: its placeholder goes first
+end
 if rec_flowfu(rec) then return answer('6') end -- tide's own bookkeeping
 local st = nil
 if rec_ok(rec) then st = rec_state(rec)
