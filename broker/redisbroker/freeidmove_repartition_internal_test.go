@@ -37,18 +37,9 @@ func TestFreeIDReplaceAcrossPartitionsDuringARepartition(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			b := New(redistest.Client(t, redistest.Addr(t)), WithPrefix(redistest.Prefix(t)), WithPartitions(6))
-			t.Cleanup(func() { _ = b.Close() })
-			ctx := context.Background()
 			const q = "moverep"
-			enqueue := func(g, payload string, replace bool) error { return enqueueOne(ctx, b, q, id, g, payload, replace) }
-			if err := enqueue(from, "first", false); err != nil {
-				t.Fatal(err)
-			}
-			l, err := b.startRepartition(ctx, q, 3)
-			if err != nil || l.old == nil {
-				t.Fatalf("startRepartition: %+v, %v", l, err)
-			}
+			ctx := context.Background()
+			b, l, enqueue := repartitionStarted(t, q, id, from)
 			if c.put {
 				if r, err := b.idsText(ctx, b.partOf(q, l, id), "put", id, newNonce(), from); err != nil || r != "1" {
 					t.Fatalf("put: %q, %v", r, err)
@@ -120,18 +111,9 @@ func TestFreeIDDeleteAndEnqueueAfterAPutDuringARepartition(t *testing.T) {
 	for _, replace := range []bool{false, true} {
 		t.Run("Replace="+strconv.FormatBool(replace), func(t *testing.T) {
 			t.Parallel()
-			b := New(redistest.Client(t, redistest.Addr(t)), WithPrefix(redistest.Prefix(t)), WithPartitions(6))
-			t.Cleanup(func() { _ = b.Close() })
-			ctx := context.Background()
 			const q = "putdel"
-			enqueue := func(g, payload string, replace bool) error { return enqueueOne(ctx, b, q, id, g, payload, replace) }
-			if err := enqueue(from, "first", false); err != nil {
-				t.Fatal(err)
-			}
-			l, err := b.startRepartition(ctx, q, 3)
-			if err != nil || l.old == nil {
-				t.Fatalf("startRepartition: %+v, %v", l, err)
-			}
+			ctx := context.Background()
+			b, l, enqueue := repartitionStarted(t, q, id, from)
 			if r, err := b.idsText(ctx, b.partOf(q, l, id), "put", id, newNonce(), from); err != nil || r != "1" {
 				t.Fatalf("put: %q, %v", r, err)
 			}

@@ -60,20 +60,9 @@ func TestStaleRepartitionStepKeepsTheNewSpans(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			rdb := redistest.Client(t, redistest.Addr(t))
-			prefix := redistest.Prefix(t)
-			b := New(rdb, WithPrefix(prefix), WithPartitions(6))
-			t.Cleanup(func() { _ = b.Close() })
-			ctx := context.Background()
 			const q = "stale"
-			enqueue := func(g, payload string, replace bool) error { return enqueueOne(ctx, b, q, id, g, payload, replace) }
-			if err := enqueue(from, "first", false); err != nil {
-				t.Fatal(err)
-			}
-			l, err := b.startRepartition(ctx, q, 3)
-			if err != nil || l.old == nil {
-				t.Fatalf("startRepartition: %+v, %v", l, err)
-			}
+			ctx := context.Background()
+			b, l, enqueue := repartitionStarted(t, q, id, from)
 			o, _ := b.oldPartOf(q, l, from)
 			peek, err := b.moveCall(ctx, o, "peek", moveBatch).Slice()
 			if err != nil || len(peek) != 3 {
@@ -160,4 +149,24 @@ func enqueueOne(ctx context.Context, b *Broker, q, id, g, payload string, replac
 		err = errs[0]
 	}
 	return err
+}
+
+// repartitionStarted makes a broker of queues of 6 partitions, stores task
+// id of queue q in group from (payload "first") and starts a repartition
+// to 3 partitions, whose layout it returns; enqueue stores id again (in
+// group g, with Replace when replace is set).
+func repartitionStarted(t *testing.T, q, id, from string) (b *Broker, l layout, enqueue func(g, payload string, replace bool) error) {
+	t.Helper()
+	b = New(redistest.Client(t, redistest.Addr(t)), WithPrefix(redistest.Prefix(t)), WithPartitions(6))
+	t.Cleanup(func() { _ = b.Close() })
+	ctx := context.Background()
+	enqueue = func(g, payload string, replace bool) error { return enqueueOne(ctx, b, q, id, g, payload, replace) }
+	if err := enqueue(from, "first", false); err != nil {
+		t.Fatal(err)
+	}
+	l, err := b.startRepartition(ctx, q, 3)
+	if err != nil || l.old == nil {
+		t.Fatalf("startRepartition: %+v, %v", l, err)
+	}
+	return b, l, enqueue
 }
