@@ -394,8 +394,8 @@ func (b *Broker) checkOldSpan(ctx context.Context, items []item, errs []error) e
 	}
 	if len(ahead) > 0 {
 		for o, m := range ahead {
-			if err := b.moveAhead(ctx, m.l, o, m.ids); err != nil {
-				return err
+			if err := b.moveAhead(ctx, m.l, o, m.ids); err != nil && !b.retired(ctx, o) {
+				return err // (a partition retired meanwhile holds the tasks no more: the look below finds nothing)
 			}
 		}
 		pipe = b.rdb.Pipeline()

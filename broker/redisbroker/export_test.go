@@ -3,6 +3,8 @@ package redisbroker
 import (
 	"strings"
 	"time"
+
+	"github.com/tidequeue/tide/tidetype"
 )
 
 // ScriptFiles maps the SHA1 of each script, as Redis runs it (prelude and
@@ -110,3 +112,7 @@ func SetAfterMove(f func(id, step string) error) {
 func SetHoldWait(d time.Duration) time.Duration {
 	return time.Duration(holdWait.Swap(int64(d)))
 }
+
+// DecodeEvents reads one entry of a partition's events stream (its field
+// "e"): when it was written and the events it holds.
+func DecodeEvents(v string) (time.Time, []tidetype.TaskEvent, error) { return decodeEvents(v) }

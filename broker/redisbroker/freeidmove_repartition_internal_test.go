@@ -225,3 +225,56 @@ func TestFreeIDDeleteWhileADrainStepMovesTheTask(t *testing.T) {
 		t.Fatalf("GetTask: %+v, %v", got, err)
 	}
 }
+
+// A Replace's move ahead peeks the task in the old span, and the
+// repartition moves the task, retires the old partition and finishes (its
+// last step drops every placeholder) before the move reserves the task's
+// ID in the new span; meanwhile the task ran and is gone. The late move
+// must leave no placeholder behind: one left there holds the ID for good
+// (an enqueue of the ID into that group is refused, and a lookup by ID
+// meets a task that is not there).
+func TestFreeIDMoveAheadAfterTheRepartitionFinished(t *testing.T) {
+	t.Parallel()
+	const id = "order-cancel:42"
+	from, _, _ := repartitionGroups(id)
+	const q = "latemove"
+	ctx := context.Background()
+	b, l, enqueue := repartitionStarted(t, q, id, from)
+	o, _ := b.oldPartOf(q, l, from)
+	peek, err := b.moveCall(ctx, o, "peekids", id).Slice()
+	if err != nil || len(peek) != 3 {
+		t.Fatalf("peekids: %v, %v", peek, err)
+	}
+	if err := b.Repartition(ctx, q, 3, nil); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := b.Dequeue(ctx, []string{q}, 10, time.Minute)
+	if err != nil || len(ds) != 1 {
+		t.Fatalf("Dequeue: %d tasks, %v", len(ds), err)
+	}
+	if _, err := b.Settle(ctx, []broker.Settlement{{Lease: ds[0].Lease(), Kind: broker.SettleDone, Task: ds[0].Task}}); err != nil {
+		t.Fatal(err)
+	}
+	// The rest of the move ahead: the old partition is retired now.
+	if ms, err := b.reserveAndTake(ctx, l, o, peek); err == nil && len(ms) > 0 {
+		t.Fatalf("the late move took %d tasks from a retired partition", len(ms))
+	}
+	recs, ptrs := newSpanIndex(t, b, l, q, id)
+	fp := b.partOf(q, l, from)
+	left, err := b.rdb.HGet(ctx, fp.k("t"), id).Result()
+	if err == nil || len(recs) > 0 {
+		t.Fatalf("after the late move: %q in %s's partition; records in %v, pointers %+v", left, from, recs, ptrs)
+	}
+	if in, _ := b.rdb.SIsMember(ctx, fp.k("reserved"), id).Result(); in {
+		t.Fatalf("%s left reserved in %s's partition", id, from)
+	}
+	if _, err := b.GetTask(ctx, q, id); !errors.Is(err, broker.ErrTaskNotFound) {
+		t.Fatalf("GetTask: %v", err)
+	}
+	if err := enqueue(from, "again", false); err != nil {
+		t.Fatalf("Enqueue into %s after the late move: %v", from, err)
+	}
+	if got, err := b.GetTask(ctx, q, id); err != nil || string(got.Payload) != "again" {
+		t.Fatalf("GetTask: %+v, %v", got, err)
+	}
+}

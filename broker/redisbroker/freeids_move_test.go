@@ -358,7 +358,8 @@ func TestFreeIDMovesUnderLoad(t *testing.T) {
 // when to > 0, repartitions the queue to that many meanwhile.
 func movesUnderLoad(t *testing.T, to int) {
 	defer redisbroker.SetClockSlack(redisbroker.SetClockSlack(0))
-	e := setup(t, redisbroker.WithPartitions(6), redisbroker.WithReplayWindow(time.Second))
+	// Events show, for a failed run, what happened to each task where.
+	e := setup(t, redisbroker.WithPartitions(6), redisbroker.WithReplayWindow(time.Second), redisbroker.WithEvents(true))
 	ctx := context.Background()
 	q := "movestress" + strconv.Itoa(to)
 	ids := []string{"order-cancel:42", "order-cancel:43", "order-cancel:44", "dead:1", "dead:2", "slow:1"}
@@ -489,31 +490,36 @@ func movesUnderLoad(t *testing.T, to int) {
 		}
 		return !pending()
 	})
+	// A failed check shows what holds the IDs in every span.
+	fail := func(format string, args ...any) {
+		t.Helper()
+		t.Fatalf(format+"; what holds the IDs:\n%s", append(args, strings.Join(dumpIDs(e.rdb, e.prefix, q, ids), "\n"))...)
+	}
 	for _, id := range ids {
 		ix := indexAt(t, e.rdb, e.prefix, q, n, ep, id)
 		if len(ix.records) > 1 {
-			t.Fatalf("%s: records in %v", id, ix.records)
+			fail("%s: records in %v", id, ix.records)
 		}
 		got, err := e.b.GetTask(ctx, q, id)
 		if len(ix.records) == 0 {
 			if !errors.Is(err, broker.ErrTaskNotFound) {
-				t.Fatalf("GetTask(%s) with no record: %+v, %v", id, got, err)
+				fail("GetTask(%s) with no record: %+v, %v", id, got, err)
 			}
 			continue
 		}
 		if err != nil {
-			t.Fatalf("GetTask(%s): %v; records in %v, pointers %v", id, err, ix.records, ix.pointers)
+			fail("GetTask(%s): %v; records in %v, pointers %v", id, err, ix.records, ix.pointers)
 		}
 		rec, in := ix.records[0], broker.Partition(id, n)
 		if rec != broker.Partition(storeKeyOf(got), n) {
-			t.Fatalf("%s of group %q has its record in %d", id, got.Group, rec)
+			fail("%s of group %q has its record in %d", id, got.Group, rec)
 		}
 		if rec != in && !slices.Contains(ix.pointers, strconv.Itoa(in)+":k:"+got.Group) {
-			t.Fatalf("%s of group %q in %d: pointers %v", id, got.Group, rec, ix.pointers)
+			fail("%s of group %q in %d: pointers %v", id, got.Group, rec, ix.pointers)
 		}
 		raw, err := e.rdb.HGet(ctx, base(rec)+"t", id).Bytes()
 		if err != nil || raw[1]&64 != 0 {
-			t.Fatalf("%s: record flagged as moving (%v)", id, err)
+			fail("%s: record flagged as moving (%v)", id, err)
 		}
 	}
 	// Each runs once.
@@ -521,7 +527,7 @@ func movesUnderLoad(t *testing.T, to int) {
 	seen := map[string]bool{}
 	for _, id := range ran {
 		if seen[id] {
-			t.Fatalf("%s ran twice: %v", id, ran)
+			fail("%s ran twice: %v", id, ran)
 		}
 		seen[id] = true
 	}
@@ -581,7 +587,8 @@ func TestFreeIDWaitFollowsAMove(t *testing.T) {
 // dumpIDs describes, for a failed run, every entry of queue q (all spans)
 // that holds one of ids: records (state, group, moving), placeholders,
 // pointers in full (state, nonce, time, groups), leavers, the active set,
-// pointers' looks and a repartition's moving and reserved entries.
+// pointers' looks, a repartition's moving and reserved entries, and the
+// events of the tasks (each stream in the order written).
 func dumpIDs(rdb *redis.Client, prefix, q string, ids []string) []string {
 	ctx := context.Background()
 	keys, _ := rdb.Keys(ctx, prefix+":{"+q+":*").Result()
@@ -601,6 +608,20 @@ func dumpIDs(rdb *redis.Client, prefix, q string, ids []string) []string {
 					continue
 				}
 				out = append(out, fmt.Sprintf("%s[%s] = %s", k, f, describeEntry(q, f, v)))
+			}
+		case "stream":
+			xs, _ := rdb.XRange(ctx, k, "-", "+").Result()
+			for _, x := range xs {
+				v, _ := x.Values["e"].(string)
+				_, evs, err := redisbroker.DecodeEvents(v)
+				if err != nil {
+					out = append(out, fmt.Sprintf("%s %s: %v", k, x.ID, err))
+				}
+				for _, ev := range evs {
+					if want[ev.TaskID] {
+						out = append(out, fmt.Sprintf("%s %s %s %s at %s", k, x.ID, ev.TaskID, ev.Kind, ev.At.Format("15:04:05.000")))
+					}
+				}
 			}
 		case "zset":
 			zs, _ := rdb.ZRangeWithScores(ctx, k, 0, -1).Result()

@@ -234,9 +234,15 @@ func (b *Broker) reserveAndTake(ctx context.Context, l layout, o part, peek []an
 	}
 	var clash []string
 	for _, r := range rs {
-		codes := r.cmd.Val().(string)
+		codes, _ := r.cmd.Val().(string)
 		for j, c := range codes {
-			if c != '1' {
+			switch c {
+			case '1':
+			case '2':
+				// The repartition finished since the peek: o is retired
+				// and holds nothing to take.
+				return nil, fmt.Errorf("%w: repartition %s: it finished meanwhile (the old partition is retired); look again", broker.ErrUnavailable, o.queue)
+			default:
 				clash = append(clash, r.ids[j])
 			}
 		}

@@ -14,7 +14,9 @@
 --                the task was deleted meanwhile: nothing is placed
 --   finish (O)   delete the moved records (and results) from O
 --   unreserve (N) drop placeholders (a task that turned active or vanished;
---                never one that another run took: it places it)
+--                never one that another run took: it places it); without
+--                IDs, once every old partition is retired: all of them,
+--                and reserve and lock refuse from then on
 --   mark (O)     turn O's meta from the old layout to "<old>><new>"
 --   retire (O)   when O holds nothing at all, mark it retired (every later
 --                call on it is refused) and delete its keys (reply caches
@@ -44,6 +46,7 @@ local bad = layout_error(KEYS[12], ARGV[1])
 if bad then return bad end
 local op = ARGV[2]
 local PH = '\0mv'
+local OVER = '\0over' -- in the reserved set: the repartition into this span is over
 local G = g_keys(19)
 
 -- group_field is what take tells of task id's group: '' for none, else
@@ -98,8 +101,13 @@ end
 
 if op == 'reserve' then
   -- ARGV: then triples id, unique key ('' none), lock value ('' none).
-  -- Returns one code per task: '1' reserved, '0' another task has the ID.
+  -- Returns one code per task: '1' reserved, '0' another task has the ID,
+  -- '2' the repartition into this span is over (see unreserve): nothing
+  -- is written.
   local out = {}
+  if redis.call('SISMEMBER', KEYS[11], OVER) == 1 then
+    return string.rep('2', (#ARGV - 2) / 3)
+  end
   for i = 3, #ARGV, 3 do
     local id, u, lock = ARGV[i], ARGV[i+1], ARGV[i+2]
     local cur = redis.call('HGET', KEYS[1], id)
@@ -117,7 +125,9 @@ end
 
 if op == 'lock' then
   -- ARGV: then pairs unique key, lock value: copy locks whose partition
-  -- in the new span is not their task's.
+  -- in the new span is not their task's. Returns 1, or 0 when the
+  -- repartition into this span is over (nothing is copied).
+  if redis.call('SISMEMBER', KEYS[11], OVER) == 1 then return 0 end
   for i = 3, #ARGV, 2 do redis.call('HSETNX', KEYS[9], ARGV[i], ARGV[i+1]) end
   return 1
 end
@@ -273,15 +283,27 @@ if op == 'finish' then
 end
 
 if op == 'unreserve' then
-  -- ARGV: then ids; '' (none): every reserved ID still a placeholder.
+  -- ARGV: then ids; none: the repartition is over (every old partition
+  -- is retired, so no task is left to move): drop every reserved ID still
+  -- a placeholder and mark the span's partition so that reserve and lock
+  -- write nothing from now on. A step that read the old span before it was
+  -- retired and reaches this span only now would otherwise leave a
+  -- placeholder that nothing drops, holding the ID for good. A new span's
+  -- keys belong to one repartition only, so the mark stays.
   local ids = {}
   for i = 3, #ARGV do ids[#ids + 1] = ARGV[i] end
-  if #ids == 0 then ids = redis.call('SMEMBERS', KEYS[11]) end
+  local over = #ids == 0
+  if over then ids = redis.call('SMEMBERS', KEYS[11]) end
+  local n = 0
   for _, id in ipairs(ids) do
-    if redis.call('HGET', KEYS[1], id) == PH then redis.call('HDEL', KEYS[1], id) end
-    redis.call('SREM', KEYS[11], id)
+    if id ~= OVER then
+      if redis.call('HGET', KEYS[1], id) == PH then redis.call('HDEL', KEYS[1], id) end
+      redis.call('SREM', KEYS[11], id)
+      n = n + 1
+    end
   end
-  return #ids
+  if over then redis.call('SADD', KEYS[11], OVER) end
+  return n
 end
 
 if op == 'retire' then
