@@ -27,6 +27,9 @@ type item struct {
 	// looked: the old span of a repartition was looked at for the task's
 	// ID already (lookOldSpan), so checkOldSpan leaves it.
 	looked bool
+	// move: the store of a move under its claim (storeMove): enqueue.lua
+	// marks the claim's nonce stored, for the move's repair.
+	move bool
 }
 
 // maxRedraws bounds how often a broker-chosen ID that met another task is

@@ -87,6 +87,9 @@ func (b *Broker) enqueueCall(p part, items []item, idx []int) *call {
 		if broker.FreeGroupID(t.ID, t.Group) {
 			kind += "f"
 		}
+		if items[i].move {
+			kind += "m"
+		}
 		g := t.Group
 		if items[i].claim != "" {
 			g += "\x00" + items[i].claim

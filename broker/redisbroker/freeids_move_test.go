@@ -286,6 +286,29 @@ func TestFreeIDMoveOfADeadClient(t *testing.T) {
 		if ran := runOneByOne(t, e.b, q); !slices.Equal(ran, []string{"order-cancel:42"}) {
 			t.Fatalf("ran %v after the repair", ran)
 		}
+
+		// Died after the store, and the new task ran (and is gone)
+		// before the repair: the move is finished all the same, and the
+		// task that left does not come back to run a second time.
+		mustEnqueue(t, e.b, broker.EnqueueOptions{}, freeMsg(q, "order-cancel:42", "shop-7"))
+		dieAt.Store("stored")
+		if err := replaceOne(e.b, m); !errors.Is(err, died) {
+			t.Fatalf("Replace into %s dying after the store: %v", into, err)
+		}
+		if ran := runOneByOne(t, e.b, q); !slices.Equal(ran, []string{"order-cancel:42"}) {
+			t.Fatalf("ran %v before the repair", ran)
+		}
+		repair("the maintainer to settle the move", func() bool {
+			left, err := e.rdb.HLen(ctx, e.prefix+":{"+q+":3}:xl").Result()
+			ix := indexOf(t, e.rdb, e.prefix, q, 6, "order-cancel:42")
+			return err == nil && left == 0 && !slices.ContainsFunc(ix.pointers, func(p string) bool { return strings.Contains(p, ":v:") })
+		})
+		if got, err := e.b.GetTask(ctx, q, "order-cancel:42"); !errors.Is(err, broker.ErrTaskNotFound) {
+			t.Fatalf("GetTask after the repair of a move whose task ran: %+v, %v", got, err)
+		}
+		if ran := runOneByOne(t, e.b, q); len(ran) != 0 {
+			t.Fatalf("ran %v again after the repair", ran)
+		}
 	}
 }
 
@@ -613,13 +636,13 @@ func dumpIDs(rdb *redis.Client, prefix, q string, ids []string) []string {
 			xs, _ := rdb.XRange(ctx, k, "-", "+").Result()
 			for _, x := range xs {
 				v, _ := x.Values["e"].(string)
-				_, evs, err := redisbroker.DecodeEvents(v)
+				at, evs, err := redisbroker.DecodeEvents(v)
 				if err != nil {
 					out = append(out, fmt.Sprintf("%s %s: %v", k, x.ID, err))
 				}
 				for _, ev := range evs {
 					if want[ev.TaskID] {
-						out = append(out, fmt.Sprintf("%s %s %s %s at %s", k, x.ID, ev.TaskID, ev.Kind, ev.At.Format("15:04:05.000")))
+						out = append(out, fmt.Sprintf("%s %s %s %s at %s", k, x.ID, ev.TaskID, ev.Kind, at.Format("15:04:05.000")))
 					}
 				}
 			}

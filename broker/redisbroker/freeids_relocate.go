@@ -116,6 +116,7 @@ func (b *Broker) moveFree(ctx context.Context, it item, opts broker.EnqueueOptio
 func (b *Broker) storeMove(ctx context.Context, it item, opts broker.EnqueueOptions, in, src part, nonce string, deadline int64, goneArgs ...any) (again bool, err error) {
 	t := it.t
 	it.claim = nonce + strconv.FormatInt(deadline, 10)
+	it.move = true
 	id := t.ID
 	errs, err := b.enqueueNow(ctx, []item{it}, opts)
 	if err == nil {

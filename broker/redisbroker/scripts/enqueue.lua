@@ -24,7 +24,9 @@
 --   claim (16 characters) and the time (ms) after which it may not be
 --   stored: code '6' then, or when the nonce is in the fences zset. A
 --   task whose ID holds a move's claim ('v', ids.lua) with its nonce
---   takes the claim's place (the task moves into this partition).
+--   takes the claim's place (the task moves into this partition). The
+--   flag 'm' marks the store of a move (relocate.lua): once stored, its
+--   nonce is marked stored in the fences zset (see ids.lua's fence).
 -- Returns a string of one code per task: '0' stored, '1' ID conflict,
 -- '2' unique lock held, '3' a broker-chosen ID met another task (the broker
 -- draws again), '4' the idempotency key was used within the window, '5' an
@@ -86,6 +88,7 @@ for i = 9, #ARGV, 8 do
   local replace = string.find(kind, 'r', 2, true) ~= nil
   local watch = string.find(kind, 'w', 2, true) ~= nil
   local free = string.find(kind, 'f', 2, true) ~= nil
+  local move = claim and string.find(kind, 'm', 2, true) ~= nil
   kind = string.sub(kind, 1, 1)
   local code = '0'
   local own = kind == 'P' or kind == 'S'
@@ -156,6 +159,14 @@ for i = 9, #ARGV, 8 do
     if code == '0' and ik ~= '' then
       redis.call('HSET', KEYS[8], ik, id)
       redis.call('PEXPIREAT', KEYS[8], tonumber(ARGV[6]))
+    end
+    if code == '0' and move then
+      -- A move's store: its nonce is marked stored ('s' and the nonce in
+      -- the fences zset, an hour past the claim's deadline), so that the
+      -- repair of a move whose client died finishes the move even when the
+      -- task stored here has run and is gone by then (ids.lua's fence).
+      redis.call('ZADD', KEYS[23], tonumber(string.sub(claim, 17)) + 3600000, 's' .. string.sub(claim, 1, 16))
+      redis.call('ZREMRANGEBYSCORE', KEYS[23], '-inf', redis_now())
     end
   end
   out[#out + 1] = code

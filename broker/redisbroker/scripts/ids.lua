@@ -41,7 +41,10 @@
 -- a task record or a repartition's placeholder holds the ID, 'p<pointer>'
 -- another nonce's pointer; confirm and release '1' done, '0' the pointer
 -- is not this nonce's (or not in that state); fence 's' G holds a record
--- for the ID, 'f' fenced: a store with this nonce is refused from now on;
+-- for the ID, or a move's store with this nonce was made here (marked in
+-- the fences zset by enqueue.lua, kept an hour past the move's deadline:
+-- the task stored may have run and be gone), 'f' fenced: a store with this
+-- nonce is refused from now on;
 -- look '1' or '0'; move like claim, or '0' the pointer is not the one to
 -- move (any more), 'd' this nonce's move is settled; moved, stay and back
 -- '1' done, '0' not this nonce's (move's) claim; put '1' written or a
@@ -116,7 +119,7 @@ elseif op == 'release' then
   redis.call('ZREM', KEYS[2], id)
   return '1'
 elseif op == 'fence' then
-  if rec_ok(redis.call('HGET', KEYS[1], id)) then return 's' end
+  if rec_ok(redis.call('HGET', KEYS[1], id)) or redis.call('ZSCORE', KEYS[3], 's' .. ARGV[4]) then return 's' end
   redis.call('ZADD', KEYS[3], tonumber(ARGV[5]), ARGV[4])
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', redis_now())
   return 'f'
