@@ -393,12 +393,23 @@ func movesUnderLoad(t *testing.T, to int) {
 	var wg sync.WaitGroup
 	var moved, refused atomic.Int64
 	stop := make(chan struct{})
+	// What the clients did to each ID, and when (start and end), for a
+	// failed run.
+	var opsMu sync.Mutex
+	ops := map[string][]string{}
+	logOp := func(id string, began time.Time, what string, err error) {
+		opsMu.Lock()
+		defer opsMu.Unlock()
+		ops[id] = append(ops[id], fmt.Sprintf("%s–%s %s: %v", began.Format("15:04:05.000"), time.Now().Format("15:04:05.000"), what, err))
+	}
 	for w := range 3 {
 		wg.Go(func() {
 			r := rand.New(rand.NewPCG(uint64(w), 1))
 			for range 60 {
 				m := freeMsg(q, ids[r.IntN(len(ids))], groups[r.IntN(len(groups))])
+				began := time.Now()
 				err := replaceOne(e.b, m)
+				logOp(m.ID, began, fmt.Sprintf("client %d Replace into %s", w, m.Group), err)
 				switch {
 				case err == nil:
 					moved.Add(1)
@@ -445,6 +456,7 @@ func movesUnderLoad(t *testing.T, to int) {
 				return
 			}
 			for _, d := range ds {
+				logOp(d.Task.ID, time.Now(), "leased from "+d.Task.Group, nil)
 				s := broker.Settlement{Lease: d.Lease(), Kind: broker.SettleDone, Task: d.Task}
 				if r.IntN(2) == 0 {
 					s.Kind, s.RetryAt = broker.SettleRetry, time.Now()
@@ -452,8 +464,13 @@ func movesUnderLoad(t *testing.T, to int) {
 				// A server settles again when a repartition changed the
 				// layout under it.
 				for try := 0; ; try++ {
-					_, err := e.b.Settle(ctx, []broker.Settlement{s})
-					if err == nil {
+					began := time.Now()
+					errs, err := e.b.Settle(ctx, []broker.Settlement{s})
+					if err == nil && errs[0] != nil {
+						err = errs[0]
+					}
+					logOp(d.Task.ID, began, fmt.Sprintf("settle %v", s.Kind), err)
+					if err == nil || errors.Is(err, broker.ErrLeaseLost) {
 						break
 					}
 					if !errors.Is(err, broker.ErrUnavailable) || try == 20 {
@@ -463,7 +480,10 @@ func movesUnderLoad(t *testing.T, to int) {
 				}
 			}
 			if id := ids[r.IntN(len(ids))]; r.IntN(4) == 0 {
-				if err := e.b.Delete(ctx, q, id); err != nil && !errors.Is(err, broker.ErrTaskNotFound) && !errors.Is(err, broker.ErrTaskActive) && !errors.Is(err, broker.ErrUnavailable) {
+				began := time.Now()
+				err := e.b.Delete(ctx, q, id)
+				logOp(id, began, "Delete", err)
+				if err != nil && !errors.Is(err, broker.ErrTaskNotFound) && !errors.Is(err, broker.ErrTaskActive) && !errors.Is(err, broker.ErrUnavailable) {
 					t.Errorf("Delete(%s): %v", id, err)
 				}
 			}
@@ -516,7 +536,13 @@ func movesUnderLoad(t *testing.T, to int) {
 	// A failed check shows what holds the IDs in every span.
 	fail := func(format string, args ...any) {
 		t.Helper()
-		t.Fatalf(format+"; what holds the IDs:\n%s", append(args, strings.Join(dumpIDs(e.rdb, e.prefix, q, ids), "\n"))...)
+		opsMu.Lock()
+		var did []string
+		for _, id := range ids {
+			did = append(did, ops[id]...)
+		}
+		opsMu.Unlock()
+		t.Fatalf(format+"; what holds the IDs:\n%s\nwhat the clients did:\n%s", append(args, strings.Join(dumpIDs(e.rdb, e.prefix, q, ids), "\n"), strings.Join(did, "\n"))...)
 	}
 	for _, id := range ids {
 		ix := indexAt(t, e.rdb, e.prefix, q, n, ep, id)
