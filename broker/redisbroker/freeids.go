@@ -132,7 +132,7 @@ func (b *Broker) ids(ctx context.Context, p part, op, id string, args ...any) (*
 func (b *Broker) idsCall(p part, op, id string, args ...any) *call {
 	return &call{
 		script: b.s.ids,
-		keys:   p.keys("t", "x", "xr", "wt", "oc", "meta"),
+		keys:   p.keys("t", "x", "xr", "wt", "oc", "meta", "gid"),
 		args:   append([]any{p.layout, op, id}, args...),
 		queue:  p.queue,
 	}
@@ -165,9 +165,11 @@ func (b *Broker) sameSpan(queue string, l layout, p part, key string) part {
 // fenceClaim fences the claim ptr of id in partition g, where its task is
 // (or was to be) stored: 's' g holds a record of the claim's store, 'f' a
 // store with the claim's nonce is refused from now on (also when g has
-// retired).
-func (b *Broker) fenceClaim(ctx context.Context, g part, id string, ptr pointer) (string, error) {
-	r, err := b.idsText(ctx, g, "fence", id, ptr.nonce, b.claimEnd(ptr))
+// retired), 'o' and a group: refused from now on, and g holds the ID's
+// task in that group rather than in group (a claim of group that took
+// the place of that task's pointer; "" takes any record for the store).
+func (b *Broker) fenceClaim(ctx context.Context, g part, id string, ptr pointer, group string) (string, error) {
+	r, err := b.idsText(ctx, g, "fence", id, ptr.nonce, b.claimEnd(ptr), group)
 	if err != nil {
 		return b.ifRetired(ctx, g, err, "f")
 	}
@@ -181,19 +183,24 @@ func (b *Broker) claimEnd(ptr pointer) int64 {
 }
 
 // repair settles the claim ptr of id in partition in: it fences the claim
-// in the group's partition, then confirms it (the task was stored) or
-// releases it (it never will be).
+// in the group's partition, then confirms it (the task was stored),
+// points it to the group of the task it took the place of (a Replace into
+// another group of the same partition whose store never came: that task
+// is still there), or releases it (it never will be stored).
 func (b *Broker) repair(ctx context.Context, queue string, l layout, in part, id string, ptr pointer) error {
 	if ptr.state == 'v' {
 		return b.repairMove(ctx, queue, l, in, id, ptr)
 	}
-	r, err := b.fenceClaim(ctx, b.sameSpan(queue, l, in, ptr.group), id, ptr)
+	r, err := b.fenceClaim(ctx, b.sameSpan(queue, l, in, ptr.group), id, ptr, ptr.group)
 	if err != nil {
 		return err
 	}
-	if r == "s" {
+	switch {
+	case r == "s":
 		_, err = b.idsText(ctx, in, "confirm", id, ptr.nonce, pointerLook.Milliseconds())
-	} else {
+	case len(r) > 1 && r[0] == 'o':
+		_, err = b.idsText(ctx, in, "back", id, ptr.nonce, r[1:], pointerLook.Milliseconds())
+	default:
 		_, err = b.idsText(ctx, in, "release", id, ptr.nonce, "")
 	}
 	return err

@@ -400,7 +400,7 @@ func movesUnderLoad(t *testing.T, to int) {
 	logOp := func(id string, began time.Time, what string, err error) {
 		opsMu.Lock()
 		defer opsMu.Unlock()
-		ops[id] = append(ops[id], fmt.Sprintf("%s–%s %s: %v", began.Format("15:04:05.000"), time.Now().Format("15:04:05.000"), what, err))
+		ops[id] = append(ops[id], fmt.Sprintf("%s–%s %s %s: %v", began.Format("15:04:05.000"), time.Now().Format("15:04:05.000"), id, what, err))
 	}
 	for w := range 3 {
 		wg.Go(func() {
@@ -696,4 +696,52 @@ func describeEntry(q, id, v string) string {
 		return fmt.Sprintf("record state %v group %q moving %v", t.State, t.Group, codec.Moving([]byte(v)))
 	}
 	return fmt.Sprintf("%q", v[:min(len(v), 40)])
+}
+
+// A Replace into another group of the task's partition takes the place of
+// the task's pointer with its claim (naming the new group). When its client
+// dies before the store, or the store is refused while another enqueue of
+// the ID repairs the claim, the task is still where it was, of its old
+// group: the repair must point to that group again, not confirm the claim
+// (a pointer naming a group the task is not in; run, or deleted, the task
+// then leaves the index wrong for good).
+func TestFreeIDRepairOfAClaimThatTookAPointersPlace(t *testing.T) {
+	// Not parallel: it sets the package's hooks and clock slack.
+	defer redisbroker.SetClockSlack(redisbroker.SetClockSlack(0))
+	e := setup(t, redisbroker.WithPartitions(6), redisbroker.WithReplayWindow(time.Second))
+	ctx := context.Background()
+	const q = "swapdead"
+	const id = "order-cancel:42" // in partition 2; shop-7 and shop-9 both in 3
+	mustEnqueue(t, e.b, broker.EnqueueOptions{}, freeMsg(q, id, "shop-7"))
+	wantIndex(t, e, q, id, 3, "2:k:shop-7")
+	died := errors.New("the client died")
+	redisbroker.SetAfterClaim(func(string) error { return died })
+	err := replaceOne(e.b, freeMsg(q, id, "shop-9"))
+	redisbroker.SetAfterClaim(nil)
+	if !errors.Is(err, died) {
+		t.Fatalf("Replace into shop-9 dying after its claim: %v", err)
+	}
+	wantIndex(t, e, q, id, 3, "2:c:shop-9")
+	// The maintainer of the ID's partition repairs the claim once it is
+	// older than a store may be.
+	testwait.For(t, 10*time.Second, "the maintainer to repair the claim", func() bool {
+		if _, err := e.b.Maintain(ctx, broker.MaintainRequest{Queue: q, Partition: 2, Owner: "test", OwnerTTL: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+		return !slices.ContainsFunc(indexOf(t, e.rdb, e.prefix, q, 6, id).pointers, func(p string) bool { return strings.Contains(p, ":c:") })
+	})
+	wantIndex(t, e, q, id, 3, "2:k:shop-7")
+	if got, err := e.b.GetTask(ctx, q, id); err != nil || got.Group != "shop-7" {
+		t.Fatalf("GetTask after the repair: %+v, %v", got, err)
+	}
+	// The claim is fenced: the store it was for never happens.
+	m := freeMsg(q, id, "shop-9")
+	m.Payload = []byte("moved")
+	if err := replaceOne(e.b, m); err != nil {
+		t.Fatalf("Replace into shop-9 after the repair: %v", err)
+	}
+	wantIndex(t, e, q, id, 3, "2:k:shop-9")
+	if ran := runOneByOne(t, e.b, q); !slices.Equal(ran, []string{id}) {
+		t.Fatalf("ran %v", ran)
+	}
 }

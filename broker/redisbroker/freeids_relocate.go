@@ -173,7 +173,7 @@ func (b *Broker) repairMove(ctx context.Context, queue string, l layout, in part
 	if ptr.from != "" {
 		src = b.sameSpan(queue, l, in, ptr.from)
 	}
-	r, err := b.fenceClaim(ctx, dst, id, ptr)
+	r, err := b.fenceClaim(ctx, dst, id, ptr, "")
 	if err != nil {
 		return err
 	}

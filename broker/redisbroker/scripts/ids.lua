@@ -4,13 +4,15 @@
 -- due) or in the group's partition G (fence, look).
 -- KEYS[1] records hash  KEYS[2] pointers zset (ID -> next look, ms)
 -- KEYS[3] fences zset (nonce -> expiry, ms)  KEYS[4] waiters hash
--- KEYS[5] outcomes hash  KEYS[6] layout meta
+-- KEYS[5] outcomes hash  KEYS[6] layout meta  KEYS[7] the grouped tasks'
+-- groups (groups.lua's G.id: ID -> group, "\0", enqueue sequence)
 -- ARGV[1] layout  ARGV[2] op  ARGV[3] ID (due: how many)  ARGV[4..] per op:
 --   claim   4 nonce  5 group  6 first look (ms from now)  7 nonce of a
 --           confirmed pointer of the same group to take over ('' none)
 --   confirm 4 nonce  5 next look (ms from now)
 --   release 4 nonce  5 'k' to release a confirmed pointer only ('' any)
---   fence   4 nonce  5 expiry (ms)
+--   fence   4 nonce  5 expiry (ms)  6 the claim's group ('' or none: any
+--           record counts as the claim's store)
 --   look    4 'r' a record only counts, 'a' also a waiter or a kept outcome
 --   due     (none)
 --   move    4 nonce  5 group  6 first look (ms from now)  7 nonce of the
@@ -44,7 +46,8 @@
 -- for the ID, or a move's store with this nonce was made here (marked in
 -- the fences zset by enqueue.lua, kept an hour past the move's deadline:
 -- the task stored may have run and be gone), 'f' fenced: a store with this
--- nonce is refused from now on;
+-- nonce is refused from now on; 'o' and a group: fenced, and G holds the
+-- ID's task in that group, not the claim's (6), so the store never came;
 -- look '1' or '0'; move like claim, or '0' the pointer is not the one to
 -- move (any more), 'd' this nonce's move is settled; moved, stay and back
 -- '1' done, '0' not this nonce's (move's) claim; put '1' written or a
@@ -119,9 +122,25 @@ elseif op == 'release' then
   redis.call('ZREM', KEYS[2], id)
   return '1'
 elseif op == 'fence' then
-  if rec_ok(redis.call('HGET', KEYS[1], id)) or redis.call('ZSCORE', KEYS[3], 's' .. ARGV[4]) then return 's' end
-  redis.call('ZADD', KEYS[3], tonumber(ARGV[5]), ARGV[4])
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', redis_now())
+  local function fence()
+    redis.call('ZADD', KEYS[3], tonumber(ARGV[5]), ARGV[4])
+    redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', redis_now())
+  end
+  if rec_ok(redis.call('HGET', KEYS[1], id)) then
+    local want = ARGV[6] or ''
+    local v = want ~= '' and redis.call('HGET', KEYS[7], id)
+    local z = v and string.find(v, '\0', 1, true)
+    if z and string.sub(v, 1, z - 1) ~= want then
+      -- The task of another group of this partition: the claim took its
+      -- pointer's place (a Replace into another group here) and its
+      -- store has not replaced the task.
+      fence()
+      return 'o' .. string.sub(v, 1, z - 1)
+    end
+    return 's'
+  end
+  if redis.call('ZSCORE', KEYS[3], 's' .. ARGV[4]) then return 's' end
+  fence()
   return 'f'
 elseif op == 'look' then
   if rec_ok(redis.call('HGET', KEYS[1], id)) then return '1' end
