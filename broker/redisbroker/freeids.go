@@ -165,9 +165,11 @@ func (b *Broker) sameSpan(queue string, l layout, p part, key string) part {
 // fenceClaim fences the claim ptr of id in partition g, where its task is
 // (or was to be) stored: 's' g holds a record of the claim's store, 'f' a
 // store with the claim's nonce is refused from now on (also when g has
-// retired), 'o' and a group: refused from now on, and g holds the ID's
-// task in that group rather than in group (a claim of group that took
-// the place of that task's pointer; "" takes any record for the store).
+// retired). With the claim's group (a claim, not a move), a record in g
+// is answered 'o' and the record's group, the claim refused from now on:
+// the record may be the claim's store or the task whose pointer's place
+// a Replace's claim took, its store still to come, and either way the
+// pointer is to name that record's group.
 func (b *Broker) fenceClaim(ctx context.Context, g part, id string, ptr pointer, group string) (string, error) {
 	r, err := b.idsText(ctx, g, "fence", id, ptr.nonce, b.claimEnd(ptr), group)
 	if err != nil {
@@ -183,10 +185,11 @@ func (b *Broker) claimEnd(ptr pointer) int64 {
 }
 
 // repair settles the claim ptr of id in partition in: it fences the claim
-// in the group's partition, then confirms it (the task was stored),
-// points it to the group of the task it took the place of (a Replace into
-// another group of the same partition whose store never came: that task
-// is still there), or releases it (it never will be stored).
+// in the group's partition, then points it to the group of the record
+// there (the claim's store, or the task whose pointer's place a Replace's
+// claim took: a store after the repair would leave a second task that no
+// pointer leads to), or releases it (no task there, and none will be
+// stored).
 func (b *Broker) repair(ctx context.Context, queue string, l layout, in part, id string, ptr pointer) error {
 	if ptr.state == 'v' {
 		return b.repairMove(ctx, queue, l, in, id, ptr)
@@ -388,7 +391,9 @@ func (b *Broker) enqueueFree(ctx context.Context, it item, opts broker.EnqueueOp
 		// Not stored under this claim: an idempotency key's earlier task
 		// answered (its ID is t.ID now), or a definite refusal. A claim
 		// that took the place of the pointer of a task still there (a
-		// Replace refused: the task runs) points to it again.
+		// Replace refused: the task runs) points to it again. A claim a
+		// repair settled meanwhile (fenced: confirmed for the task it
+		// found there) is left as it is.
 		var rerr error
 		has := "0"
 		if swapped != "" {
@@ -397,7 +402,7 @@ func (b *Broker) enqueueFree(ctx context.Context, it item, opts broker.EnqueueOp
 		if rerr == nil && has == "1" {
 			_, rerr = b.idsText(ctx, in, "back", id, nonce, swapped, pointerLook.Milliseconds())
 		} else if rerr == nil {
-			_, rerr = b.idsText(ctx, in, "release", id, nonce, "")
+			_, rerr = b.idsText(ctx, in, "release", id, nonce, "c")
 		}
 		if rerr != nil {
 			b.log.Warn("tide: redisbroker: a task's index entry is left claimed; the partition's maintainer releases it", "queue", t.Queue, "err", rerr)

@@ -745,3 +745,44 @@ func TestFreeIDRepairOfAClaimThatTookAPointersPlace(t *testing.T) {
 		t.Fatalf("ran %v", ran)
 	}
 }
+
+// A Replace into the task's own group takes the place of its pointer with
+// its claim; before its store, another Replace of the ID meets the claim,
+// repairs it and moves the task into a group of another partition. The
+// first Replace's store must then be refused: stored after the move, it
+// would leave a second task, one no pointer leads to (GetTask, Delete and
+// Replace would not find it, and it would run besides the moved one).
+func TestFreeIDClaimRepairedBeforeItsStore(t *testing.T) {
+	// Not parallel: it sets the package's hooks.
+	e := setup(t, redisbroker.WithPartitions(6))
+	ctx := context.Background()
+	const q = "claimrace"
+	const id = "order-cancel:42" // in partition 2; shop-7 in 3, shop-8 in 4
+	mustEnqueue(t, e.b, broker.EnqueueOptions{}, freeMsg(q, id, "shop-7"))
+	var once sync.Once
+	var moveErr error
+	redisbroker.SetAfterClaim(func(string) error {
+		once.Do(func() {
+			m := freeMsg(q, id, "shop-8")
+			m.Payload = []byte("moved")
+			moveErr = replaceOne(e.b, m)
+		})
+		return nil
+	})
+	t.Cleanup(func() { redisbroker.SetAfterClaim(nil) })
+	err := replaceOne(e.b, freeMsg(q, id, "shop-7"))
+	redisbroker.SetAfterClaim(nil)
+	if moveErr != nil {
+		t.Fatalf("Replace into shop-8 meeting the claim: %v", moveErr)
+	}
+	if !errors.Is(err, broker.ErrUnavailable) {
+		t.Fatalf("the Replace whose claim was repaired and overtaken: %v, want ErrUnavailable (nothing stored)", err)
+	}
+	wantIndex(t, e, q, id, 4, "2:k:shop-8")
+	if got, err := e.b.GetTask(ctx, q, id); err != nil || got.Group != "shop-8" || string(got.Payload) != "moved" {
+		t.Fatalf("GetTask: %+v, %v", got, err)
+	}
+	if ran := runOneByOne(t, e.b, q); !slices.Equal(ran, []string{id}) {
+		t.Fatalf("ran %v", ran)
+	}
+}

@@ -4,15 +4,16 @@
 -- due) or in the group's partition G (fence, look).
 -- KEYS[1] records hash  KEYS[2] pointers zset (ID -> next look, ms)
 -- KEYS[3] fences zset (nonce -> expiry, ms)  KEYS[4] waiters hash
--- KEYS[5] outcomes hash  KEYS[6] layout meta  KEYS[7] the grouped tasks'
--- groups (groups.lua's G.id: ID -> group, "\0", enqueue sequence)
+-- KEYS[5] outcomes hash  KEYS[6] layout meta  KEYS[7] grouped task IDs
+-- (groups.lua's G.id: ID -> group, "\0", enqueue sequence)
 -- ARGV[1] layout  ARGV[2] op  ARGV[3] ID (due: how many)  ARGV[4..] per op:
 --   claim   4 nonce  5 group  6 first look (ms from now)  7 nonce of a
 --           confirmed pointer of the same group to take over ('' none)
 --   confirm 4 nonce  5 next look (ms from now)
 --   release 4 nonce  5 'k' to release a confirmed pointer only ('' any)
---   fence   4 nonce  5 expiry (ms)  6 the claim's group ('' or none: any
---           record counts as the claim's store)
+--   fence   4 nonce  5 expiry (ms)  6 '' or none for a move's claim,
+--           else the claim's group: a record here is then answered with
+--           its group ('o'), not taken for the store
 --   look    4 'r' a record only counts, 'a' also a waiter or a kept outcome
 --   due     (none)
 --   move    4 nonce  5 group  6 first look (ms from now)  7 nonce of the
@@ -46,8 +47,9 @@
 -- for the ID, or a move's store with this nonce was made here (marked in
 -- the fences zset by enqueue.lua, kept an hour past the move's deadline:
 -- the task stored may have run and be gone), 'f' fenced: a store with this
--- nonce is refused from now on; 'o' and a group: fenced, and G holds the
--- ID's task in that group, not the claim's (6), so the store never came;
+-- nonce is refused from now on; 'o' and a group (with 6): fenced, and G
+-- holds the ID's task in that group (the claim's store, or the task a
+-- Replace's claim would have replaced);
 -- look '1' or '0'; move like claim, or '0' the pointer is not the one to
 -- move (any more), 'd' this nonce's move is settled; moved, stay and back
 -- '1' done, '0' not this nonce's (move's) claim; put '1' written or a
@@ -127,13 +129,14 @@ elseif op == 'fence' then
     redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', redis_now())
   end
   if rec_ok(redis.call('HGET', KEYS[1], id)) then
-    local want = ARGV[6] or ''
-    local v = want ~= '' and redis.call('HGET', KEYS[7], id)
+    -- With the claim's group (a claim, not a move): the record may be the
+    -- claim's store or the task whose pointer's place the claim took (a
+    -- Replace), of any group of this partition, its store still to come.
+    -- The claim is fenced either way, and the record's group answered:
+    -- the pointer is to name it.
+    local v = (ARGV[6] or '') ~= '' and redis.call('HGET', KEYS[7], id)
     local z = v and string.find(v, '\0', 1, true)
-    if z and string.sub(v, 1, z - 1) ~= want then
-      -- The task of another group of this partition: the claim took its
-      -- pointer's place (a Replace into another group here) and its
-      -- store has not replaced the task.
+    if z then
       fence()
       return 'o' .. string.sub(v, 1, z - 1)
     end
