@@ -278,3 +278,52 @@ func TestFreeIDMoveAheadAfterTheRepartitionFinished(t *testing.T) {
 		t.Fatalf("GetTask: %+v, %v", got, err)
 	}
 }
+
+// A Delete looks the task up through the claim of a Replace into another
+// group of the task's partition (the claim took the pointer's place) and
+// deletes the task before the Replace stores its own; the Replace then
+// stores and confirms its claim, and only then does the Delete release
+// the pointer it came through. The claim's nonce is the new task's
+// pointer's by then: released, it would leave the new task with no
+// pointer (GetTask, Delete and Replace would not find it). (Not parallel:
+// the hooks are global.)
+func TestFreeIDDeleteThroughAClaimKeepsTheNewTasksPointer(t *testing.T) {
+	const id = "order-cancel:42" // in partition 2; shop-7 and shop-9 in 3
+	b := New(redistest.Client(t, redistest.Addr(t)), WithPrefix(redistest.Prefix(t)), WithPartitions(6))
+	t.Cleanup(func() { _ = b.Close() })
+	ctx := context.Background()
+	const q = "delclaim"
+	if err := enqueueOne(ctx, b, q, id, "shop-7", "first", false); err != nil {
+		t.Fatal(err)
+	}
+	claimed, resume := make(chan struct{}), make(chan struct{})
+	hold := func(string) error {
+		close(claimed)
+		<-resume
+		return nil
+	}
+	afterClaim.Store(&hold)
+	t.Cleanup(func() { afterClaim.Store(nil); afterRemove.Store(nil) })
+	replaced := make(chan error, 1)
+	go func() { replaced <- enqueueOne(ctx, b, q, id, "shop-9", "second", true) }()
+	<-claimed
+	afterClaim.Store(nil)
+	var rerr error
+	stored := func(string) {
+		close(resume)
+		rerr = <-replaced
+	}
+	afterRemove.Store(&stored)
+	derr := b.Delete(ctx, q, id)
+	afterRemove.Store(nil)
+	if derr != nil || rerr != nil {
+		t.Fatalf("Delete: %v; Replace: %v", derr, rerr)
+	}
+	recs, ptrs := newSpanIndex(t, b, layout{cur: span{n: 6}}, q, id)
+	if len(recs) != 1 || recs[0] != 3 || len(ptrs) != 1 || ptrs[0].p != 2 || ptrs[0].state != 'k' || ptrs[0].group != "shop-9" {
+		t.Fatalf("records in %v, pointers %+v; want the Replace's task in 3 and its pointer in 2", recs, ptrs)
+	}
+	if got, err := b.GetTask(ctx, q, id); err != nil || got.Group != "shop-9" || string(got.Payload) != "second" {
+		t.Fatalf("GetTask: %+v, %v", got, err)
+	}
+}

@@ -45,6 +45,11 @@ var afterLookup atomic.Pointer[func(id string)]
 // removal in each partition the lookup led to.
 var beforeRemove atomic.Pointer[func(queue, id string, p part)]
 
+// afterRemove, when set (by tests), runs in Delete and Cancel after the
+// removal script deleted a task and before the pointer that led there is
+// released.
+var afterRemove atomic.Pointer[func(id string)]
+
 // pointerLook is how long after a pointer is confirmed the maintainer of
 // its partition first looks whether its task is still there.
 const pointerLook = 10 * time.Second
@@ -457,8 +462,8 @@ func (b *Broker) freeConflicts(ctx context.Context, items []item, errs []error, 
 // found is where a lookup by ID goes: p, and the pointer that led there.
 type found struct {
 	p     part
-	via   *part // the ID's partition when a pointer led to p
-	nonce string
+	via   *part  // the ID's partition when a pointer led to p
+	nonce string // that pointer's, to release once its task is gone ('' when it was a claim)
 }
 
 // resolve returns where task id may be (as lookup), with pointers
@@ -498,7 +503,15 @@ func (b *Broker) resolve(ctx context.Context, queue string, l layout, id string)
 		}
 		if ptr, ok := parsePointer(c.Val()); ok {
 			in := out[i].p
-			res[len(res)-1] = found{p: b.sameSpan(queue, l, in, ptr.group), via: &in, nonce: ptr.nonce}
+			// A claim's nonce is no pointer of the task found there yet:
+			// the task may be the one a Replace's claim took the place of,
+			// and the nonce the pointer of the Replace's task once it is
+			// stored, which a release after the task's deletion would drop.
+			nonce := ptr.nonce
+			if ptr.state == 'c' {
+				nonce = ""
+			}
+			res[len(res)-1] = found{p: b.sameSpan(queue, l, in, ptr.group), via: &in, nonce: nonce}
 			if ptr.state == 'v' && ptr.from != "" {
 				// A move under way: the task stays in the old group's
 				// partition until it is stored in the new one's, so look
@@ -514,9 +527,10 @@ func (b *Broker) resolve(ctx context.Context, queue string, l layout, id string)
 }
 
 // release drops the pointer that led to a task that is gone now (best
-// effort: the maintainer sweeps what is left).
+// effort: the maintainer sweeps what is left). A claim that led there is
+// left to its enqueue and the repair.
 func (b *Broker) release(ctx context.Context, f found, id string) {
-	if f.via == nil {
+	if f.via == nil || f.nonce == "" {
 		return
 	}
 	if _, err := b.idsText(ctx, *f.via, "release", id, f.nonce, "k"); err != nil {

@@ -176,6 +176,9 @@ look:
 			if reply != removeNotFound && reply != removeMovingHere {
 				code = reply
 				if code == removeDeleted {
+					if h := afterRemove.Load(); h != nil {
+						(*h)(id)
+					}
 					b.release(ctx, f, id)
 				}
 				break look
