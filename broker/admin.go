@@ -149,6 +149,30 @@ const (
 	MaxGroupsListed = 1000
 )
 
+// MaxIDLen is the longest task ID a broker stores, in bytes: above the
+// longest that callers may choose (tide.MaxIDLength) with room for the IDs
+// brokers derive from them (follow-ups, workflow steps).
+const MaxIDLen = 1024
+
+// CheckID reports a task ID that brokers cannot keep: longer than MaxIDLen
+// bytes, or holding a control character (brokers keep an ID's own records
+// under names made with control characters, such as "\x00"+id, so an ID
+// that held one could name another task's). An empty ID is valid: the broker
+// chooses one. The error wraps ErrInvalidTask. Brokers call it on every task
+// they are asked to store, whatever its path (tide checks IDs earlier, with
+// its own, stricter, rules); it is safe for concurrent use.
+func CheckID(id string) error {
+	if len(id) > MaxIDLen {
+		return fmt.Errorf("%w: task ID is %d bytes, over %d", ErrInvalidTask, len(id), MaxIDLen)
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; c < 0x20 || c == 0x7f {
+			return fmt.Errorf("%w: task ID %q has a control character at byte %d", ErrInvalidTask, id, i)
+		}
+	}
+	return nil
+}
+
 // CheckGroup reports a group key that brokers cannot keep: empty, over
 // MaxGroupLen bytes, or holding a control character, '{' or '}' (the
 // braces make the hash tag that keeps a group's tasks together, see

@@ -40,6 +40,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -76,6 +77,7 @@ func Run(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
 		{"DequeueLimit", testDequeueLimit},
 		{"LargeBatch", testLargeBatch},
 		{"IDConflict", testIDConflict},
+		{"InvalidID", testInvalidID},
 		{"MixedBatch", testMixedBatch},
 		{"Unique", testUnique},
 		{"UniqueExpires", testUniqueExpires},
@@ -363,6 +365,29 @@ func testIDConflict(t *testing.T, b broker.Broker) {
 			// IDs are per queue: the same ID elsewhere is fine.
 			enqueue(t, b, newMsg(q+"-other", "dup"))
 		})
+	}
+}
+
+// testInvalidID: an ID with a control character or over MaxIDLen bytes is
+// refused with ErrInvalidTask, whatever its group, and nothing of it is
+// stored (brokers name an ID's own records with control characters, so
+// such an ID could name another task's); the longest ID is kept.
+func testInvalidID(t *testing.T, b broker.Broker) {
+	const q = "badids"
+	long := strings.Repeat("i", broker.MaxIDLen)
+	for _, id := range []string{"\x00over", "a\x00b", "tab\tid", "del\x7f", "nl\n", long + "i"} {
+		for _, g := range []string{"", "tenant-a"} {
+			m := newMsg(q, id)
+			m.Group = g
+			if !isInvalid(t, b, m) {
+				t.Errorf("Enqueue of ID %q (group %q): want ErrInvalidTask", id, g)
+			}
+		}
+	}
+	enqueue(t, b, newMsg(q, "ok"), newMsg(q, long))
+	got, _ := drainIDs(t, b, q)
+	if want := []string{long, "ok"}; !slices.Equal(got, want) {
+		t.Fatalf("Dequeue started %q, want only the valid IDs %q", got, want)
 	}
 }
 

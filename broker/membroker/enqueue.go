@@ -139,7 +139,7 @@ func validate(m *tidetype.TaskInfo) error {
 	case m.Type == "":
 		return fmt.Errorf("%w: membroker: task %q has an empty type", broker.ErrInvalidTask, m.ID)
 	case m.State != tidetype.StatePending && m.State != tidetype.StateScheduled:
-		return fmt.Errorf("membroker: message %q: enqueue state must be pending or scheduled, not %s", m.ID, m.State)
+		return fmt.Errorf("%w: membroker: task %q: enqueue state must be pending or scheduled, not %s", broker.ErrInvalidTask, m.ID, m.State)
 	case m.State == tidetype.StateScheduled && m.NextProcessAt.IsZero():
 		return fmt.Errorf("%w: membroker: task %q: scheduled without ProcessAt", broker.ErrInvalidTask, m.ID)
 	case m.MaxRetry < 0 || m.Retried < 0:
@@ -150,6 +150,9 @@ func validate(m *tidetype.TaskInfo) error {
 		return fmt.Errorf("%w: membroker: idempotency key of %d bytes, over 255", broker.ErrInvalidTask, len(m.IdempotencyKey))
 	case m.UniqueKey != "" && m.UniqueTTL < time.Millisecond:
 		return fmt.Errorf("%w: membroker: task %q: UniqueKey set without a UniqueTTL of at least 1ms", broker.ErrInvalidTask, m.ID)
+	}
+	if err := broker.CheckID(m.ID); err != nil {
+		return err
 	}
 	if m.Group != "" {
 		// One partition a queue: any ID goes with any group.

@@ -53,6 +53,9 @@ func validTask(t *tidetype.TaskInfo) error {
 	case t.State != tidetype.StatePending && t.State != tidetype.StateScheduled:
 		return fmt.Errorf("%w: cannot enqueue a task in state %s", broker.ErrInvalidTask, t.State)
 	}
+	if err := broker.CheckID(t.ID); err != nil {
+		return err
+	}
 	if t.Group != "" {
 		// An ID without the group's tag takes the protocol of freeids.go
 		// on several partitions, in Enqueue.
