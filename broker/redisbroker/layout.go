@@ -198,9 +198,15 @@ func (b *Broker) knownLayout(ctx context.Context, queue string) (l layout, known
 // that the next call reads the recorded one again. A read under way that
 // began before (loadLayout) does not cache what it read.
 func (b *Broker) forgetLayout(queue string) {
+	b.forgetMu.Lock()
+	defer b.forgetMu.Unlock()
 	b.forgets.Add(1)
 	b.layouts.Delete(queue)
 }
+
+// beforeLayoutStore, when set (by tests), runs in loadLayout after it found
+// no forget since its read began, before it stores what it read.
+var beforeLayoutStore atomic.Pointer[func(queue string)]
 
 // loadLayout records queue in <prefix>:queues, records its partition count
 // unless one is recorded already, checks it against the configuration and
@@ -238,9 +244,17 @@ func (b *Broker) loadLayout(ctx context.Context, queue string) (layout, error) {
 	// A layout forgotten while it was read (a repartition that recorded
 	// its new one meanwhile) may be the old one: it answers this call
 	// only, and the next reads again.
+	// The check and the store are one step against forgetLayout: a forget
+	// between them would delete nothing and leave this stale read cached
+	// (a repartition's own next read then got the old layout).
+	b.forgetMu.Lock()
 	if b.forgets.Load() == forgets {
+		if h := beforeLayoutStore.Load(); h != nil {
+			(*h)(queue)
+		}
 		b.layouts.Store(queue, cachedLayout{l: l, at: time.Now()})
 	}
+	b.forgetMu.Unlock()
 	return l, nil
 }
 

@@ -54,6 +54,58 @@ func TestLayoutForgottenWhileReadIsNotCached(t *testing.T) {
 	}
 }
 
+// A forget that comes between a read's check for forgets and its store of
+// what it read waits for the store and deletes it: the next call reads the
+// recorded layout. (Before, the forget deleted nothing and the stale read
+// stayed cached: under load a repartition's own next read got the old
+// layout, and its next step was refused by the old partitions, "a
+// partition records layout "6>3@1", not the one this process used".)
+func TestLayoutForgottenBeforeTheStoreIsNotCached(t *testing.T) {
+	// Not parallel: it sets the package's hook.
+	rdb := redistest.Client(t, redistest.Addr(t))
+	prefix := redistest.Prefix(t)
+	b := New(rdb, WithPrefix(prefix), WithPartitions(2))
+	t.Cleanup(func() { _ = b.Close() })
+	ctx := context.Background()
+	const q = "cachestore"
+	forgot := make(chan struct{})
+	once := false
+	hook := func(queue string) {
+		if once || queue != q {
+			return
+		}
+		once = true
+		// Another process records a new layout, and this one learns it
+		// just after the read checked that nothing was forgotten.
+		if err := rdb.HSet(ctx, prefix+":partitions", q, "3@1").Err(); err != nil {
+			t.Error(err)
+		}
+		go func() {
+			b.forgetLayout(q)
+			close(forgot)
+		}()
+		// The forget either ends now (nothing to make it wait) or waits
+		// for the store; the read goes on either way.
+		select {
+		case <-forgot:
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	beforeLayoutStore.Store(&hook)
+	t.Cleanup(func() { beforeLayoutStore.Store(nil) })
+	if l, err := b.layoutOf(ctx, q); err != nil || l.cur.n != 2 {
+		t.Fatalf("the read under way: %+v, %v", l, err)
+	}
+	beforeLayoutStore.Store(nil)
+	if !once {
+		t.Fatal("the hook did not run")
+	}
+	<-forgot
+	if l, err := b.layoutOf(ctx, q); err != nil || l.cur.n != 3 {
+		t.Fatalf("the layout after a forget that came before the store: %v partitions (%v), want 3", l.cur.n, err)
+	}
+}
+
 // straddle arms the package's hook so that the next read of queue q's
 // layout reads the registry before a repartition of q from 6 partitions
 // records its layout and the partitions' meta keys after it marked the old

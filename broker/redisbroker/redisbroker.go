@@ -193,8 +193,11 @@ type Broker struct {
 	subSeq   int
 	layouts  sync.Map // queue name -> layout
 	// forgets counts forgetLayout calls: a layout read before one is not
-	// cached (loadLayout), it may be the one just forgotten.
+	// cached (loadLayout), it may be the one just forgotten. forgetMu makes
+	// a forget and loadLayout's check-then-store exclusive, so that no
+	// layout read before a forget is stored after it.
 	forgets  atomic.Uint64
+	forgetMu sync.Mutex
 	idSweeps sync.Map // partition base -> time of its last sweepIDs
 	// cacheExpiry maps a partition's key prefix to the last of its reply
 	// caches whose expiry a call of this process set (enqueuePlainCall).
