@@ -211,7 +211,10 @@
 // Rebalancing (slots.go) follows the backlog. It reads every node, takes
 // each partition's demand (running plus waiting tasks for Concurrency,
 // waiting tasks for Rate, no more than its concurrency share leaves room
-// to start), shares the limit out max-min fairly (a partition
+// to start; the ready tasks of groups that may not start one now, all of
+// them held until a time or blocked by their limits, are not waiting:
+// counted, they kept slots idle beside their partition while another's
+// tasks waited), shares the limit out max-min fairly (a partition
 // gets its demand, or the level that shares the limit when demands exceed
 // it; spare slots are spread evenly), and moves slots from the bank and
 // from partitions above their share to those below. For Rate, each

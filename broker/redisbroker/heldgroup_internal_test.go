@@ -217,3 +217,70 @@ func TestDrySlotGoesToAPartitionAtItsShare(t *testing.T) {
 	}
 	settleAll(t, b, append(started, running...))
 }
+
+// The ready tasks of groups that may not start one now (over their group
+// rate, throttled) are no demand for slots: a rebalance gives the slots of
+// a partition that holds only such tasks to a partition whose tasks can
+// start. (Counted as demand, they kept a slot idle in their partition
+// while tasks waited in the other for it, until one of the other's own
+// tasks ended: the flow-control model found a group's tasks waiting 2 s
+// with a slot of the queue free, seed 7.) Concurrency 2 over two
+// partitions: partition 0 holds one group under a GroupRate of 1 a minute,
+// partition 1 three groups of one task each.
+func TestHeldGroupsTasksAreNoDemandForSlots(t *testing.T) {
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	b := slotBroker(t, addr, prefix, 2)
+	ctx := context.Background()
+	const q = "held-no-demand"
+	held := groupsIn("h", 0, 2, 1)[0]
+	others := groupsIn("o", 1, 2, 3)
+	now := time.Now()
+	task := func(id, g string) *tidetype.TaskInfo {
+		return &tidetype.TaskInfo{ID: id + "{" + g + "}", Queue: q, Type: "t", State: tidetype.StatePending, NextProcessAt: now, EnqueuedAt: now, Group: g}
+	}
+	ms := []*tidetype.TaskInfo{task("a", held), task("b", held), task("c", held)}
+	for _, g := range others {
+		ms = append(ms, task("x", g))
+	}
+	errs, err := b.Enqueue(ctx, ms, broker.EnqueueOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range errs {
+		if e != nil {
+			t.Fatal(e)
+		}
+	}
+	if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Concurrency: 2, GroupRate: tidetype.Rate{Limit: 1, Per: time.Minute}}); err != nil {
+		t.Fatal(err)
+	}
+	// Partition 0's group starts its one task a minute, which ends: its
+	// other two tasks wait for the minute to pass.
+	ds := dequeuePart(t, b, q, 0, 10)
+	if len(ds) != 1 || ds[0].Task.Group != held {
+		t.Fatalf("partition 0 started %d tasks, want 1 of group %s", len(ds), held)
+	}
+	settleAll(t, b, ds)
+	if more := dequeuePart(t, b, q, 0, 10); len(more) != 0 {
+		t.Fatalf("partition 0 started %d more tasks of a group over its rate", len(more))
+	}
+	// Partition 1 starts one task on its share and keeps it running.
+	running := dequeuePart(t, b, q, 1, 10)
+	if len(running) != 1 {
+		t.Fatalf("partition 1 started %d tasks on its share of one slot, want 1", len(running))
+	}
+	// A rebalance (as Maintain's periodic one) gives partition 0's idle
+	// slot to partition 1, where two tasks can start.
+	var started []*broker.Delivery
+	testwait.For(t, 5*time.Second, "partition 1 to start a second task on partition 0's idle slot", func() bool {
+		if err := b.rebalance(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+		started = append(started, dequeuePart(t, b, q, 1, 10)...)
+		return len(started) > 0
+	})
+	if len(started) != 1 {
+		t.Fatalf("partition 1 started %d more tasks with one running under Concurrency 2, want 1", len(started))
+	}
+	settleAll(t, b, append(started, running...))
+}

@@ -59,7 +59,7 @@ func (b *Broker) slotCall(queue string, n *slotNode, op string, args ...any) *ca
 	p := n.p
 	return &call{
 		script: b.s.slots,
-		keys:   p.keys("lim", "starts", "active", "pending", "meta", "scheduled", "retry", "gq", "gr"),
+		keys:   p.keys("lim", "starts", "active", "pending", "meta", "scheduled", "retry", "gq", "gr", "gw"),
 		args:   append([]any{"p", p.layout, op}, args...),
 		queue:  queue,
 	}

@@ -19,6 +19,7 @@
 -- KEYS (partition) 1 limits hash  2 starts zset (token -> start ms)
 --   3 active zset  4 pending list  5 layout meta  6 scheduled zset
 --   7 retry zset  8 ready grouped tasks (gq)  9 group rotation (gr)
+--   10 groups held until a time (gw)
 -- KEYS (bank) 1 bank hash
 -- ARGV[1] 'p' partition or 'b' bank  ARGV[2] layout ('' for the bank)
 -- ARGV[3] op, then the op's arguments.
@@ -55,7 +56,17 @@ local function waiting(now, lim)
     local ready = redis.call('ZCARD', KEYS[8])
     if ready > 0 then
       local groups = redis.call('ZCARD', KEYS[9])
-      if g[2] == '1' then
+      if groups == 0 and redis.call('ZRANGEBYSCORE', KEYS[10], '-inf', now, 'LIMIT', 0, 1)[1] then
+        groups = 1 -- a group whose hold ended: the next lease puts it back
+      end
+      if groups == 0 then
+        -- No group may start a task now (each is held until a time, at
+        -- its limit, or behind its ordered place): its ready tasks are no
+        -- demand for slots, which would idle here while another partition
+        -- waits (a lease refused for want of slots, or a settle, asks
+        -- again when one may start).
+        ready = 0
+      elseif g[2] == '1' then
         ready = math.min(ready, groups)
       elseif g[3] then
         ready = math.min(ready, groups * tonumber(g[3]))
