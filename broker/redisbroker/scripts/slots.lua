@@ -19,7 +19,7 @@
 -- KEYS (partition) 1 limits hash  2 starts zset (token -> start ms)
 --   3 active zset  4 pending list  5 layout meta  6 scheduled zset
 --   7 retry zset  8 ready grouped tasks (gq)  9 group rotation (gr)
---   10 groups held until a time (gw)
+--   10 held-back groups zset (gw: held until a time)
 -- KEYS (bank) 1 bank hash
 -- ARGV[1] 'p' partition or 'b' bank  ARGV[2] layout ('' for the bank)
 -- ARGV[3] op, then the op's arguments.
