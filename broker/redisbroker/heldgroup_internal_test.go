@@ -26,6 +26,20 @@ func groupsIn(prefix string, p, parts, n int) []string {
 	return gs
 }
 
+// enqueueOK enqueues ms, failing the test on any error.
+func enqueueOK(t *testing.T, b *Broker, ms []*tidetype.TaskInfo) {
+	t.Helper()
+	errs, err := b.Enqueue(context.Background(), ms, broker.EnqueueOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range errs {
+		if e != nil {
+			t.Fatalf("Enqueue %s: %v", ms[i].ID, e)
+		}
+	}
+}
+
 // dequeuePart runs a dequeue of up to n tasks of partition i of queue
 // alone, as a server woken for that partition does: a reply that asks for
 // a rebalance kicks one, as Dequeue does.
@@ -90,15 +104,7 @@ func TestHeldGroupBackAsksForASlot(t *testing.T) {
 		ms = append(ms, task("a", g), task("b", g))
 	}
 	ms = append(ms, task(idsIn("u", 1, 2, 1)[0], ""))
-	errs, err := b.Enqueue(ctx, ms, broker.EnqueueOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range errs {
-		if e != nil {
-			t.Fatal(e)
-		}
-	}
+	enqueueOK(t, b, ms)
 	if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Concurrency: 2}); err != nil {
 		t.Fatal(err)
 	}
@@ -242,15 +248,7 @@ func TestHeldGroupsTasksAreNoDemandForSlots(t *testing.T) {
 	for _, g := range others {
 		ms = append(ms, task("x", g))
 	}
-	errs, err := b.Enqueue(ctx, ms, broker.EnqueueOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range errs {
-		if e != nil {
-			t.Fatal(e)
-		}
-	}
+	enqueueOK(t, b, ms)
 	if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Concurrency: 2, GroupRate: tidetype.Rate{Limit: 1, Per: time.Minute}}); err != nil {
 		t.Fatal(err)
 	}

@@ -34,15 +34,7 @@ func TestHeldGroupNextHoldAnnounced(t *testing.T) {
 			ms = append(ms, &tidetype.TaskInfo{ID: id + "{" + g + "}", Queue: q, Type: "t", State: tidetype.StatePending, NextProcessAt: now, EnqueuedAt: now, Group: g})
 		}
 	}
-	errs, err := b.Enqueue(ctx, ms, broker.EnqueueOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range errs {
-		if e != nil {
-			t.Fatal(e)
-		}
-	}
+	enqueueOK(t, b, ms)
 	if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Concurrency: 1, GroupRate: tidetype.Rate{Limit: 1, Per: time.Minute}}); err != nil {
 		t.Fatal(err)
 	}
