@@ -108,12 +108,20 @@ func TestSendErrorsAreRedacted(t *testing.T) {
 	}))
 	t.Cleanup(slow.Close)
 	t.Cleanup(func() { close(stop) })
-	s := newSender(t, Config{AllowPrivate: true, Timeout: 200 * time.Millisecond, Settings: Settings{Timeout: "T"}})
-	for raw, want := range map[string]string{
-		"http://user:pa55@" + closed + "/p?token=SECRET-1": "connection refused",
-		badLoc.URL + "/p?token=SECRET-1":                   "the Location header of a redirect does not parse",
-		slow.URL + "/p?token=SECRET-1":                     "no response within 200ms (T)",
+	// The timeout case has its own short timeout; the others a long one,
+	// so that a loaded machine (a refused dial is immediate, but the
+	// process may not run for a while) does not turn them into timeouts.
+	short := newSender(t, Config{AllowPrivate: true, Timeout: 200 * time.Millisecond, Settings: Settings{Timeout: "T"}})
+	long := newSender(t, Config{AllowPrivate: true, Timeout: time.Minute, Settings: Settings{Timeout: "T"}})
+	for raw, tc := range map[string]struct {
+		s    *Sender
+		want string
+	}{
+		"http://user:pa55@" + closed + "/p?token=SECRET-1": {long, "connection refused"},
+		badLoc.URL + "/p?token=SECRET-1":                   {long, "the Location header of a redirect does not parse"},
+		slow.URL + "/p?token=SECRET-1":                     {short, "no response within 200ms (T)"},
 	} {
+		s, want := tc.s, tc.want
 		_, err := s.Send(context.Background(), Request{Method: http.MethodPost, URL: mustURL(t, raw), Body: []byte("x")})
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Send(%s) = %v, want an error containing %q", raw, err, want)
