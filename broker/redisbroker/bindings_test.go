@@ -136,6 +136,7 @@ var keyNames = map[string][]string{
 	"moving zset":                     {"moving"},
 	"reserved set":                    {"reserved"},
 	"starts zset":                     {"starts"},
+	"forgotten starts zset":           {"forgot"},
 	"limits hash":                     {"lim"},
 	"limits hash of the partition":    {"lim"},
 	"the limits hash":                 {"limits"},

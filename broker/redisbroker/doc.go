@@ -32,6 +32,8 @@
 //	<prefix>:{<queue>:<p>}:lim        hash: the partition's slots and settings of the queue's limits (see slots.lua, share.lua)
 //	<prefix>:{<queue>:<p>}:starts     zset: token -> start time (ms) of the tasks started in the last broker.MaxRatePer
 //	                                  (the newest broker.MaxQueueRate of them), with a rate or without
+//	<prefix>:{<queue>:<p>}:forgot     zset: token -> start time (ms) of starts a rebalance forgot (the queue's
+//	                                  oldest, in excess of its tokens), still counted against the tokens shared out
 //	<prefix>:{<queue>:<p>}:gq         zset: "<group>\0<seq><id>" of every ready grouped task, in group and enqueue order
 //	<prefix>:{<queue>:<p>}:gr         zset: the rotation: groups that may start a task, by when they joined
 //	<prefix>:{<queue>:<p>}:gw         zset: group -> until when it is held back (throttled, over its rate) (ms)
@@ -230,7 +232,17 @@
 // the period leaves it, and by then the forgotten ones, older than every
 // start counted, have left too; so no partition holds fewer tokens than
 // starts, and the starts of any period over all partitions stay within the
-// limit. The excess is counted over several partitions, so one rebalance at
+// limit. Forgetting leaves no partition room it had not: the oldest starts
+// may be where tokens back every start (the excess is elsewhere, or a
+// lowered limit's debt is not paid yet), and the tokens they free there go
+// to the bank in the same step, as a transfer the rebalance completes
+// before it plans (a lease between the forget and the plan started tasks
+// over the limit before). A forgotten start is a real start all the same:
+// it moves to the partition's forgotten starts (key forgot), and while it
+// is in the period the rebalance leaves that many tokens in the bank, so a
+// limit raised meanwhile adds only the tokens they leave free (before, the
+// forgotten starts counted nowhere and a raise let as many tasks start
+// over the new limit). The excess is counted over several partitions, so one rebalance at
 // a time forgets (a lock, field fl of the bank), counting the starts again
 // under the lock: two that forgot from the same counts would forget it
 // twice, starts that back tokens. While demands exceed

@@ -222,7 +222,7 @@ func (b *Broker) forgetLimits(ctx context.Context, queue string, l layout) error
 		p := b.partAt(queue, l, i)
 		// With the limits go the group keys (groups.lua): an empty
 		// partition's groups hold only counters.
-		pipe.Del(ctx, append([]string{p.k("lim"), p.k("starts")}, p.groupKeys()...)...)
+		pipe.Del(ctx, append([]string{p.k("lim"), p.k("starts"), p.k("forgot")}, p.groupKeys()...)...)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return callErr("delete queue "+queue, classify(err))

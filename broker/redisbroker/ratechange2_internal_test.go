@@ -293,7 +293,7 @@ func TestRateSwitchedOnAfterARepartitionOverlappingRebalances(t *testing.T) {
 	if stale == nil {
 		t.Fatal("the slots were not read while the limits changed")
 	}
-	if err := other.dropUnbacked(ctx, q, stale, on); err != nil {
+	if _, err := other.dropUnbacked(ctx, q, stale, on); err != nil {
 		t.Fatal(err)
 	}
 	fillQueue(t, b, q, idsIn("b", 0, 1, 9))

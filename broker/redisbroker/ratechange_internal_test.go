@@ -36,7 +36,7 @@ func TestRateLoweredAndLengthenedOverlappingRebalances(t *testing.T) {
 	lowered := tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 6, Per: 3 * time.Second}}
 	stale := setLimitsReadingSlots(t, b, q, lowered)
 	// The other rebalance goes on from what it read.
-	if err := b.dropUnbacked(ctx, q, stale, lowered); err != nil {
+	if _, err := b.dropUnbacked(ctx, q, stale, lowered); err != nil {
 		t.Fatal(err)
 	}
 	fillQueue(t, b, q, append(idsIn("c", 0, 2, 6), idsIn("d", 1, 2, 6)...))
@@ -65,7 +65,7 @@ func TestRateSwitchedOnOverlappingRebalances(t *testing.T) {
 	ageStarts(t, b, q, 1, 2*time.Second)
 	on := tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 9, Per: 3 * time.Second}}
 	stale := setLimitsReadingSlots(t, b, q, on)
-	if err := b.dropUnbacked(ctx, q, stale, on); err != nil {
+	if _, err := b.dropUnbacked(ctx, q, stale, on); err != nil {
 		t.Fatal(err)
 	}
 	fillQueue(t, b, q, append(idsIn("c", 0, 2, 6), idsIn("d", 1, 2, 6)...))

@@ -177,7 +177,7 @@ func (b *Broker) finishRepartition(ctx context.Context, queue string, l layout) 
 	pipe = b.rdb.Pipeline()
 	for i := range l.old.n {
 		p := b.partAt(queue, l, l.cur.n+i)
-		pipe.Del(ctx, p.k("lim"), p.k("starts"))
+		pipe.Del(ctx, p.k("lim"), p.k("starts"), p.k("forgot"))
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return fmt.Errorf("tide: redisbroker: repartition %s: %w", queue, classify(err))

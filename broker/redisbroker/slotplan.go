@@ -89,8 +89,13 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (gives map[*slotNode][]
 			return n.hasR && n.re == bank.re
 		}
 		var cur, old []*slotNode
-		var elsewhere int64 // starts in the period of partitions not taking part
+		var elsewhere int64 // starts in the period of partitions not taking part, and forgotten ones
 		for _, n := range ns[1:] {
+			if kind == 'r' && liveNode(n) {
+				// Forgotten starts are real: tokens for them stay
+				// unshared (in the bank) while they are in the period.
+				elsewhere += max(n.forgot, 0)
+			}
 			switch {
 			case !in(n):
 				if kind == 'r' && liveNode(n) {
@@ -296,7 +301,8 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (gives map[*slotNode][]
 // partitions stay within total. The old span's partitions keep the tokens
 // their starts use, so those count against the free tokens too, as do the
 // starts elsewhere: those of partitions that hold no tokens of the rate
-// yet (a rate switched on reaches them one by one).
+// yet (a rate switched on reaches them one by one), and the starts a
+// rebalance forgot (dropUnbacked), whose tokens stay in the bank.
 // Returns the fair holdings, whether the free tokens are contended, and
 // which partitions are held at the sharing level (they would use more).
 func shareTokens(total int64, cur, old []*slotNode, elsewhere int64, d []int64) (h []int64, contended bool, level []bool) {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/tidequeue/tide/broker"
@@ -43,6 +44,10 @@ type slotNode struct {
 	// frees is the ms until the oldest start in the rate's period leaves
 	// it (-1: no start in the period).
 	frees int64
+	// forgot counts the partition's forgotten starts in the rate's period
+	// (see dropUnbacked): starts no token backs, counted against the
+	// tokens shared out.
+	forgot int64
 }
 
 // nodeID is partition p's tag after "<queue>:" ("3", "3@2"), the name a
@@ -59,7 +64,7 @@ func (b *Broker) slotCall(queue string, n *slotNode, op string, args ...any) *ca
 	p := n.p
 	return &call{
 		script: b.s.slots,
-		keys:   p.keys("lim", "starts", "active", "pending", "meta", "scheduled", "retry", "gq", "gr", "gw"),
+		keys:   p.keys("lim", "starts", "active", "pending", "meta", "scheduled", "retry", "gq", "gr", "gw", "forgot"),
 		args:   append([]any{"p", p.layout, op}, args...),
 		queue:  queue,
 	}
@@ -104,7 +109,7 @@ func (b *Broker) readSlots(ctx context.Context, queue string, ns []*slotNode, li
 	}
 	for i, n := range ns {
 		v, err := calls[i].cmd.Slice()
-		if err != nil || len(v) != 13 {
+		if err != nil || len(v) != 14 {
 			return callErr("rebalance "+queue, fmt.Errorf("unexpected state reply %v (%v)", calls[i].cmd.Val(), err))
 		}
 		str := func(j int) string { s, _ := v[j].(string); return s }
@@ -131,6 +136,7 @@ func (b *Broker) readSlots(ctx context.Context, queue string, ns []*slotNode, li
 		if str(12) != "" {
 			n.frees = i64(12)
 		}
+		n.forgot = i64(13)
 	}
 	return nil
 }
@@ -278,8 +284,19 @@ func (b *Broker) rebalance(ctx context.Context, queue string) error {
 			}
 			continue
 		}
-		if err := b.dropUnbacked(ctx, queue, ns, lim); err != nil {
+		forgot, err := b.dropUnbacked(ctx, queue, ns, lim)
+		if err != nil {
 			return err
+		}
+		if forgot {
+			if h := rebalanceForgot.Load(); h != nil {
+				(*h)(queue)
+			}
+			if attempt < 2 {
+				// A forget may have sent tokens to the bank (slots.lua):
+				// the plan is made from the slots as they are now.
+				continue
+			}
 		}
 		gives, caps, debt := planSlots(ns, lim)
 		err = b.execute(ctx, queue, v, ns, gives, caps)
@@ -292,6 +309,10 @@ func (b *Broker) rebalance(ctx context.Context, queue string) error {
 		replanned = true
 	}
 }
+
+// rebalanceForgot, when set (by tests), runs in rebalance after it forgot
+// starts in excess and before it moves any slot.
+var rebalanceForgot atomic.Pointer[func(queue string)]
 
 // tokenNode reports whether n is a partition that holds rate tokens of the
 // bank's era.
@@ -328,7 +349,11 @@ const forgetLockTTL = 10 * time.Second
 // every partition's starts under its tokens (planSlots gives each the
 // tokens its starts use first), and is safe: no task starts until a start
 // in the period leaves it, and the forgotten ones, older than every start
-// counted, have left by then.
+// counted, have left by then. A forget gives no partition room: the tokens
+// it frees where the forgotten starts were (they backed tokens there, the
+// excess being elsewhere or a lowered limit's debt unpaid) go to the bank
+// as a transfer in the same step (slots.lua), so forgot reports that the
+// slots were changed and must be read again before a plan.
 //
 // The excess is a count over several partitions, so two rebalances must
 // not both forget it: one that read the counts before another forgot would
@@ -338,11 +363,11 @@ const forgetLockTTL = 10 * time.Second
 // op's count) and forgets only what is still in excess; one that finds the
 // lock taken forgets nothing (planSlots then leaves no token free, and a
 // later rebalance forgets).
-func (b *Broker) dropUnbacked(ctx context.Context, queue string, ns []*slotNode, lim tidetype.QueueLimits) error {
+func (b *Broker) dropUnbacked(ctx context.Context, queue string, ns []*slotNode, lim tidetype.QueueLimits) (forgot bool, err error) {
 	bank := ns[0]
 	total := int64(lim.Rate.Limit)
 	if total <= 0 || !bank.hasR {
-		return nil
+		return false, nil
 	}
 	// The tokens the nodes hold add up to the latest limit (a lowered one
 	// leaves the bank in debt): with a limit raised since lim was read,
@@ -364,15 +389,15 @@ func (b *Broker) dropUnbacked(ctx context.Context, queue string, ns []*slotNode,
 	}
 	excess := sum - max(total, tokens)
 	if excess <= 0 {
-		return nil
+		return false, nil
 	}
 	token := strconv.FormatUint(rand.Uint64(), 36)
 	lock := b.slotCall(queue, bank, "lock", token, forgetLockTTL.Milliseconds())
 	if err := b.runAll(ctx, "rebalance "+queue, []*call{lock}); err != nil {
-		return err
+		return false, err
 	}
 	if ok, _ := lock.cmd.Int64(); ok != 1 {
-		return nil
+		return false, nil
 	}
 	defer func() {
 		// A lock left behind (this call failed) only delays the next
@@ -384,7 +409,7 @@ func (b *Broker) dropUnbacked(ctx context.Context, queue string, ns []*slotNode,
 		calls[i] = b.slotCall(queue, n, "oldest", min(excess, n.used), lim.Rate.Per.Milliseconds())
 	}
 	if err := b.runAll(ctx, "rebalance "+queue, calls); err != nil {
-		return err
+		return false, err
 	}
 	type start struct {
 		n      *slotNode
@@ -396,18 +421,18 @@ func (b *Broker) dropUnbacked(ctx context.Context, queue string, ns []*slotNode,
 	for i, n := range with {
 		v, err := calls[i].cmd.StringSlice()
 		if err != nil || len(v)%2 != 1 {
-			return callErr("rebalance "+queue, fmt.Errorf("unexpected oldest reply %v (%v)", calls[i].cmd.Val(), err))
+			return false, callErr("rebalance "+queue, fmt.Errorf("unexpected oldest reply %v (%v)", calls[i].cmd.Val(), err))
 		}
 		u, err := strconv.ParseInt(v[0], 10, 64)
 		if err != nil {
-			return callErr("rebalance "+queue, fmt.Errorf("unexpected oldest reply %v", v))
+			return false, callErr("rebalance "+queue, fmt.Errorf("unexpected oldest reply %v", v))
 		}
 		n.used = u
 		fresh += u
 		for j := 1; j < len(v); j += 2 {
 			age, err := strconv.ParseInt(v[j+1], 10, 64)
 			if err != nil {
-				return callErr("rebalance "+queue, fmt.Errorf("unexpected oldest reply %v", v))
+				return false, callErr("rebalance "+queue, fmt.Errorf("unexpected oldest reply %v", v))
 			}
 			all = append(all, start{n, v[j], age})
 		}
@@ -418,7 +443,7 @@ func (b *Broker) dropUnbacked(ctx context.Context, queue string, ns []*slotNode,
 	// both make it forget fewer.)
 	excess = min(excess, fresh-max(total, tokens))
 	if excess <= 0 {
-		return nil
+		return false, nil
 	}
 	slices.SortStableFunc(all, func(a, b start) int { return int(b.age - a.age) })
 	all = all[:min(int64(len(all)), excess)]
@@ -430,13 +455,14 @@ func (b *Broker) dropUnbacked(ctx context.Context, queue string, ns []*slotNode,
 	for _, n := range with {
 		ms := byNode[n]
 		n.used -= int64(len(ms))
+		n.forgot += int64(len(ms))
 		for len(ms) > 0 {
 			k := min(len(ms), forgetBatch)
-			forgets = append(forgets, b.slotCall(queue, n, "forget", ms[:k]...))
+			forgets = append(forgets, b.slotCall(queue, n, "forget", append([]any{broker.MaxRatePer.Milliseconds()}, ms[:k]...)...))
 			ms = ms[k:]
 		}
 	}
-	return b.runAll(ctx, "rebalance "+queue, forgets)
+	return len(forgets) > 0, b.runAll(ctx, "rebalance "+queue, forgets)
 }
 
 // execute runs a plan computed from limits version v: the gives and caps

@@ -20,6 +20,8 @@
 --   3 active zset  4 pending list  5 layout meta  6 scheduled zset
 --   7 retry zset  8 ready grouped tasks (gq)  9 group rotation (gr)
 --   10 held-back groups zset (gw: held until a time)
+--   11 forgotten starts zset (token -> start ms: starts forgotten by the
+--      forget op, still counted against tokens a raised limit adds)
 -- KEYS (bank) 1 bank hash
 -- ARGV[1] 'p' partition or 'b' bank  ARGV[2] layout ('' for the bank)
 -- ARGV[3] op, then the op's arguments.
@@ -98,14 +100,15 @@ if op == 'state' then
   -- partition has no tokens of the rate yet (it was switched on, and this
   -- partition not told yet). Returns meta, c, ce, r, re, ct, xo, active,
   -- waiting, used, cs, rs, and the ms until the oldest start in the
-  -- period leaves it ('' for a missing field, or no such start).
+  -- period leaves it ('' for a missing field, or no such start), and the
+  -- forgotten starts in the period.
   local f = redis.call('HMGET', L, 'c', 'ce', 'r', 're', 'ct', 'xo', 'cs', 'rs')
   if not part then
-    return {'bank', f[1] or '', f[2] or '0', f[3] or '', f[4] or '0', '', f[6] or '', 0, 0, 0, '', '', ''}
+    return {'bank', f[1] or '', f[2] or '0', f[3] or '', f[4] or '0', '', f[6] or '', 0, 0, 0, '', '', '', 0}
   end
   local meta = redis.call('GET', KEYS[5]) or ''
   local now = redis_now()
-  local u, frees = 0, ''
+  local u, frees, fu = 0, '', 0
   local per = tonumber(ARGV[5] or '') or (f[3] and num('per'))
   if per then
     u = used(now, per)
@@ -113,9 +116,10 @@ if op == 'state' then
       local first = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. string.format('%d', now - per), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
       if first[2] then frees = string.format('%d', math.max(tonumber(first[2]) + per - now, 0)) end
     end
+    fu = redis.call('ZCOUNT', KEYS[11], '(' .. string.format('%d', now - per), '+inf')
   end
   return {meta, f[1] or '', f[2] or '0', f[3] or '', f[4] or '0', f[5] or '', f[6] or '',
-    redis.call('ZCARD', KEYS[3]), waiting(now, tonumber(ARGV[4])), u, f[7] or '', f[8] or '', frees}
+    redis.call('ZCARD', KEYS[3]), waiting(now, tonumber(ARGV[4])), u, f[7] or '', f[8] or '', frees, fu}
 end
 
 if op == 'oldest' then
@@ -156,11 +160,50 @@ if op == 'lock' or op == 'unlock' then
 end
 
 if op == 'forget' then
-  -- ARGV[4..] members of the starts zset: starts no token backs, the
-  -- oldest of the queue's period (see Broker.dropUnbacked), are no longer
-  -- counted. By member, so a call sent twice forgets nothing more.
-  if not part or not alive() or #ARGV < 4 then return 0 end
-  return redis.call('ZREM', KEYS[2], unpack(ARGV, 4))
+  -- ARGV[4] how long starts are kept, ms (broker.MaxRatePer), then
+  -- members of the starts zset: starts no token backs, the oldest of the
+  -- queue's period (see Broker.dropUnbacked), are no longer counted
+  -- against this partition's tokens. By member, so a call sent twice
+  -- forgets nothing more. They are real starts all the same: they move to
+  -- the forgotten starts zset, which the rebalance counts against the
+  -- tokens it shares out (a limit raised while they are in the period
+  -- adds that many fewer free tokens). Forgetting never leaves the
+  -- partition room to start tasks it had not: a start forgotten here may
+  -- back a token of this partition (the starts in excess are elsewhere, or
+  -- a lowered limit left the bank in debt), and a token it frees would let
+  -- a task start while the queue's period holds as many starts as the
+  -- limit. Such tokens go to the bank in the same step, as a transfer (see
+  -- give) that the rebalance completes; with a transfer outstanding
+  -- nothing is forgotten (forgetting fewer is safe). Returns the starts
+  -- forgotten.
+  if not part or not alive() or #ARGV < 5 then return 0 end
+  if redis.call('HGET', L, 'xo') then return 0 end
+  local r = num('r')
+  local now = redis_now()
+  local before = r and used(now) or 0
+  local scores = redis.call('ZMSCORE', KEYS[2], unpack(ARGV, 5))
+  local zs = {}
+  for i = 1, #scores do
+    if scores[i] then
+      zs[#zs + 1] = scores[i]
+      zs[#zs + 1] = ARGV[4 + i]
+    end
+  end
+  if #zs == 0 then return 0 end
+  local k = redis.call('ZREM', KEYS[2], unpack(ARGV, 5))
+  local keep = tonumber(ARGV[4])
+  redis.call('ZADD', KEYS[11], unpack(zs))
+  redis.call('ZREMRANGEBYSCORE', KEYS[11], '-inf', now - keep)
+  redis.call('PEXPIRE', KEYS[11], keep)
+  if r then
+    local freed = math.max(r - used(now), 0) - math.max(r - before, 0)
+    if freed > 0 then
+      redis.call('HINCRBY', L, 'r', -freed)
+      local seq = redis.call('HINCRBY', L, 'xs', 1)
+      redis.call('HSET', L, 'xo', seq .. '|' .. (redis.call('HGET', L, 'ce') or '0') .. '|' .. (redis.call('HGET', L, 're') or '0') .. '|B,0,' .. freed .. ',')
+    end
+  end
+  return k
 end
 
 if op == 'starts' then

@@ -1,0 +1,171 @@
+package redisbroker
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/tidetype"
+)
+
+// leaseAfterForget makes the first rebalance of queue q that forgets
+// starts lease, right after the forget and before any slot moves, what a
+// server would: it fills the queue with more and stores in *got how many
+// tasks that lease started. It returns a func that unsets the hook.
+func leaseAfterForget(t *testing.T, b *Broker, q string, more []string, got *int) func() {
+	t.Helper()
+	*got = -1
+	h := func(queue string) {
+		if queue != q || *got >= 0 {
+			return
+		}
+		fillQueue(t, b, q, more)
+		ds, err := b.Dequeue(context.Background(), []string{q}, 50, time.Minute)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		*got = len(ds)
+	}
+	rebalanceForgot.Store(&h)
+	return func() { rebalanceForgot.Store(nil) }
+}
+
+// A lowered Rate whose tokens are all in use leaves the bank in debt, and
+// the starts over the new limit are forgotten; forgetting them must not
+// leave room in the partition that made them before the debt is paid: 9
+// starts under 9 per 10 s, then 7 per 10 s, and a lease between the forget
+// and the rest of the rebalance starts nothing (the flow-control model,
+// seed 12, saw two tasks start there, 11 in the period).
+func TestRateLoweredForgetLeavesNoRoom(t *testing.T) {
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	b := slotBroker(t, addr, prefix, 2)
+	ctx := context.Background()
+	const q = "rate-lowered-forget"
+	if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 9, Per: 10 * time.Second}}); err != nil {
+		t.Fatal(err)
+	}
+	fillQueue(t, b, q, append(idsIn("a", 0, 2, 6), idsIn("b", 1, 2, 6)...))
+	if n := leaseAll(t, b, q, 5); n != 9 {
+		t.Fatalf("leased %d tasks under 9 per 10s, want 9", n)
+	}
+	var got int
+	defer leaseAfterForget(t, b, q, append(idsIn("c", 0, 2, 6), idsIn("d", 1, 2, 6)...), &got)()
+	if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 7, Per: 10 * time.Second}}); err != nil {
+		t.Fatal(err)
+	}
+	if got != 0 {
+		t.Fatalf("%d tasks started after the forget (-1: nothing was forgotten), with 9 starts in the last 10s under a Rate of 7 per 10s", got)
+	}
+	if n := leaseAll(t, b, q, 3); n != 0 {
+		t.Fatalf("%d tasks started after the change, with 9 starts in the last 10s under a Rate of 7 per 10s", n)
+	}
+	if _, r := slotTotals(t, b, q); r != 7 {
+		t.Fatalf("the nodes hold %d rate tokens, want 7", r)
+	}
+}
+
+// A lengthened period counts older starts again: a partition may then
+// count more starts than it holds tokens while another, whose starts are
+// the queue's oldest, counts no more than it holds. Forgetting those oldest
+// starts must not give that other partition room before the tokens move to
+// the partition over its tokens. Under 6 per 2 s both partitions hold 3
+// tokens and start 3 tasks, which leave the period (2.8 s ago in partition
+// 1, 2.5 s in partition 0); partition 0 starts 3 more; then 6 per 10 s
+// counts 9 starts and forgets partition 1's 3, and a lease right after
+// starts nothing.
+func TestRateLengthenedForgetLeavesNoRoom(t *testing.T) {
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	b := slotBroker(t, addr, prefix, 2)
+	ctx := context.Background()
+	const q = "rate-lengthened-forget"
+	if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 6, Per: 2 * time.Second}}); err != nil {
+		t.Fatal(err)
+	}
+	fillQueue(t, b, q, append(idsIn("a", 0, 2, 3), idsIn("b", 1, 2, 3)...))
+	if n := leaseAll(t, b, q, 5); n != 6 {
+		t.Fatalf("leased %d tasks under 6 per 2s, want 6", n)
+	}
+	ns := readNodes(t, b, q)
+	if ns[1].r != 3 || ns[2].r != 3 {
+		t.Fatalf("the partitions hold %d and %d tokens, want 3 each", ns[1].r, ns[2].r)
+	}
+	ageStarts(t, b, q, 0, 2500*time.Millisecond)
+	ageStarts(t, b, q, 1, 2800*time.Millisecond)
+	// Partition 0 starts 3 more on its own tokens (no rebalance, so none
+	// move).
+	fillQueue(t, b, q, idsIn("c", 0, 2, 3))
+	ds, err := b.Dequeue(ctx, []string{q}, 50, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ds) != 3 {
+		t.Fatalf("leased %d tasks in partition 0 with its starts out of the period, want 3", len(ds))
+	}
+	var got int
+	defer leaseAfterForget(t, b, q, append(idsIn("d", 0, 2, 6), idsIn("e", 1, 2, 6)...), &got)()
+	if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 6, Per: 10 * time.Second}}); err != nil {
+		t.Fatal(err)
+	}
+	if got != 0 {
+		t.Fatalf("%d tasks started after the forget (-1: nothing was forgotten), with 9 starts in the last 10s under a Rate of 6 per 10s", got)
+	}
+	if n := leaseAll(t, b, q, 3); n != 0 {
+		t.Fatalf("%d tasks started after the change, with 9 starts in the last 10s under a Rate of 6 per 10s", n)
+	}
+	if _, r := slotTotals(t, b, q); r != 6 {
+		t.Fatalf("the nodes hold %d rate tokens, want 6", r)
+	}
+}
+
+// readNodes returns queue's slot nodes as a rebalance reads them, under the
+// queue's recorded limits.
+func readNodes(t *testing.T, b *Broker, q string) []*slotNode {
+	t.Helper()
+	ctx := context.Background()
+	_, lim, _, err := b.readLimits(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := b.layoutOf(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := b.slotNodes(q, l)
+	if err := b.readSlots(ctx, q, ns, lim); err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
+// Forgotten starts are real starts: a limit raised while they are in the
+// period adds only the tokens they leave free. 12 tasks start with no
+// rate; a Rate of 9 per 10 s then counts them and forgets the 3 oldest;
+// raised to 12 per 10 s it still has 12 starts in the period and starts
+// nothing (the flow-control model, seed 22: 9 per 3 s switched on over 10
+// starts, raised to 15 per 3 s, let a 16th start); raised to 14, two.
+func TestRateRaisedAfterAForgetCountsTheForgotten(t *testing.T) {
+	t.Parallel()
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	b := slotBroker(t, addr, prefix, 2)
+	ctx := context.Background()
+	const q = "rate-raised-after-forget"
+	fillQueue(t, b, q, append(idsIn("a", 0, 2, 6), idsIn("b", 1, 2, 6)...))
+	if n := leaseAll(t, b, q, 1); n != 12 {
+		t.Fatalf("leased %d tasks without limits, want 12", n)
+	}
+	ageStarts(t, b, q, 0, time.Second) // partition 0's are the oldest
+	fillQueue(t, b, q, append(idsIn("c", 0, 2, 6), idsIn("d", 1, 2, 6)...))
+	for _, c := range []struct{ limit, want int }{{9, 0}, {12, 0}, {14, 2}, {14, 0}} {
+		if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Rate: tidetype.Rate{Limit: c.limit, Per: 10 * time.Second}}); err != nil {
+			t.Fatal(err)
+		}
+		if n := leaseAll(t, b, q, 3); n != c.want {
+			t.Fatalf("under a Rate of %d per 10s, %d tasks started, want %d", c.limit, n, c.want)
+		}
+		if _, r := slotTotals(t, b, q); r != int64(c.limit) {
+			t.Fatalf("under a Rate of %d per 10s the nodes hold %d rate tokens", c.limit, r)
+		}
+	}
+}
