@@ -169,3 +169,49 @@ func TestRateRaisedAfterAForgetCountsTheForgotten(t *testing.T) {
 		}
 	}
 }
+
+// Forgotten starts survive a repartition: the old partitions' go to the
+// new ones with the starts they kept. 12 tasks start over 2 partitions
+// with no rate, a Rate of 9 per minute forgets 3 of them, the queue moves
+// to 3 partitions, and a Rate raised to 12 per minute still starts nothing;
+// raised to 14, two.
+func TestRateRaisedAfterARepartitionCountsTheForgotten(t *testing.T) {
+	t.Parallel()
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	b := slotBroker(t, addr, prefix, 2)
+	ctx := context.Background()
+	const q = "rate-forgot-repartition"
+	fillQueue(t, b, q, append(idsIn("a", 0, 2, 6), idsIn("b", 1, 2, 6)...))
+	if n := leaseSettle(t, b, q, 1); n != 12 {
+		t.Fatalf("leased %d tasks without limits, want 12", n)
+	}
+	rate := func(limit int) {
+		t.Helper()
+		if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Rate: tidetype.Rate{Limit: limit, Per: time.Minute}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rate(9)
+	var forgot int64
+	for _, n := range readNodes(t, b, q)[1:] {
+		forgot += n.forgot
+	}
+	if forgot != 3 {
+		t.Fatalf("%d starts forgotten under a Rate of 9 per minute after 12 starts, want 3", forgot)
+	}
+	if err := b.Repartition(ctx, q, 3, nil); err != nil {
+		t.Fatal(err)
+	}
+	b.forgetLayout(q)
+	var more []string
+	for p := range 3 {
+		more = append(more, idsIn("c", p, 3, 4)...)
+	}
+	fillQueue(t, b, q, more)
+	for _, c := range []struct{ limit, want int }{{12, 0}, {14, 2}} {
+		rate(c.limit)
+		if n := leaseSettle(t, b, q, 3); n != c.want {
+			t.Fatalf("under a Rate of %d per minute after a repartition, %d tasks started, want %d", c.limit, n, c.want)
+		}
+	}
+}

@@ -624,30 +624,34 @@ func (b *Broker) releaseSlots(ctx context.Context, l layout, o part) error {
 // carried away: all of them under no rate) to partition dest of the new
 // span, with their ages, so that a rate set or lengthened after the
 // repartition counts them as it would have in src (see the package
-// documentation, "Limits"). src holds no task and starts nothing more.
+// documentation, "Limits"), and its forgotten starts to dest's, so that a
+// limit raised after the repartition still counts them. src holds no task
+// and starts nothing more.
 func (b *Broker) copyStarts(ctx context.Context, queue string, src, dest *slotNode) error {
 	keep := broker.MaxRatePer.Milliseconds()
-	for off := 0; off < broker.MaxQueueRate; off += forgetBatch {
-		rd := b.slotCall(queue, src, "starts", keep, off, forgetBatch)
-		if err := b.runAll(ctx, "repartition "+queue, []*call{rd}); err != nil {
-			return err
-		}
-		v, err := rd.cmd.StringSlice()
-		if err != nil || len(v)%2 != 0 {
-			return callErr("repartition "+queue, fmt.Errorf("unexpected starts reply %v (%v)", rd.cmd.Val(), err))
-		}
-		if len(v) == 0 {
-			return nil
-		}
-		args := []any{src.id, keep}
-		for _, x := range v {
-			args = append(args, x)
-		}
-		if err := b.runAll(ctx, "repartition "+queue, []*call{b.slotCall(queue, dest, "adopt", args...)}); err != nil {
-			return err
-		}
-		if len(v) < 2*forgetBatch {
-			return nil
+	for _, which := range []string{"", "f"} {
+		for off := 0; off < broker.MaxQueueRate; off += forgetBatch {
+			rd := b.slotCall(queue, src, "starts", keep, off, forgetBatch, which)
+			if err := b.runAll(ctx, "repartition "+queue, []*call{rd}); err != nil {
+				return err
+			}
+			v, err := rd.cmd.StringSlice()
+			if err != nil || len(v)%2 != 0 {
+				return callErr("repartition "+queue, fmt.Errorf("unexpected starts reply %v (%v)", rd.cmd.Val(), err))
+			}
+			if len(v) == 0 {
+				break
+			}
+			args := []any{src.id, keep}
+			for _, x := range v {
+				args = append(args, x)
+			}
+			if err := b.runAll(ctx, "repartition "+queue, []*call{b.slotCall(queue, dest, "adopt"+which, args...)}); err != nil {
+				return err
+			}
+			if len(v) < 2*forgetBatch {
+				break
+			}
 		}
 	}
 	return nil

@@ -207,12 +207,14 @@ if op == 'forget' then
 end
 
 if op == 'starts' then
-  -- ARGV[4] how long starts are kept, ms  ARGV[5] offset  ARGV[6] count.
+  -- ARGV[4] how long starts are kept, ms  ARGV[5] offset  ARGV[6] count
+  -- ARGV[7] 'f' for the forgotten starts (else the starts zset).
   -- Returns member, age (ms) of the starts kept, newest first, from offset
   -- on: those a repartition copies from an old partition (Broker.copyStarts).
   if not part then return {} end
+  local z = ARGV[7] == 'f' and KEYS[11] or KEYS[2]
   local now = redis_now()
-  local zs = redis.call('ZREVRANGEBYSCORE', KEYS[2], '+inf', '(' .. string.format('%d', now - tonumber(ARGV[4])), 'WITHSCORES', 'LIMIT', tonumber(ARGV[5]), tonumber(ARGV[6]))
+  local zs = redis.call('ZREVRANGEBYSCORE', z, '+inf', '(' .. string.format('%d', now - tonumber(ARGV[4])), 'WITHSCORES', 'LIMIT', tonumber(ARGV[5]), tonumber(ARGV[6]))
   local out = {}
   for j = 1, #zs, 2 do
     out[#out + 1] = zs[j]
@@ -221,13 +223,14 @@ if op == 'starts' then
   return out
 end
 
-if op == 'adopt' then
+if op == 'adopt' or op == 'adoptf' then
   -- ARGV[4] source ID  ARGV[5] how long starts are kept, ms, then pairs
   -- member, age: starts of an old partition of a repartition, entered here
   -- with their ages (later than they were read: they count at least as
   -- long as there) under names of their own, so a copy sent twice counts
-  -- once.
+  -- once; adoptf enters forgotten starts among the forgotten ones.
   if not part or not alive() then return 0 end
+  local z = op == 'adoptf' and KEYS[11] or KEYS[2]
   local now = redis_now()
   local zs = {}
   for i = 6, #ARGV - 1, 2 do
@@ -235,8 +238,8 @@ if op == 'adopt' then
     zs[#zs + 1] = 'o' .. ARGV[4] .. '.' .. ARGV[i]
   end
   if #zs == 0 then return 0 end
-  redis.call('ZADD', KEYS[2], unpack(zs))
-  if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[5]) then redis.call('PEXPIRE', KEYS[2], ARGV[5]) end
+  redis.call('ZADD', z, unpack(zs))
+  if redis.call('PTTL', z) < tonumber(ARGV[5]) then redis.call('PEXPIRE', z, ARGV[5]) end
   return #zs / 2
 end
 
