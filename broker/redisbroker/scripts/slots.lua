@@ -174,8 +174,8 @@ if op == 'forget' then
   -- a task start while the queue's period holds as many starts as the
   -- limit. Such tokens go to the bank in the same step, as a transfer (see
   -- give) that the rebalance completes; with a transfer outstanding
-  -- nothing is forgotten (forgetting fewer is safe). Returns the starts
-  -- forgotten.
+  -- nothing is forgotten (the rebalance completes it, counts again and
+  -- forgets then). Returns the starts forgotten.
   if not part or not alive() or #ARGV < 5 then return 0 end
   if redis.call('HGET', L, 'xo') then return 0 end
   local r = num('r')
