@@ -215,3 +215,67 @@ func TestRateRaisedAfterARepartitionCountsTheForgotten(t *testing.T) {
 		}
 	}
 }
+
+// A rebalance that read the slots before another forgot starts does not
+// plan the rate tokens from what it read: its counts hold the forgotten
+// starts, and it would give a partition tokens for starts it no longer
+// counts (the flow-control model, seed 39: a partition got 5 tokens for 4
+// counted starts, with 40 in the queue's period). 12 tasks start with no
+// rate, 6 in each partition, partition 0's first; SetQueueLimits switches
+// on 9 per 10 s, and after its rebalance read the slots another process's
+// rebalance forgets the 3 oldest (partition 0's) and plans, and a third
+// holds the forget lock; then a lease starts nothing.
+func TestStaleRebalanceDoesNotPlanTokensOfForgottenStarts(t *testing.T) {
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	b := slotBroker(t, addr, prefix, 2)
+	other := slotBroker(t, addr, prefix, 2)
+	ctx := context.Background()
+	const q = "rate-stale-plan"
+	fillQueue(t, b, q, append(idsIn("a", 0, 2, 6), idsIn("b", 1, 2, 6)...))
+	if n := leaseAll(t, b, q, 1); n != 12 {
+		t.Fatalf("leased %d tasks without limits, want 12", n)
+	}
+	ageStarts(t, b, q, 0, time.Second)
+	fillQueue(t, b, q, append(idsIn("c", 0, 2, 6), idsIn("d", 1, 2, 6)...))
+	done := false
+	h := func(queue string) {
+		if queue != q || done {
+			return
+		}
+		done = true
+		if err := other.rebalance(ctx, q); err != nil {
+			t.Error(err)
+		}
+		l, err := b.layoutOf(ctx, q)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		lock := b.slotCall(q, b.slotNodes(q, l)[0], "lock", "third", int64(60000))
+		if err := b.runAll(ctx, "lock", []*call{lock}); err != nil {
+			t.Error(err)
+		}
+	}
+	rebalanceRead.Store(&h)
+	defer rebalanceRead.Store(nil)
+	if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 9, Per: 10 * time.Second}}); err != nil {
+		t.Fatal(err)
+	}
+	if !done {
+		t.Fatal("SetQueueLimits' rebalance did not run")
+	}
+	var forgot int64
+	for _, n := range readNodes(t, b, q)[1:] {
+		forgot += n.forgot
+	}
+	if forgot != 3 {
+		t.Fatalf("%d starts forgotten, want 3", forgot)
+	}
+	ds, err := b.Dequeue(ctx, []string{q}, 50, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ds) != 0 {
+		t.Fatalf("%d tasks started with 12 starts in the last 10s under a Rate of 9 per 10s", len(ds))
+	}
+}

@@ -2,6 +2,7 @@ package redisbroker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -284,7 +285,17 @@ func (b *Broker) rebalance(ctx context.Context, queue string) error {
 			}
 			continue
 		}
+		if h := rebalanceRead.Load(); h != nil {
+			(*h)(queue)
+		}
 		forgot, err := b.dropUnbacked(ctx, queue, ns, lim)
+		plan := lim
+		if errors.Is(err, errForgetBusy) {
+			// Another rebalance forgets starts, and plans the rate
+			// tokens after: this one's counts may hold the starts it
+			// forgets, so it plans the concurrency slots alone.
+			plan.Rate, err = tidetype.Rate{}, nil
+		}
 		if err != nil {
 			return err
 		}
@@ -298,7 +309,7 @@ func (b *Broker) rebalance(ctx context.Context, queue string) error {
 				continue
 			}
 		}
-		gives, caps, debt := planSlots(ns, lim)
+		gives, caps, debt := planSlots(ns, plan)
 		err = b.execute(ctx, queue, v, ns, gives, caps)
 		if err != nil || !debt || replanned {
 			return err
@@ -309,6 +320,37 @@ func (b *Broker) rebalance(ctx context.Context, queue string) error {
 		replanned = true
 	}
 }
+
+// unbacked returns the starts the live partitions of ns count in the
+// Rate's period beyond the limit total, and the partitions with starts. The
+// tokens the nodes hold add up to the latest limit (a lowered one leaves
+// the bank in debt): with a limit raised since total was read, they tell
+// the larger one.
+func unbacked(ns []*slotNode, total int64) (excess int64, with []*slotNode) {
+	bank := ns[0]
+	var sum, tokens int64 = 0, bank.r
+	for _, n := range ns[1:] {
+		if !liveNode(n) {
+			continue
+		}
+		if tokenNode(n, bank) {
+			tokens += n.r
+		}
+		if n.used > 0 {
+			sum += n.used
+			with = append(with, n)
+		}
+	}
+	return sum - max(total, tokens), with
+}
+
+// errForgetBusy is dropUnbacked's report that another rebalance holds the
+// queue's forget lock.
+var errForgetBusy = errors.New("tide: redisbroker: another rebalance is forgetting starts")
+
+// rebalanceRead, when set (by tests), runs in rebalance after it read the
+// slots and found no transfer outstanding, before it forgets or plans.
+var rebalanceRead atomic.Pointer[func(queue string)]
 
 // rebalanceForgot, when set (by tests), runs in rebalance after it forgot
 // starts in excess and before it moves any slot.
@@ -359,36 +401,21 @@ const forgetLockTTL = 10 * time.Second
 // not both forget it: one that read the counts before another forgot would
 // forget as many again, starts that back tokens, and that many tasks would
 // start over the limit. So the forgetting rebalance holds the queue's
-// forget lock (on the bank), counts the starts again under it (the oldest
-// op's count) and forgets only what is still in excess; one that finds the
-// lock taken forgets nothing (planSlots then leaves no token free, and a
-// later rebalance forgets).
+// forget lock (on the bank), reads the slots again under it and forgets
+// only what is still in excess. One that finds the lock taken forgets
+// nothing and reports errForgetBusy: its counts may hold starts the other
+// forgets, and a plan of the rate tokens made from them would give
+// partitions tokens those starts no longer use (the flow-control model,
+// seed 39: a stale plan gave a partition 5 tokens for its 4 counted starts
+// while the queue's period held 40), so it plans the concurrency slots
+// alone and leaves the rate tokens to the rebalance that forgot.
 func (b *Broker) dropUnbacked(ctx context.Context, queue string, ns []*slotNode, lim tidetype.QueueLimits) (forgot bool, err error) {
 	bank := ns[0]
 	total := int64(lim.Rate.Limit)
 	if total <= 0 || !bank.hasR {
 		return false, nil
 	}
-	// The tokens the nodes hold add up to the latest limit (a lowered one
-	// leaves the bank in debt): with a limit raised since lim was read,
-	// they tell the larger one. Forgetting too few is safe (planSlots then
-	// leaves no token free); too many is not.
-	var sum, tokens int64 = 0, bank.r
-	var with []*slotNode
-	for _, n := range ns[1:] {
-		if !liveNode(n) {
-			continue
-		}
-		if tokenNode(n, bank) {
-			tokens += n.r
-		}
-		if n.used > 0 {
-			sum += n.used
-			with = append(with, n)
-		}
-	}
-	excess := sum - max(total, tokens)
-	if excess <= 0 {
+	if excess, _ := unbacked(ns, total); excess <= 0 {
 		return false, nil
 	}
 	token := strconv.FormatUint(rand.Uint64(), 36)
@@ -397,13 +424,32 @@ func (b *Broker) dropUnbacked(ctx context.Context, queue string, ns []*slotNode,
 		return false, err
 	}
 	if ok, _ := lock.cmd.Int64(); ok != 1 {
-		return false, nil
+		return false, errForgetBusy
 	}
 	defer func() {
 		// A lock left behind (this call failed) only delays the next
 		// forgetting until it runs out.
 		b.run(context.WithoutCancel(ctx), []*call{b.slotCall(queue, bank, "unlock", token)})
 	}()
+	// Read again under the lock: counts read before another rebalance
+	// forgot hold the starts it forgot, and a plan made from them would
+	// give partitions tokens their starts no longer use.
+	if err := b.readSlots(ctx, queue, ns, lim); err != nil {
+		return false, err
+	}
+	if ts, err := outstanding(ns); err != nil || len(ts) > 0 {
+		return true, err // a transfer to complete first
+	}
+	excess, with := unbacked(ns, total)
+	if excess <= 0 || !bank.hasR {
+		return false, nil
+	}
+	tokens := bank.r
+	for _, n := range ns[1:] {
+		if tokenNode(n, bank) {
+			tokens += n.r
+		}
+	}
 	calls := make([]*call, len(with))
 	for i, n := range with {
 		calls[i] = b.slotCall(queue, n, "oldest", min(excess, n.used), lim.Rate.Per.Milliseconds())
@@ -437,10 +483,9 @@ func (b *Broker) dropUnbacked(ctx context.Context, queue string, ns []*slotNode,
 			all = append(all, start{n, v[j], age})
 		}
 	}
-	// Counted again under the lock: what another rebalance forgot since
-	// the slots were read is no longer in excess. (Starts made since only
-	// add to the count, and the nodes without starts then are left out:
-	// both make it forget fewer.)
+	// Counted once more by the oldest op. (Starts made since the read
+	// only add to the count, and the nodes without starts then are left
+	// out: both make it forget fewer.)
 	excess = min(excess, fresh-max(total, tokens))
 	if excess <= 0 {
 		return false, nil
