@@ -50,20 +50,7 @@ func TestRateLoweredForgetLeavesNoRoom(t *testing.T) {
 	if n := leaseAll(t, b, q, 5); n != 9 {
 		t.Fatalf("leased %d tasks under 9 per 10s, want 9", n)
 	}
-	var got int
-	defer leaseAfterForget(t, b, q, append(idsIn("c", 0, 2, 6), idsIn("d", 1, 2, 6)...), &got)()
-	if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 7, Per: 10 * time.Second}}); err != nil {
-		t.Fatal(err)
-	}
-	if got != 0 {
-		t.Fatalf("%d tasks started after the forget (-1: nothing was forgotten), with 9 starts in the last 10s under a Rate of 7 per 10s", got)
-	}
-	if n := leaseAll(t, b, q, 3); n != 0 {
-		t.Fatalf("%d tasks started after the change, with 9 starts in the last 10s under a Rate of 7 per 10s", n)
-	}
-	if _, r := slotTotals(t, b, q); r != 7 {
-		t.Fatalf("the nodes hold %d rate tokens, want 7", r)
-	}
+	wantNoRoomAfterForget(t, b, q, 7, 9, append(idsIn("c", 0, 2, 6), idsIn("d", 1, 2, 6)...))
 }
 
 // A lengthened period counts older starts again: a partition may then
@@ -103,19 +90,29 @@ func TestRateLengthenedForgetLeavesNoRoom(t *testing.T) {
 	if len(ds) != 3 {
 		t.Fatalf("leased %d tasks in partition 0 with its starts out of the period, want 3", len(ds))
 	}
+	wantNoRoomAfterForget(t, b, q, 6, 9, append(idsIn("d", 0, 2, 6), idsIn("e", 1, 2, 6)...))
+}
+
+// wantNoRoomAfterForget sets a Rate of limit per 10 s on q with a lease
+// hooked in right after its rebalance forgets (leaseAfterForget, which
+// fills the queue with more first), and checks that neither that lease nor
+// later ones start a task while the period holds starts starts, and that
+// the nodes hold limit tokens.
+func wantNoRoomAfterForget(t *testing.T, b *Broker, q string, limit, starts int, more []string) {
+	t.Helper()
 	var got int
-	defer leaseAfterForget(t, b, q, append(idsIn("d", 0, 2, 6), idsIn("e", 1, 2, 6)...), &got)()
-	if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 6, Per: 10 * time.Second}}); err != nil {
+	defer leaseAfterForget(t, b, q, more, &got)()
+	if err := b.SetQueueLimits(context.Background(), q, tidetype.QueueLimits{Rate: tidetype.Rate{Limit: limit, Per: 10 * time.Second}}); err != nil {
 		t.Fatal(err)
 	}
 	if got != 0 {
-		t.Fatalf("%d tasks started after the forget (-1: nothing was forgotten), with 9 starts in the last 10s under a Rate of 6 per 10s", got)
+		t.Fatalf("%d tasks started after the forget (-1: nothing was forgotten), with %d starts in the last 10s under a Rate of %d per 10s", got, starts, limit)
 	}
 	if n := leaseAll(t, b, q, 3); n != 0 {
-		t.Fatalf("%d tasks started after the change, with 9 starts in the last 10s under a Rate of 6 per 10s", n)
+		t.Fatalf("%d tasks started after the change, with %d starts in the last 10s under a Rate of %d per 10s", n, starts, limit)
 	}
-	if _, r := slotTotals(t, b, q); r != 6 {
-		t.Fatalf("the nodes hold %d rate tokens, want 6", r)
+	if _, r := slotTotals(t, b, q); r != int64(limit) {
+		t.Fatalf("the nodes hold %d rate tokens, want %d", r, limit)
 	}
 }
 
