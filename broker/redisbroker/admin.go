@@ -309,10 +309,11 @@ func (b *Broker) adminOne(ctx context.Context, op, queue, id string) error {
 	if err := b.check(); err != nil {
 		return err
 	}
-	l, err := b.layoutOf(ctx, queue)
-	if err != nil {
-		return err
-	}
+	return b.againOnLayout(ctx, queue, func(l layout) error { return b.adminOneIn(ctx, l, op, queue, id) })
+}
+
+// adminOneIn is adminOne under layout l.
+func (b *Broker) adminOneIn(ctx context.Context, l layout, op, queue, id string) error {
 	var code int64
 	where, err := b.resolve(ctx, queue, l, id)
 	if err != nil {

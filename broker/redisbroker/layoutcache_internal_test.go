@@ -195,3 +195,43 @@ func TestLayoutReadAcrossARepartitionsRecording(t *testing.T) {
 		t.Fatal("the read did not straddle the recording")
 	}
 }
+
+// An operator's single-task call from a process whose cached layout a
+// repartition (by another process) has made stale succeeds: the call the
+// retired partition refused runs again with the layout read afresh. (The
+// flow-control model, seed 80: a DeleteTask right after a repartition
+// failed with ErrUnavailable.)
+func TestSingleTaskCallsWithALayoutARepartitionMadeStale(t *testing.T) {
+	t.Parallel()
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	b := slotBroker(t, addr, prefix, 2)
+	other := slotBroker(t, addr, prefix, 2)
+	ctx := context.Background()
+	const q = "stale-layout-ops"
+	calls := map[string]func(ctx context.Context, queue, id string) error{
+		"delete": b.Delete, "cancel": b.Cancel, "archive": b.ArchiveTask, "run": b.RunTask,
+	}
+	var ids []string
+	for name := range calls {
+		ids = append(ids, name)
+	}
+	fillQueue(t, b, q, ids) // b caches the layout of 2 partitions
+	if err := b.ArchiveTask(ctx, q, "run"); err != nil {
+		t.Fatal(err) // RunTask needs a task that is not pending
+	}
+	stale, err := b.layoutOf(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Repartition(ctx, q, 3, nil); err != nil {
+		t.Fatal(err)
+	}
+	for name, call := range calls {
+		t.Run(name, func(t *testing.T) {
+			b.layouts.Store(q, cachedLayout{l: stale, at: time.Now()}) // as cached before
+			if err := call(ctx, q, name); err != nil {
+				t.Fatalf("%s after a repartition with the layout cached before it: %v", name, err)
+			}
+		})
+	}
+}

@@ -118,10 +118,31 @@ func (b *Broker) remove(ctx context.Context, queue, id, op string) error {
 	if err := b.check(); err != nil {
 		return err
 	}
-	l, err := b.layoutOf(ctx, queue)
-	if err != nil {
-		return err
+	return b.againOnLayout(ctx, queue, func(l layout) error { return b.removeIn(ctx, l, queue, id, op) })
+}
+
+// againOnLayout runs f with queue's layout, and again with the layout read
+// afresh, up to twice, when a script refused f's call for its layout (the
+// queue was repartitioned since this process cached it: refused calls
+// change nothing, and the next reads the layout again). An operator's call
+// so succeeds right after a repartition rather than fail with
+// ErrUnavailable.
+func (b *Broker) againOnLayout(ctx context.Context, queue string, f func(l layout) error) error {
+	for attempt := 0; ; attempt++ {
+		l, err := b.layoutOf(ctx, queue)
+		if err != nil {
+			return err
+		}
+		err = f(l)
+		if attempt == 2 || !errors.Is(err, broker.ErrLayout) || errors.Is(err, broker.ErrOutcomeUnknown) {
+			return err
+		}
+		b.forgetLayout(queue)
 	}
+}
+
+// removeIn is remove under layout l.
+func (b *Broker) removeIn(ctx context.Context, l layout, queue, id, op string) error {
 	code := removeNotFound // a placeholder alone is no task
 	// A free ID's pointer may be written in the ID's partition after the
 	// lookup found nothing there (an enqueue's claim, a repartition's
