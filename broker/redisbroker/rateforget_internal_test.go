@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tidequeue/tide/internal/redistest"
 	"github.com/tidequeue/tide/tidetype"
 )
@@ -274,5 +276,61 @@ func TestStaleRebalanceDoesNotPlanTokensOfForgottenStarts(t *testing.T) {
 	}
 	if len(ds) != 0 {
 		t.Fatalf("%d tasks started with 12 starts in the last 10s under a Rate of 9 per 10s", len(ds))
+	}
+}
+
+// A lowered Rate whose starts in the period are over the new limit takes
+// back every free token too: the starts forgotten are real, and the bank
+// keeps a token for each while they are in the period. 13 tasks start
+// under 13 per 10 s, partition 1's 6 first, and one of those leaves the
+// period (a token free there); lowered to 7 per 10 s, partition 1's 5
+// other starts are forgotten, the lowered limit's debt is paid, and
+// nothing starts (the flow-control model, seed 77: 13 per 2 s lowered to
+// 7 per 3 s, and the free token of the partition whose starts were
+// forgotten started a 13th task).
+func TestRateLoweredTakesFreeTokensForForgottenStarts(t *testing.T) {
+	t.Parallel()
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	b := slotBroker(t, addr, prefix, 2)
+	ctx := context.Background()
+	const q = "rate-lowered-free-token"
+	if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 13, Per: 10 * time.Second}}); err != nil {
+		t.Fatal(err)
+	}
+	fillQueue(t, b, q, append(idsIn("a", 0, 2, 7), idsIn("b", 1, 2, 6)...))
+	if n := leaseAll(t, b, q, 3); n != 13 {
+		t.Fatalf("leased %d tasks under 13 per 10s, want 13", n)
+	}
+	ns := readNodes(t, b, q)
+	if ns[1].r != 7 || ns[2].r != 6 {
+		t.Fatalf("partitions hold %d and %d tokens, want 7 and 6", ns[1].r, ns[2].r)
+	}
+	l, err := b.layoutOf(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := b.partAt(q, l, 1).k("starts")
+	zs, err := b.rdb.ZRangeWithScores(ctx, key, 0, -1).Result()
+	if err != nil || len(zs) != 6 {
+		t.Fatalf("partition 1 keeps %d starts (%v), want 6", len(zs), err)
+	}
+	for i, z := range zs {
+		age := time.Second // the oldest of the queue
+		if i == 0 {
+			age = 11 * time.Second // out of the period
+		}
+		if err := b.rdb.ZAdd(ctx, key, redis.Z{Member: z.Member, Score: z.Score - float64(age.Milliseconds())}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 7, Per: 10 * time.Second}}); err != nil {
+		t.Fatal(err)
+	}
+	fillQueue(t, b, q, append(idsIn("c", 0, 2, 6), idsIn("d", 1, 2, 6)...))
+	if n := leaseAll(t, b, q, 3); n != 0 {
+		t.Fatalf("%d tasks started with 12 starts in the last 10s under a Rate of 7 per 10s", n)
+	}
+	if _, r := slotTotals(t, b, q); r != 7 {
+		t.Fatalf("the nodes hold %d rate tokens, want 7", r)
 	}
 }

@@ -44,8 +44,8 @@ func leaseAll(t *testing.T, b *Broker, queue string, rounds int) int {
 	return n
 }
 
-// ageStarts makes the starts partition i of queue recorded d older, as if
-// d had passed for them.
+// ageStarts makes the starts partition i of queue recorded (and those it
+// forgot) d older, as if d had passed for them.
 func ageStarts(t *testing.T, b *Broker, queue string, i int, d time.Duration) {
 	t.Helper()
 	ctx := context.Background()
@@ -53,14 +53,15 @@ func ageStarts(t *testing.T, b *Broker, queue string, i int, d time.Duration) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key := b.partAt(queue, l, i).k("starts")
-	zs, err := b.rdb.ZRangeWithScores(ctx, key, 0, -1).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, z := range zs {
-		if err := b.rdb.ZAddXX(ctx, key, redis.Z{Member: z.Member, Score: z.Score - float64(d.Milliseconds())}).Err(); err != nil {
+	for _, key := range b.partAt(queue, l, i).keys("starts", "forgot") {
+		zs, err := b.rdb.ZRangeWithScores(ctx, key, 0, -1).Result()
+		if err != nil {
 			t.Fatal(err)
+		}
+		for _, z := range zs {
+			if err := b.rdb.ZAddXX(ctx, key, redis.Z{Member: z.Member, Score: z.Score - float64(d.Milliseconds())}).Err(); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 }

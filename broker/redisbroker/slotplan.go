@@ -90,11 +90,14 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (gives map[*slotNode][]
 		}
 		var cur, old []*slotNode
 		var elsewhere int64 // starts in the period of partitions not taking part, and forgotten ones
+		// keep is what the bank keeps whatever the demand: a token for
+		// each forgotten start in the period (see dropUnbacked). They are
+		// real starts: a token a partition held for one would start a task
+		// while the period holds as many starts as the limit.
+		var keep int64
 		for _, n := range ns[1:] {
 			if kind == 'r' && liveNode(n) {
-				// Forgotten starts are real: tokens for them stay
-				// unshared (in the bank) while they are in the period.
-				elsewhere += max(n.forgot, 0)
+				keep += max(n.forgot, 0)
 			}
 			switch {
 			case !in(n):
@@ -127,7 +130,7 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (gives map[*slotNode][]
 		if kind == 'c' {
 			h, contended, level = waterfill(total, d)
 		} else {
-			h, contended, level = shareTokens(total, cur, old, elsewhere, d)
+			h, contended, level = shareTokens(total, cur, old, elsewhere+keep, d)
 		}
 		// The first moment a token in use becomes free: a partition held
 		// at its share asks again from then on, as the token may free
@@ -189,7 +192,7 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (gives map[*slotNode][]
 		left := map[*slotNode]int64{}
 		supply := func(n *slotNode) int64 {
 			if n.bank {
-				return max(held(n), 0)
+				return max(held(n)-keep, 0)
 			}
 			s := held(n) - fair[n]
 			if kind == 'c' {
@@ -205,8 +208,10 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (gives map[*slotNode][]
 			k int64
 		}
 		var needs []need
-		if held(bank) < 0 {
-			needs = append(needs, need{bank, -held(bank)})
+		if held(bank) < keep {
+			// A lowered limit's debt, or the tokens of forgotten
+			// starts: taken back even where starts use them (below).
+			needs = append(needs, need{bank, keep - held(bank)})
 		}
 		var wants []need
 		for _, n := range append(old, cur...) {
@@ -246,9 +251,10 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (gives map[*slotNode][]
 				}
 			}
 		}
-		// A bank in rate debt (a lowered Rate) takes tokens back even
-		// where starts in the period use them: they go with their ages
-		// and count where they go. (Concurrency debt is paid with free
+		// A bank in rate debt (a lowered Rate), or short of the tokens
+		// of forgotten starts, takes tokens back even where starts in the
+		// period use them: they go with their ages and count where they
+		// go. (Concurrency debt is paid with free
 		// slots only, above.)
 		if kind != 'c' && len(needs) > 0 && needs[0].n == bank && needs[0].k > 0 {
 			k := needs[0].k
