@@ -309,12 +309,13 @@ func (b *Broker) adminOne(ctx context.Context, op, queue, id string) error {
 	if err := b.check(); err != nil {
 		return err
 	}
-	return b.againOnLayout(ctx, queue, func(l layout) error { return b.adminOneIn(ctx, l, op, queue, id) })
+	return b.againOnLayout(ctx, queue, func(l layout, last bool) error { return b.adminOneIn(ctx, l, last, op, queue, id) })
 }
 
-// adminOneIn is adminOne under layout l.
-func (b *Broker) adminOneIn(ctx context.Context, l layout, op, queue, id string) error {
+// adminOneIn is adminOne under layout l (last: see againOnLayout).
+func (b *Broker) adminOneIn(ctx context.Context, l layout, last bool, op, queue, id string) error {
 	var code int64
+	retired := false
 	where, err := b.resolve(ctx, queue, l, id)
 	if err != nil {
 		return err
@@ -324,6 +325,10 @@ func (b *Broker) adminOneIn(ctx context.Context, l layout, op, queue, id string)
 		rid, cache, exp, _ := b.request(p)
 		c := b.adminCall(p, rid, cache, exp, op, id, 0)
 		b.run(ctx, []*call{c})
+		if b.retiredOld(ctx, p, c.err) {
+			retired = true
+			continue
+		}
 		if c.err != nil {
 			return callErr(fmt.Sprintf("%s %s/%s", op, queue, id), c.err)
 		}
@@ -335,6 +340,8 @@ func (b *Broker) adminOneIn(ctx context.Context, l layout, op, queue, id string)
 		}
 	}
 	switch {
+	case code == 0 && retired && !last:
+		return callErr(op, errRetiredOnly)
 	case code == 0:
 		return broker.ErrTaskNotFound
 	case code == -99:

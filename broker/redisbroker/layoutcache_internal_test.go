@@ -2,12 +2,14 @@ package redisbroker
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/tidequeue/tide/broker"
 	"github.com/tidequeue/tide/internal/redistest"
+	"github.com/tidequeue/tide/internal/testwait"
 	"github.com/tidequeue/tide/tidetype"
 )
 
@@ -233,5 +235,48 @@ func TestSingleTaskCallsWithALayoutARepartitionMadeStale(t *testing.T) {
 				t.Fatalf("%s after a repartition with the layout cached before it: %v", name, err)
 			}
 		})
+	}
+}
+
+// An operator's single-task call during a repartition, for an ID whose old
+// partition the repartition has retired already (it moved that
+// partition's tasks, maybe just after the call looked in the new one),
+// looks again and answers as for any task: ErrTaskNotFound for one that is
+// not there, never ErrUnavailable. (The flow-control model, seed 80: a
+// DeleteTask of a task moved during the lookup failed so.)
+func TestSingleTaskCallsSkipARetiredOldPartition(t *testing.T) {
+	t.Parallel()
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	b := slotBroker(t, addr, prefix, 2)
+	ctx := context.Background()
+	const q = "retired-old-ops"
+	// A task running in old partition 1 holds the repartition there, after
+	// old partition 0 is drained and retired.
+	hold := idsIn("hold", 1, 2, 1)
+	fillQueue(t, b, q, hold)
+	held, err := b.Dequeue(ctx, []string{q}, 10, time.Minute)
+	if err != nil || len(held) != 1 {
+		t.Fatalf("leased %d tasks (%v), want the one that holds the repartition", len(held), err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- b.Repartition(ctx, q, 3, nil) }()
+	var l layout
+	testwait.For(t, 10*time.Second, "old partition 0 to be retired", func() bool {
+		b.forgetLayout(q)
+		l, err = b.freshLayout(ctx, q)
+		return err == nil && l.old != nil && b.retired(ctx, b.partAt(q, l, l.cur.n))
+	})
+	missing := idsIn("gone", 0, 2, 1)[0]
+	calls := map[string]func(ctx context.Context, queue, id string) error{
+		"delete": b.Delete, "cancel": b.Cancel, "archive": b.ArchiveTask, "run": b.RunTask,
+	}
+	for name, call := range calls {
+		if err := call(ctx, q, missing); !errors.Is(err, broker.ErrTaskNotFound) {
+			t.Errorf("%s of a missing task of a retired old partition during a repartition: %v, want ErrTaskNotFound", name, err)
+		}
+	}
+	settleAll(t, b, held)
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

@@ -118,22 +118,24 @@ func (b *Broker) remove(ctx context.Context, queue, id, op string) error {
 	if err := b.check(); err != nil {
 		return err
 	}
-	return b.againOnLayout(ctx, queue, func(l layout) error { return b.removeIn(ctx, l, queue, id, op) })
+	return b.againOnLayout(ctx, queue, func(l layout, last bool) error { return b.removeIn(ctx, l, last, queue, id, op) })
 }
 
 // againOnLayout runs f with queue's layout, and again with the layout read
-// afresh, up to twice, when a script refused f's call for its layout (the
-// queue was repartitioned since this process cached it: refused calls
-// change nothing, and the next reads the layout again). An operator's call
-// so succeeds right after a repartition rather than fail with
-// ErrUnavailable.
-func (b *Broker) againOnLayout(ctx context.Context, queue string, f func(l layout) error) error {
+// afresh, up to twice, when f's call was refused for its layout (the queue
+// was repartitioned since this process cached it: refused calls change
+// nothing, and the next reads the layout again), or when f found nothing
+// but an old partition that a running repartition has retired (it moved
+// its tasks to the new span, maybe just after f looked there). last tells
+// f its last run. An operator's call so succeeds during and right after a
+// repartition rather than fail with ErrUnavailable.
+func (b *Broker) againOnLayout(ctx context.Context, queue string, f func(l layout, last bool) error) error {
 	for attempt := 0; ; attempt++ {
 		l, err := b.layoutOf(ctx, queue)
 		if err != nil {
 			return err
 		}
-		err = f(l)
+		err = f(l, attempt == 2)
 		if attempt == 2 || !errors.Is(err, broker.ErrLayout) || errors.Is(err, broker.ErrOutcomeUnknown) {
 			return err
 		}
@@ -141,8 +143,20 @@ func (b *Broker) againOnLayout(ctx context.Context, queue string, f func(l layou
 	}
 }
 
-// removeIn is remove under layout l.
-func (b *Broker) removeIn(ctx context.Context, l layout, queue, id, op string) error {
+// errRetiredOnly is a lookup's report that it found the task nowhere but
+// may have missed it in an old partition a repartition retired meanwhile:
+// againOnLayout looks again.
+var errRetiredOnly = fmt.Errorf("%w: %w: an old partition was retired during the lookup", broker.ErrUnavailable, broker.ErrLayout)
+
+// retiredOld reports whether err is a refusal by old partition p that a
+// repartition has retired (it holds nothing any more).
+func (b *Broker) retiredOld(ctx context.Context, p part, err error) bool {
+	return err != nil && p.old && errors.Is(err, broker.ErrLayout) && b.retired(ctx, p)
+}
+
+// removeIn is remove under layout l (last: see againOnLayout).
+func (b *Broker) removeIn(ctx context.Context, l layout, last bool, queue, id, op string) error {
+	retired := false
 	code := removeNotFound // a placeholder alone is no task
 	// A free ID's pointer may be written in the ID's partition after the
 	// lookup found nothing there (an enqueue's claim, a repartition's
@@ -178,6 +192,10 @@ look:
 				queue:  queue,
 			}
 			b.run(ctx, []*call{c})
+			if b.retiredOld(ctx, p, c.err) {
+				retired = true
+				continue
+			}
 			if c.err != nil {
 				return callErr(op, c.err)
 			}
@@ -208,6 +226,8 @@ look:
 		break
 	}
 	switch {
+	case code == removeNotFound && retired && !last:
+		return callErr(op, errRetiredOnly)
 	case code == removeNotFound:
 		return broker.ErrTaskNotFound
 	case code == removeActive:
