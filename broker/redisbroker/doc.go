@@ -245,7 +245,16 @@
 // over the new limit). The excess is counted over several partitions, so one rebalance at
 // a time forgets (a lock, field fl of the bank), counting the starts again
 // under the lock: two that forgot from the same counts would forget it
-// twice, starts that back tokens. While demands exceed
+// twice, starts that back tokens. A Rate changed to a shorter period (13
+// per 3 s to 6 per 2 s) leaves the partitions the old limit's tokens until
+// the rebalance takes them back, and those counted over the shorter period
+// would start more than either rate allows in its own period. So a
+// partition keeps counting over the longer period (field per; the shorter
+// one waits in pn) until a rebalance finds the bank holding all it needs,
+// which means the partitions hold no more than the new limit, and lets it
+// in (slots.lua "period"); a partition new to the rate in a repartition
+// counts over the longest period the queue's partitions count, as it may
+// be given tokens of the old limit. While demands exceed
 // the limit, each partition gets a cap (ct) at its share, so that one that
 // holds more stops reusing the slots its tasks free and gives them away.
 // The caps are hints: a stale one can slow the flow of slots, never exceed a

@@ -62,7 +62,7 @@ func (b *Broker) SetQueueLimits(ctx context.Context, queue string, l tidetype.Qu
 	// anew when it changed. A repartition that changes it later reads
 	// this version of the limits when it gives its settings.
 	for attempt := 0; ; attempt++ {
-		err = b.applyLimits(ctx, queue, lay, v, l, ce, re)
+		err = b.applyLimits(ctx, queue, lay, v, l, ce, re, 0)
 		if err != nil && !errors.Is(err, broker.ErrLayout) {
 			return err
 		}
@@ -82,8 +82,15 @@ func (b *Broker) SetQueueLimits(ctx context.Context, queue string, l tidetype.Qu
 		}
 		lay = nl
 	}
+	if h := limitsShared.Load(); h != nil {
+		(*h)(queue)
+	}
 	return b.rebalance(ctx, queue)
 }
+
+// limitsShared, when set (by tests), runs in SetQueueLimits after every
+// partition has the new settings and before the rebalance moves slots.
+var limitsShared atomic.Pointer[func(queue string)]
 
 // limitsRecorded, when set (by tests), runs in SetQueueLimits after the
 // limits are recorded and before the partitions get their settings.
@@ -144,24 +151,53 @@ func groupLimits(l tidetype.QueueLimits, hold bool) string {
 
 // shareCall gives partition p the settings of limits version v: the eras
 // of its concurrency and rate slots (ce, re; "" for no such limit), the
-// rate period and the group limits g (groupLimits).
-func (b *Broker) shareCall(p part, v int64, ce, re string, per time.Duration, g string) *call {
+// rate period, the group limits g (groupLimits) and the longest rate period
+// the queue's partitions count now (0: none known; a partition new to the
+// rate counts over it until the rebalance lets a shorter one in, see
+// share.lua).
+func (b *Broker) shareCall(p part, v int64, ce, re string, per time.Duration, g string, longest time.Duration) *call {
+	lp := ""
+	if longest > 0 {
+		lp = strconv.FormatInt(longest.Milliseconds(), 10)
+	}
 	return &call{
 		script: b.s.share,
 		keys:   p.keys("lim", "pending", "active", "meta", "starts", "gr", "gs", "gw", "gq", "gid"),
-		args:   []any{p.layout, v, ce, p.channel, p.idx, re, per.Milliseconds(), g},
+		args:   []any{p.layout, v, ce, p.channel, p.idx, re, per.Milliseconds(), g, lp},
 		queue:  p.queue,
 	}
 }
 
+// longestPeriod returns the longest rate period the partitions of layout
+// l count (0 for none): a repartition gives it to its new partitions,
+// which may get tokens of a limit whose shorter period has not come in
+// yet.
+func (b *Broker) longestPeriod(ctx context.Context, queue string, l layout) (time.Duration, error) {
+	pipe := b.rdb.Pipeline()
+	cmds := make([]*redis.StringCmd, l.total())
+	for i := range l.total() {
+		cmds[i] = pipe.HGet(ctx, b.partAt(queue, l, i).k("lim"), "per")
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return 0, callErr("read limits of "+queue, classify(err))
+	}
+	var longest int64
+	for _, c := range cmds {
+		if ms, err := c.Int64(); err == nil {
+			longest = max(longest, ms)
+		}
+	}
+	return time.Duration(longest) * time.Millisecond, nil
+}
+
 // applyLimits gives every partition of layout l the settings of limits lim
-// (version v, slot eras ce and re). While a repartition runs grouped tasks
-// are held in both spans (see move.lua).
-func (b *Broker) applyLimits(ctx context.Context, queue string, l layout, v int64, lim tidetype.QueueLimits, ce, re string) error {
+// (version v, slot eras ce and re; longest as for shareCall). While a
+// repartition runs grouped tasks are held in both spans (see move.lua).
+func (b *Broker) applyLimits(ctx context.Context, queue string, l layout, v int64, lim tidetype.QueueLimits, ce, re string, longest time.Duration) error {
 	calls := make([]*call, l.total())
 	for i := range l.total() {
 		p := b.partAt(queue, l, i)
-		calls[i] = b.shareCall(p, v, ce, re, lim.Rate.Per, groupLimits(lim, l.old != nil))
+		calls[i] = b.shareCall(p, v, ce, re, lim.Rate.Per, groupLimits(lim, l.old != nil), longest)
 	}
 	return b.runAll(ctx, "set limits of "+queue, calls)
 }
@@ -210,7 +246,11 @@ func (b *Broker) refreshLimits(ctx context.Context, queue string, l layout) erro
 	if err != nil {
 		return err
 	}
-	return b.applyLimits(ctx, queue, l, v, lim, ce, re)
+	longest, err := b.longestPeriod(ctx, queue, l)
+	if err != nil {
+		return err
+	}
+	return b.applyLimits(ctx, queue, l, v, lim, ce, re, longest)
 }
 
 // forgetLimits deletes the limits of a deleted queue with l's partitions.

@@ -255,7 +255,7 @@ func TestRateSwitchedOnCountsPartitionsNotToldYet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.runAll(ctx, "share", []*call{b.shareCall(b.partAt(q, l, 0), v, "", re, lim.Rate.Per, groupLimits(lim, false))}); err != nil {
+	if err := b.runAll(ctx, "share", []*call{b.shareCall(b.partAt(q, l, 0), v, "", re, lim.Rate.Per, groupLimits(lim, false), 0)}); err != nil {
 		t.Fatal(err)
 	}
 	if n := leaseAll(t, b, q, 3); n != 0 {

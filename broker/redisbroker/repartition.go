@@ -251,6 +251,10 @@ func (b *Broker) startRepartition(ctx context.Context, queue string, n int) (lay
 	if err != nil {
 		return layout{}, err
 	}
+	longest, err := b.longestPeriod(ctx, queue, l)
+	if err != nil {
+		return layout{}, err
+	}
 	if next.epoch >= maxEpoch {
 		return layout{}, fmt.Errorf("%w: queue %q has been repartitioned %d times, the most its ordered groups' sequences allow", broker.ErrLayout, queue, l.cur.epoch)
 	}
@@ -273,7 +277,7 @@ func (b *Broker) startRepartition(ctx context.Context, queue string, n int) (lay
 	}
 	calls := make([]*call, ml.cur.n)
 	for i := range ml.cur.n {
-		calls[i] = b.shareCall(b.partAt(queue, ml, i), limV, ce, re, lim.Rate.Per, groupLimits(lim, true))
+		calls[i] = b.shareCall(b.partAt(queue, ml, i), limV, ce, re, lim.Rate.Per, groupLimits(lim, true), longest)
 	}
 	if err := b.runAll(ctx, "repartition "+queue, calls); err != nil {
 		return layout{}, err

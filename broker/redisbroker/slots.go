@@ -49,6 +49,9 @@ type slotNode struct {
 	// (see dropUnbacked): starts no token backs, counted against the
 	// tokens shared out.
 	forgot int64
+	// pn is the shorter rate period, ms, that waits to come in on the
+	// partition ("" none; see comePeriod).
+	pn string
 }
 
 // nodeID is partition p's tag after "<queue>:" ("3", "3@2"), the name a
@@ -110,7 +113,7 @@ func (b *Broker) readSlots(ctx context.Context, queue string, ns []*slotNode, li
 	}
 	for i, n := range ns {
 		v, err := calls[i].cmd.Slice()
-		if err != nil || len(v) != 14 {
+		if err != nil || len(v) != 15 {
 			return callErr("rebalance "+queue, fmt.Errorf("unexpected state reply %v (%v)", calls[i].cmd.Val(), err))
 		}
 		str := func(j int) string { s, _ := v[j].(string); return s }
@@ -138,6 +141,7 @@ func (b *Broker) readSlots(ctx context.Context, queue string, ns []*slotNode, li
 			n.frees = i64(12)
 		}
 		n.forgot = i64(13)
+		n.pn = str(14)
 	}
 	return nil
 }
@@ -265,7 +269,7 @@ func (b *Broker) rebalance(ctx context.Context, queue string) error {
 	if err != nil || !ok || (lim.Concurrency == 0 && lim.Rate.Limit == 0) {
 		return err
 	}
-	replanned := false
+	replanned, periodRead := false, false
 	for attempt := 0; ; attempt++ {
 		l, known, err := b.knownLayout(ctx, queue)
 		if err != nil || !known {
@@ -287,6 +291,9 @@ func (b *Broker) rebalance(ctx context.Context, queue string) error {
 		}
 		if h := rebalanceRead.Load(); h != nil {
 			(*h)(queue)
+		}
+		if err := b.comePeriod(ctx, queue, v, ns); err != nil {
+			return err
 		}
 		forgot, err := b.dropUnbacked(ctx, queue, ns, lim)
 		plan := lim
@@ -311,6 +318,12 @@ func (b *Broker) rebalance(ctx context.Context, queue string) error {
 		}
 		gives, caps, debt := planSlots(ns, plan)
 		err = b.execute(ctx, queue, v, ns, gives, caps)
+		if err == nil && !periodRead && periodWaits(ns) {
+			// A shorter period waits for the tokens to come down to the
+			// limit, which this plan may have done: read again.
+			periodRead = true
+			continue
+		}
 		if err != nil || !debt || replanned {
 			return err
 		}
@@ -319,6 +332,54 @@ func (b *Broker) rebalance(ctx context.Context, queue string) error {
 		// debt is paid now.
 		replanned = true
 	}
+}
+
+// periodWaits reports whether a live partition of ns waits for a shorter
+// rate period to come in.
+func periodWaits(ns []*slotNode) bool {
+	for _, n := range ns[1:] {
+		if liveNode(n) && n.pn != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// comePeriod lets a shorter rate period come in (slots.lua "period") on the
+// partitions of ns that wait for it, once the tokens they hold add up to
+// no more than the limit of version v. A Rate changed to a shorter period
+// (13 per 3 s to 6 per 2 s) leaves the partitions the old limit's tokens
+// until a rebalance takes them back into the bank, and share.lua keeps
+// them counting over the longer period until then: over the shorter one
+// those tokens would start 13 in 2 s, over both rates (the flow-control
+// model, seed 92). The nodes' tokens add up to the latest limit, so the
+// bank holding all it needs (its debt paid, a token for each forgotten
+// start in the period) means the partitions hold no more than the limit
+// less the forgotten starts. ns was read with no transfer outstanding; a
+// limits change since then is refused by version (the partition has the
+// new version's settings) or came after the tokens were counted under v,
+// which the new limits' call then rebalances.
+func (b *Broker) comePeriod(ctx context.Context, queue string, v int64, ns []*slotNode) error {
+	bank := ns[0]
+	if !bank.hasR || !periodWaits(ns) {
+		return nil
+	}
+	var keep int64
+	for _, n := range ns[1:] {
+		if liveNode(n) {
+			keep += n.forgot
+		}
+	}
+	if bank.r < keep {
+		return nil
+	}
+	var calls []*call
+	for _, n := range ns[1:] {
+		if liveNode(n) && n.pn != "" {
+			calls = append(calls, b.slotCall(queue, n, "period", v, n.p.channel, n.p.idx))
+		}
+	}
+	return b.runAll(ctx, "rebalance "+queue, calls)
 }
 
 // unbacked returns the starts the live partitions of ns count in the

@@ -1,7 +1,8 @@
 -- share.lua: set one partition's settings of its queue's limits.
 -- KEYS[1] limits hash of the partition (v: version; c, ce, r, re, ct, cs,
---         rs, ru, xs, xo, xi:*: its slots, see slots.lua; per: rate period ms;
---         w: last announced rate wake-up)
+--         rs, ru, xs, xo, xi:*: its slots, see slots.lua; per: rate period ms
+--         counted; pn: a shorter period that comes in with slots.lua
+--         "period"; w: last announced rate wake-up)
 -- KEYS[2] pending list  KEYS[3] active zset  KEYS[4] layout meta
 -- KEYS[5] starts zset (start ms of the tasks started in the last period)
 -- KEYS[6] group rotation zset  KEYS[7] group state hash
@@ -13,6 +14,8 @@
 -- ARGV[8] group limits "<concurrency>:<rate>:<period ms>:<ordered 0|1>:
 --         <hold 0|1>" (0: none); groups are not split, so these are the
 --         queue's. hold: grouped tasks start nothing (a repartition runs).
+-- ARGV[9] the longest rate period, ms, the queue's partitions count now
+--         ('' none: the rate is new to every partition)
 -- Returns 1 when the settings were written, 0 when the partition holds
 -- settings of newer limits (left as they are) or a repartition has retired
 -- it.
@@ -40,13 +43,29 @@ elseif not held[1] or (held[2] or '0') ~= ARGV[3] then
   redis.call('HDEL', KEYS[1], 'ct', 'cs')
 end
 if ARGV[6] == '' then
-  redis.call('HDEL', KEYS[1], 'r', 're', 'rs', 'ru', 'per', 'w')
+  redis.call('HDEL', KEYS[1], 'r', 're', 'rs', 'ru', 'per', 'pn', 'w')
 else
+  -- The period counted: a shorter one than the partition counts comes
+  -- in only once the rate's tokens add up to no more than the new limit
+  -- (slots.lua "period", from the rebalance). Until then this partition
+  -- may hold tokens of the old limit, and counting them over the shorter
+  -- period would start more than either rate allows. A partition without
+  -- tokens of the rate yet (switched on, or new in a repartition) counts
+  -- over the longest period the queue's partitions count (ARGV[9]), as
+  -- tokens it is given may be of the old limit.
+  local per = tonumber(ARGV[7])
+  local cur = tonumber(redis.call('HGET', KEYS[1], 'per') or '')
   if not held[3] or (held[4] or '0') ~= ARGV[6] then
     redis.call('HSET', KEYS[1], 'r', 0, 're', ARGV[6])
     redis.call('HDEL', KEYS[1], 'rs', 'ru')
+    cur = tonumber(ARGV[9] or '')
   end
-  redis.call('HSET', KEYS[1], 'per', ARGV[7])
+  if cur and cur > per then
+    redis.call('HSET', KEYS[1], 'per', string.format('%d', cur), 'pn', ARGV[7])
+  else
+    redis.call('HSET', KEYS[1], 'per', ARGV[7])
+    redis.call('HDEL', KEYS[1], 'pn')
+  end
   redis.call('HDEL', KEYS[1], 'w')
 end
 local gc, gr, gper, ord, hold = string.match(ARGV[8], '^(%d+):(%d+):(%d+):([01]):([01])$')

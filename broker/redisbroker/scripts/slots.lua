@@ -31,6 +31,7 @@
 -- slots), cs and rs ('1': the partition holds its fair share of a limit it
 -- would use more of, so wanting more is no news), ru (until when rs holds:
 -- a token elsewhere may be free from then on), xs, xo, xi:<source>; the
+-- pn (a shorter rate period waiting to come in: see "period"), and the
 -- bank's fl: the forget lock (op lock).
 local part = ARGV[1] == 'p'
 local L = KEYS[1]
@@ -100,11 +101,12 @@ if op == 'state' then
   -- partition has no tokens of the rate yet (it was switched on, and this
   -- partition not told yet). Returns meta, c, ce, r, re, ct, xo, active,
   -- waiting, used, cs, rs, and the ms until the oldest start in the
-  -- period leaves it ('' for a missing field, or no such start), and the
-  -- forgotten starts in the period.
+  -- period leaves it ('' for a missing field, or no such start), the
+  -- forgotten starts in the period, and the shorter period that waits to
+  -- come in (pn, see "period").
   local f = redis.call('HMGET', L, 'c', 'ce', 'r', 're', 'ct', 'xo', 'cs', 'rs')
   if not part then
-    return {'bank', f[1] or '', f[2] or '0', f[3] or '', f[4] or '0', '', f[6] or '', 0, 0, 0, '', '', '', 0}
+    return {'bank', f[1] or '', f[2] or '0', f[3] or '', f[4] or '0', '', f[6] or '', 0, 0, 0, '', '', '', 0, ''}
   end
   local meta = redis.call('GET', KEYS[5]) or ''
   local now = redis_now()
@@ -119,7 +121,29 @@ if op == 'state' then
     fu = redis.call('ZCOUNT', KEYS[11], '(' .. string.format('%d', now - per), '+inf')
   end
   return {meta, f[1] or '', f[2] or '0', f[3] or '', f[4] or '0', f[5] or '', f[6] or '',
-    redis.call('ZCARD', KEYS[3]), waiting(now, tonumber(ARGV[4])), u, f[7] or '', f[8] or '', frees, fu}
+    redis.call('ZCARD', KEYS[3]), waiting(now, tonumber(ARGV[4])), u, f[7] or '', f[8] or '', frees, fu,
+    redis.call('HGET', L, 'pn') or ''}
+end
+
+if op == 'period' then
+  -- ARGV[4] the limits version the caller read  ARGV[5] event channel
+  -- ARGV[6] partition index. A Rate changed to a shorter period keeps
+  -- counting over the longer one (share.lua) until the rebalance has
+  -- brought the tokens the partitions hold down to the new limit: tokens
+  -- of the old limit counted over the shorter period would start more
+  -- than either rate allows. The rebalance then calls this on each
+  -- partition: the shorter period comes in, if the limits are still that
+  -- version (a change since may have left the bank in debt again).
+  -- Returns 1 when it came in. Wakes idle servers: starts out of the
+  -- shorter period may leave tokens free.
+  if not part or not alive() then return 0 end
+  if (redis.call('HGET', L, 'v') or '0') ~= ARGV[4] then return 0 end
+  local pn = redis.call('HGET', L, 'pn')
+  if not pn then return 0 end
+  redis.call('HSET', L, 'per', pn)
+  redis.call('HDEL', L, 'pn', 'w', 'rs', 'ru')
+  if waiting(redis_now(), 1) > 0 then redis.call('PUBLISH', ARGV[5], 'p' .. ARGV[6]) end
+  return 1
 end
 
 if op == 'oldest' then
