@@ -276,8 +276,15 @@
 // ones as their tasks finish (under a Rate alone their tokens go as the new
 // partitions want them; those its starts in the period use stay until
 // then); before an old partition is retired it gives away all it holds
-// (tokens in use with their ages), and its other starts are copied with
-// their ages to a new partition, so that a rate set later counts them. The
+// (tokens in use with their ages), and its other starts move with their
+// ages to a new partition, so that a rate set later counts them. Other
+// processes' rebalances move tokens meanwhile, and may give the old
+// partition tokens to back its starts: the release reads again, with a
+// growing pause after another's move, until a read finds the partition
+// holding nothing, and drops each page of starts there only after the new
+// partition has them and only while the partition holds nothing (with its
+// starts gone no rebalance gives it anything); tokens a retired partition
+// held would be lost to the queue. The
 // limits hold over both sets of partitions together throughout, and any
 // limit fits any partition count.
 //

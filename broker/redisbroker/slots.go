@@ -667,10 +667,31 @@ func flag(v bool) string {
 	return ""
 }
 
+// releaseAttempts is how many reads releaseSlots makes of an old
+// partition's slots before it gives up; releaseBackoff the first wait
+// between two of them, doubled each time up to releaseBackoffMax. Other
+// processes' rebalances move tokens meanwhile: one that completes a
+// transfer, or backs the old partition's starts with tokens again, makes
+// the next read find something to do. Back to back, three reads gave up in
+// 44 ms (the flow-control model, seed 95).
+const (
+	releaseAttempts   = 12
+	releaseBackoff    = 10 * time.Millisecond
+	releaseBackoffMax = 500 * time.Millisecond
+)
+
+// releaseRead, when set (by tests), runs in releaseSlots after each read of
+// the slots.
+var releaseRead atomic.Pointer[func(o part, attempt int)]
+
 // releaseSlots gives every slot of old partition o, which holds no task any
 // more, to the new span before the repartition retires it: its concurrency
 // slots to the bank, its rate tokens (used ones with the ages of their
-// starts) to a new partition.
+// starts) to a new partition, then the starts it still keeps (copyStarts).
+// It is done only when a read finds o holding nothing and the starts moved
+// while it held nothing: a rebalance elsewhere may give o tokens to back
+// its starts at any moment until they are gone, and tokens o held when it
+// is retired would be lost to the queue.
 func (b *Broker) releaseSlots(ctx context.Context, l layout, o part) error {
 	queue := o.queue
 	ns := b.slotNodes(queue, l)
@@ -687,14 +708,31 @@ func (b *Broker) releaseSlots(ctx context.Context, l layout, o part) error {
 	if err != nil {
 		return err
 	}
-	for attempt := 0; attempt < 3; attempt++ {
+	wait, pause := releaseBackoff, false
+	for attempt := 0; attempt < releaseAttempts; attempt++ {
+		// A read right after this call's own give checks it; one after
+		// another process's move waits for it to settle.
+		if pause {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			case <-t.C:
+			}
+			wait = min(2*wait, releaseBackoffMax)
+		}
 		if err := b.readSlots(ctx, queue, ns, lim); err != nil {
 			return err
+		}
+		if h := releaseRead.Load(); h != nil {
+			(*h)(o, attempt)
 		}
 		ts, err := outstanding(ns)
 		if err != nil {
 			return callErr("rebalance "+queue, err)
 		}
+		pause = true
 		if len(ts) > 0 {
 			if err := b.complete(ctx, queue, ns, ts); err != nil {
 				return err
@@ -710,7 +748,11 @@ func (b *Broker) releaseSlots(ctx context.Context, l layout, o part) error {
 		}
 		dest := ns[1+(o.idx-l.cur.n)%l.cur.n]
 		if c == 0 && r == 0 {
-			return b.copyStarts(ctx, queue, src, dest)
+			moved, err := b.copyStarts(ctx, queue, src, dest)
+			if err != nil || moved {
+				return err
+			}
+			continue
 		}
 		gs := []give{}
 		if c > 0 {
@@ -722,43 +764,71 @@ func (b *Broker) releaseSlots(ctx context.Context, l layout, o part) error {
 		if err := b.execute(ctx, queue, 0, ns, map[*slotNode][]give{src: gs}, nil); err != nil {
 			return err
 		}
+		pause = false
 	}
 	return fmt.Errorf("%w: repartition %s: the slots of an old partition would not move; run the repartition again", broker.ErrUnavailable, queue)
 }
 
-// copyStarts copies the starts old partition src keeps (those no token
+// copyStarts moves the starts old partition src keeps (those no token
 // carried away: all of them under no rate) to partition dest of the new
 // span, with their ages, so that a rate set or lengthened after the
 // repartition counts them as it would have in src (see the package
 // documentation, "Limits"), and its forgotten starts to dest's, so that a
 // limit raised after the repartition still counts them. src holds no task
-// and starts nothing more.
-func (b *Broker) copyStarts(ctx context.Context, queue string, src, dest *slotNode) error {
+// and starts nothing more. Each page is entered at dest first, then
+// dropped at src (slots.lua "vacate"; counted twice in between, never
+// nowhere), unless src holds slots again: a rebalance gave it tokens to
+// back those starts, which must move first (moved is false then). With
+// its starts gone, src is given nothing more.
+func (b *Broker) copyStarts(ctx context.Context, queue string, src, dest *slotNode) (moved bool, err error) {
 	keep := broker.MaxRatePer.Milliseconds()
 	for _, which := range []string{"", "f"} {
-		for off := 0; off < broker.MaxQueueRate; off += forgetBatch {
-			rd := b.slotCall(queue, src, "starts", keep, off, forgetBatch, which)
+		// Every page dropped at src, the next is read from the start;
+		// the bound stops a loop on starts that would not go.
+		for range broker.MaxQueueRate/forgetBatch + 2 {
+			rd := b.slotCall(queue, src, "starts", keep, 0, forgetBatch, which)
 			if err := b.runAll(ctx, "repartition "+queue, []*call{rd}); err != nil {
-				return err
+				return false, err
 			}
 			v, err := rd.cmd.StringSlice()
 			if err != nil || len(v)%2 != 0 {
-				return callErr("repartition "+queue, fmt.Errorf("unexpected starts reply %v (%v)", rd.cmd.Val(), err))
+				return false, callErr("repartition "+queue, fmt.Errorf("unexpected starts reply %v (%v)", rd.cmd.Val(), err))
 			}
 			if len(v) == 0 {
 				break
 			}
 			args := []any{src.id, keep}
-			for _, x := range v {
+			members := []any{which}
+			for i, x := range v {
 				args = append(args, x)
+				if i%2 == 0 {
+					members = append(members, x)
+				}
 			}
 			if err := b.runAll(ctx, "repartition "+queue, []*call{b.slotCall(queue, dest, "adopt"+which, args...)}); err != nil {
-				return err
+				return false, err
 			}
-			if len(v) < 2*forgetBatch {
-				break
+			vc := b.slotCall(queue, src, "vacate", members...)
+			if err := b.runAll(ctx, "repartition "+queue, []*call{vc}); err != nil {
+				return false, err
+			}
+			if n, err := vc.cmd.Int64(); err != nil || n < 0 {
+				if err != nil {
+					return false, callErr("repartition "+queue, fmt.Errorf("unexpected vacate reply %v (%v)", vc.cmd.Val(), err))
+				}
+				return false, nil
 			}
 		}
 	}
-	return nil
+	// Tokens given to src since its last read, its starts gone with them
+	// or not, must move too.
+	vc := b.slotCall(queue, src, "vacate", "")
+	if err := b.runAll(ctx, "repartition "+queue, []*call{vc}); err != nil {
+		return false, err
+	}
+	n, err := vc.cmd.Int64()
+	if err != nil {
+		return false, callErr("repartition "+queue, fmt.Errorf("unexpected vacate reply %v (%v)", vc.cmd.Val(), err))
+	}
+	return n >= 0, nil
 }

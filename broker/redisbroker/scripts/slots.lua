@@ -247,6 +247,21 @@ if op == 'starts' then
   return out
 end
 
+if op == 'vacate' then
+  -- ARGV[4] 'f' for the forgotten starts (else the starts zset), then
+  -- members. On an old partition a repartition empties, once a new
+  -- partition has adopted these starts (Broker.copyStarts): they are
+  -- dropped here, so that no rebalance gives this partition tokens to back
+  -- them again. Not while it holds slots or a transfer (a rebalance gave
+  -- it tokens since it gave its own away: they move first, or they would
+  -- be lost when it is retired): returns -1 then, else the starts dropped.
+  if not part then return 0 end
+  local f = redis.call('HMGET', L, 'c', 'r', 'xo')
+  if tonumber(f[1] or '0') > 0 or tonumber(f[2] or '0') > 0 or f[3] then return -1 end
+  if #ARGV < 5 then return 0 end
+  return redis.call('ZREM', ARGV[4] == 'f' and KEYS[11] or KEYS[2], unpack(ARGV, 5))
+end
+
 if op == 'adopt' or op == 'adoptf' then
   -- ARGV[4] source ID  ARGV[5] how long starts are kept, ms, then pairs
   -- member, age: starts of an old partition of a repartition, entered here
