@@ -593,6 +593,21 @@ func (b *Broker) execute(ctx context.Context, queue string, v int64, ns []*slotN
 		srcs = append(srcs, n)
 	}
 	nGive := len(calls)
+	// A cap is written only if the node's slots are as the plan expects
+	// (slots.lua): a node that gives runs its give first, in the same
+	// pipeline, so its cap expects the slots it keeps. Checked against the
+	// slots read, every giver's cap was refused, and a giver kept a stale
+	// cap and fair-share flag: one at its fair share (cs) by a cap of old
+	// asked for no slot when tasks came, one without a cap freed a slot
+	// with nothing to run and told nobody.
+	after := func(n *slotNode) (c, r int64) {
+		c, r = n.c, n.r
+		for _, g := range gives[n] {
+			c -= g.dc
+			r -= g.dr
+		}
+		return c, r
+	}
 	var holds []*call
 	for _, n := range ns {
 		c, ok := caps[n]
@@ -609,8 +624,9 @@ func (b *Broker) execute(ctx context.Context, queue string, v int64, ns []*slotN
 		if c.hasCt {
 			ct = strconv.FormatInt(c.ct, 10)
 		}
+		kc, kr := after(n)
 		calls = append(calls, b.slotCall(queue, n, "cap", ct, flag(c.cs), flag(c.rs), n.p.channel, n.p.idx,
-			field(n.hasC, n.c), field(n.hasR, n.r), field(n.hasCt, n.ct), v, field(c.rs && c.ru >= 0, c.ru)))
+			field(n.hasC, kc), field(n.hasR, kr), field(n.hasCt, n.ct), v, field(c.rs && c.ru >= 0, c.ru)))
 	}
 	// Holds go first: no partition starts a task on a free slot while the
 	// gives are on their way.
