@@ -167,7 +167,12 @@ else
   -- the partition's maintainer (which a due time wakes), so that each call
   -- here costs a few commands only.
   g_uncounted(G, lim[4], lim[5], lim[7]) -- no group limit: no counts kept
-  release_held(G, now)
+  -- The first held group, read once: most calls find none, and then
+  -- neither release nor announce anything (unless a group goes on hold
+  -- here, held).
+  local first_held = redis.call('ZRANGE', G.w, 0, 0, 'WITHSCORES')[2]
+  local held = first_held ~= nil
+  if held and tonumber(first_held) <= now then release_held(G, now) end
   local gc, grl, gper, ord, hold = tonumber(lim[4]), tonumber(lim[5]), tonumber(lim[6]), lim[7] == '1', lim[8] == '1'
   local c = redis.call('HGET', G.s, 'c')
   local ungrouped = redis.call('LLEN', KEYS[2])
@@ -261,6 +266,7 @@ else
         redis.call('ZREM', G.r, g)
         if first and grl and started >= grl then
           redis.call('ZADD', G.w, window_end(log, started), g)
+          held = true
         end
       else
         if ord then
@@ -289,6 +295,7 @@ else
           if want ~= mark then g_count(G, g, (want - mark) * OUT) end
           if more and spent and not ord and not limited then
             redis.call('ZADD', G.w, window_end(log, started), g)
+            held = true
           end
         end
         ids[#ids + 1] = id
@@ -300,7 +307,7 @@ else
   g_flush(G)
   if c then redis.call('HSET', G.s, 'c', c) end
   if capped then redis.call('PUBLISH', ARGV[6], 'p' .. ARGV[7]) end
-  announce_held(G, KEYS[12], ARGV[6], ARGV[7])
+  if held then announce_held(G, KEYS[12], ARGV[6], ARGV[7]) end
 end
 if #ids == 0 then
   -- Nothing to start: free slots held while other partitions want some
