@@ -277,14 +277,18 @@
 // partitions want them; those its starts in the period use stay until
 // then); before an old partition is retired it gives away all it holds
 // (tokens in use with their ages), and its other starts move with their
-// ages to a new partition, so that a rate set later counts them. Other
-// processes' rebalances move tokens meanwhile, and may give the old
-// partition tokens to back its starts: the release reads again, with a
-// growing pause after another's move, until a read finds the partition
-// holding nothing, and drops each page of starts there only after the new
-// partition has them and only while the partition holds nothing (with its
-// starts gone no rebalance gives it anything); tokens a retired partition
-// held would be lost to the queue. The
+// ages to a new partition, so that a rate set later counts them. No
+// rebalance plans tokens for an old partition: its starts count against
+// the tokens the current span shares, backed or not. Other processes'
+// rebalances move tokens meanwhile (a concurrency slot to cover a task
+// the old partition ran, or a transfer still outstanding, may reach it
+// after a read): the release reads again, with a growing pause after
+// another's move, until a read finds the partition holding nothing, and
+// drops each page of starts there only after the new partition has them
+// and only while the partition holds nothing; the step that retires the
+// partition refuses while it holds a slot, a token or a transfer, and the
+// release runs again. Tokens a retired partition held would be lost to
+// the queue. The
 // limits hold over both sets of partitions together throughout, and any
 // limit fits any partition count.
 //

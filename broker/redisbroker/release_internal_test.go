@@ -88,3 +88,90 @@ func TestReleaseSlotsWhileRebalancesGiveTokens(t *testing.T) {
 		})
 	}
 }
+
+// A token that reaches an old partition after the release's last look
+// (a rebalance gives it one) must not be lost when the partition is
+// retired: the retire refuses while the partition holds any, and the
+// release runs again. The hook gives the token just before the retire;
+// before the check, the queue was left with 4 of its 6 tokens (the hook
+// gives one before each of the first two retires).
+func TestRetireRefusesAPartitionGivenATokenLate(t *testing.T) {
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	b := slotBroker(t, addr, prefix, 2)
+	ctx := context.Background()
+	q := "retire-late"
+	if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 6, Per: time.Minute}}); err != nil {
+		t.Fatal(err)
+	}
+	fillQueue(t, b, q, append(idsIn("a", 0, 2, 2), idsIn("b", 1, 2, 2)...))
+	if n := leaseSettle(t, b, q, 3); n != 4 {
+		t.Fatalf("leased %d tasks under 6 per minute, want 4", n)
+	}
+	var mu sync.Mutex
+	given, refusedOnce := 0, false
+	h := func(o part, retired bool) {
+		if o.queue != q || retired {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if given >= 2 {
+			return
+		}
+		given++
+		pipe := b.rdb.TxPipeline()
+		pipe.HIncrBy(ctx, b.bankKey(q), "r", -1)
+		pipe.HIncrBy(ctx, o.k("lim"), "r", 1)
+		if _, err := pipe.Exec(ctx); err != nil {
+			t.Error(err)
+		}
+		refusedOnce = true
+	}
+	retireStep.Store(&h)
+	err := b.Repartition(ctx, q, 3, nil)
+	retireStep.Store(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	if !refusedOnce {
+		t.Fatal("no old partition was given a token before its retire")
+	}
+	mu.Unlock()
+	if _, r := slotTotals(t, b, q); r != 6 {
+		t.Fatalf("after the repartition the queue's nodes hold %d rate tokens, want 6", r)
+	}
+	fillQueue(t, b, q, idsIn("c", 0, 3, 6))
+	if n := leaseAll(t, b, q, 3); n != 2 {
+		t.Fatalf("%d tasks started after the repartition with 4 starts in the minute under 6 per minute, want 2", n)
+	}
+}
+
+// A rebalance plans no token for an old partition of a running
+// repartition, even one whose starts in the period outnumber its tokens:
+// they count against what the current span shares whether backed or not,
+// and a plan read before the old partition's starts moved away would give
+// it a token after the release's last look.
+func TestPlanGivesOldPartitionsNoToken(t *testing.T) {
+	t.Parallel()
+	bank := &slotNode{bank: true, id: "B", hasR: true, r: 8, re: "1"}
+	cur := &slotNode{id: "0", meta: "L", hasR: true, re: "1", r: 2, used: 2, waiting: 3, frees: -1}
+	old := &slotNode{id: "0@1", old: true, meta: "L>M", hasR: true, re: "1", r: 0, used: 3, frees: -1}
+	gives, _, _ := planSlots([]*slotNode{bank, cur, old}, tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 10, Per: time.Minute}})
+	var toCur int64
+	for src, gs := range gives {
+		for _, g := range gs {
+			if g.dest == old {
+				t.Fatalf("the plan gives the old partition %d tokens from %s", g.dr, src.id)
+			}
+			if g.dest == cur {
+				toCur += g.dr
+			}
+		}
+	}
+	// 10 tokens, 3 used by the old partition's starts and 2 by the
+	// current one's: the 5 free ones go to the only current partition.
+	if toCur != 5 {
+		t.Fatalf("the plan gives the current partition %d tokens, want 5", toCur)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 
@@ -400,6 +401,10 @@ func (m moved) key() string {
 	return m.id
 }
 
+// retireStep, when set (by tests), runs in retire just before old
+// partition o is retired (retired false) and just after (true).
+var retireStep atomic.Pointer[func(o part, retired bool)]
+
 // retire adds old partition o's day counters to the new span's first
 // partition (once) and retires o if it holds nothing; it reports whether it
 // did.
@@ -419,11 +424,19 @@ func (b *Broker) retire(ctx context.Context, l layout, o part, idx int) (bool, e
 			return false, fmt.Errorf("tide: redisbroker: repartition %s: %w", o.queue, classify(err))
 		}
 	}
-	r, err := b.moveCall(ctx, o, "retire").Int64Slice()
+	if h := retireStep.Load(); h != nil {
+		(*h)(o, false)
+	}
+	// The limits hash goes last: retire refuses while it holds slots
+	// (releaseSlots then runs again).
+	r, err := b.s.move.Run(ctx, b.rdb, append(b.moveKeys(o), o.k("lim")), o.layout, "retire").Int64Slice()
 	if err != nil {
 		return false, fmt.Errorf("tide: redisbroker: repartition %s: retire: %w", o.queue, classify(err))
 	}
 	if len(r) == 2 && r[0] == 1 {
+		if h := retireStep.Load(); h != nil {
+			defer (*h)(o, true)
+		}
 		b.rdb.Del(ctx, o.k("x"), o.k("xr")) // the task index's, not listed in moveKeys
 		// Nothing writes to a retired partition again: its events stay
 		// for readers that have not reached its end, then expire.

@@ -166,8 +166,13 @@ func planSlots(ns []*slotNode, lim tidetype.QueueLimits) (gives map[*slotNode][]
 			} else {
 				// An old partition keeps the tokens its starts in the
 				// period use (releaseSlots gives them away with their
-				// ages before it is retired) and gives the free ones.
-				fair[n] = max(n.used, 0)
+				// ages before it is retired) and gives the free ones. It
+				// gets none: its starts count against the tokens the
+				// current span shares (shareTokens), backed or not, and
+				// a token given to it could arrive after the release's
+				// last look, to be lost when it is retired (a plan read
+				// before its starts moved would give it one).
+				fair[n] = min(max(n.used, 0), held(n))
 			}
 		}
 		// Running tasks no slot covers: those of a partition when the

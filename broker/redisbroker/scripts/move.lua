@@ -18,9 +18,11 @@
 --                IDs, once every old partition is retired: all of them,
 --                and reserve and lock refuse from then on
 --   mark (O)     turn O's meta from the old layout to "<old>><new>"
---   retire (O)   when O holds nothing at all, mark it retired (every later
---                call on it is refused) and delete its keys (reply caches
---                expire on their own)
+--   retire (O)   when O holds nothing at all, no slot or rate token of its
+--                queue's limits and no transfer of them either (a rebalance
+--                may give it some until then: see releaseSlots), mark it
+--                retired (every later call on it is refused) and delete
+--                its keys (reply caches expire on their own)
 -- KEYS (every op): 1 records hash  2 pending list  3 scheduled zset
 --   4 retry zset  5 archived zset  6 completed zset  7 results hash
 --   8 active zset  9 unique locks hash  10 moving zset (ID -> score before
@@ -28,6 +30,7 @@
 --   14 token sequence  15 owner  16 paused flag  17 attempt histories hash
 --   18 minute counters hash  19..24 group keys (groups.lua)
 --   25 progress hash  26..28 waiter keys (w_keys in lib.lua)
+--   retire only: 29 the partition's limits hash (slots.lua)
 -- ARGV[1] layout (the caller's view of the partition's meta)  ARGV[2] op
 -- ARGV[3..] the op's arguments (below)
 --   groups (O)   after O holds nothing: a page of its groups' rate windows
@@ -307,12 +310,19 @@ if op == 'unreserve' then
 end
 
 if op == 'retire' then
-  -- Returns 1 retired, 0 not empty yet (the count of what is left).
+  -- Returns {1, 0} retired, {0, n} not empty yet (n: the count of what is
+  -- left), {0, -1} it holds slots or tokens of the queue's limits, or a
+  -- transfer of them: a rebalance that read it before its starts were
+  -- dropped gave it some after the release's last look. Checked here, in
+  -- the step that retires it, or they would be lost with it (a transfer
+  -- that reaches it once retired goes to the bank instead: slots.go).
+  local lim = redis.call('HMGET', KEYS[29], 'c', 'r', 'xo')
+  if tonumber(lim[1] or '0') > 0 or tonumber(lim[2] or '0') > 0 or lim[3] then return {0, -1} end
   local left = redis.call('HLEN', KEYS[1]) + redis.call('ZCARD', KEYS[10])
   if left > 0 then return {0, left} end
   redis.call('SET', KEYS[12], 'retired')
   for k = 2, 11 do redis.call('DEL', KEYS[k]) end
-  for k = 13, #KEYS do redis.call('DEL', KEYS[k]) end
+  for k = 13, 28 do redis.call('DEL', KEYS[k]) end
   return {1, 0}
 end
 
