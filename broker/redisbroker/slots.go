@@ -269,7 +269,7 @@ func (b *Broker) rebalance(ctx context.Context, queue string) error {
 	if err != nil || !ok || (lim.Concurrency == 0 && lim.Rate.Limit == 0) {
 		return err
 	}
-	replanned, periodRead := false, false
+	replanned, periodRead, recapped := false, false, 0
 	for attempt := 0; ; attempt++ {
 		l, known, err := b.knownLayout(ctx, queue)
 		if err != nil || !known {
@@ -317,7 +317,13 @@ func (b *Broker) rebalance(ctx context.Context, queue string) error {
 			}
 		}
 		gives, caps, debt := planSlots(ns, plan)
-		err = b.execute(ctx, queue, v, ns, gives, caps)
+		refused, err := b.execute(ctx, queue, v, ns, gives, caps)
+		if err == nil && refused && recapped < maxRecaps {
+			// Another rebalance changed a node between the read and its
+			// cap: plan again from the slots as they are now.
+			recapped++
+			continue
+		}
 		if err == nil && !periodRead && periodWaits(ns) {
 			// A shorter period waits for the tokens to come down to the
 			// limit, which this plan may have done: read again.
@@ -333,6 +339,11 @@ func (b *Broker) rebalance(ctx context.Context, queue string) error {
 		replanned = true
 	}
 }
+
+// maxRecaps is how many times one rebalance plans again after a cap it
+// wrote was refused (execute). Each time another process's rebalance
+// changed a node in between; that one's own caps are then current.
+const maxRecaps = 2
 
 // periodWaits reports whether a live partition of ns waits for a shorter
 // rate period to come in.
@@ -573,7 +584,7 @@ func (b *Broker) dropUnbacked(ctx context.Context, queue string, ns []*slotNode,
 
 // execute runs a plan computed from limits version v: the gives and caps
 // at once, then the transfers' applies and clears.
-func (b *Broker) execute(ctx context.Context, queue string, v int64, ns []*slotNode, gives map[*slotNode][]give, caps map[*slotNode]capSet) error {
+func (b *Broker) execute(ctx context.Context, queue string, v int64, ns []*slotNode, gives map[*slotNode][]give, caps map[*slotNode]capSet) (refused bool, err error) {
 	var calls []*call
 	var srcs []*slotNode
 	for _, n := range ns {
@@ -609,6 +620,7 @@ func (b *Broker) execute(ctx context.Context, queue string, v int64, ns []*slotN
 		return c, r
 	}
 	var holds []*call
+	firstCap := len(calls)
 	for _, n := range ns {
 		c, ok := caps[n]
 		// A partition held at its rate share gets its cap again with each
@@ -632,7 +644,7 @@ func (b *Broker) execute(ctx context.Context, queue string, v int64, ns []*slotN
 	// gives are on their way.
 	calls = append(holds, calls...)
 	if len(calls) == 0 {
-		return nil
+		return false, nil
 	}
 	b.run(ctx, calls)
 	var firstErr error
@@ -645,17 +657,29 @@ func (b *Broker) execute(ctx context.Context, queue string, v int64, ns []*slotN
 			continue
 		}
 		i := j - len(holds) // the give's index in srcs
+		if i >= firstCap {
+			// A cap is refused (0) when the node's slots or cap changed
+			// since the read: another rebalance moved or capped them.
+			// The node keeps a cap and fair-share flags from an older
+			// plan, which may leave it silent when it frees a slot with
+			// nothing to run while another partition, told it holds its
+			// fair share, does not ask: the caller plans again.
+			if n, err := c.cmd.Int64(); err == nil && n == 0 {
+				refused = true
+			}
+			continue
+		}
 		if i < 0 || i >= nGive {
 			continue
 		}
 		v, err := c.cmd.Slice()
 		if err != nil || len(v) != 2 {
-			return callErr("rebalance "+queue, fmt.Errorf("unexpected give reply %v (%v)", c.cmd.Val(), err))
+			return refused, callErr("rebalance "+queue, fmt.Errorf("unexpected give reply %v (%v)", c.cmd.Val(), err))
 		}
 		if rec, _ := v[1].(string); rec != "" {
 			t, err := parseTransfer(srcs[i], rec)
 			if err != nil {
-				return callErr("rebalance "+queue, err)
+				return refused, callErr("rebalance "+queue, err)
 			}
 			ts = append(ts, t)
 		}
@@ -665,7 +689,7 @@ func (b *Broker) execute(ctx context.Context, queue string, v int64, ns []*slotN
 			firstErr = err
 		}
 	}
-	return firstErr
+	return refused, firstErr
 }
 
 // field is a hash field's value as slots.lua compares it: "" when missing.
@@ -777,7 +801,7 @@ func (b *Broker) releaseSlots(ctx context.Context, l layout, o part) error {
 		if r > 0 {
 			gs = append(gs, give{dest: dest, dr: r})
 		}
-		if err := b.execute(ctx, queue, 0, ns, map[*slotNode][]give{src: gs}, nil); err != nil {
+		if _, err := b.execute(ctx, queue, 0, ns, map[*slotNode][]give{src: gs}, nil); err != nil {
 			return err
 		}
 		pause = false
