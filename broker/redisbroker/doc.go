@@ -258,11 +258,18 @@
 // the limit, each partition gets a cap (ct) at its share, so that one that
 // holds more stops reusing the slots its tasks free and gives them away.
 // The caps are hints: a stale one can slow the flow of slots, never exceed a
-// limit. A dequeue that starts nothing for want of slots while tasks wait
+// limit. A cap is written only if the partition's slots and cap are still
+// as the plan read them (after its own give in the same plan); one refused
+// because another rebalance changed them meanwhile makes the rebalance
+// plan again (twice at most), as a stale cap and fair-share flag can leave
+// a freed slot unannounced while the partition where tasks wait does not
+// ask. A dequeue that starts nothing for want of slots while tasks wait
 // (unless the partition has its fair share: fields cs, rs; for rs only
 // until ru, the moment the first token in use anywhere becomes free, maybe
 // where no task wants it, which a refused dequeue also announces to the
-// servers), or that finds free slots over its cap, asks its process for a
+// servers), or that finds free slots over its cap, or a free slot under
+// its cap with nothing to run (also when it has no free rate token: the
+// slot would idle there), asks its process for a
 // rebalance, which runs in
 // the background, at most one per queue and process at a time and every
 // 20ms; a settlement that frees slots over a cap wakes servers to find

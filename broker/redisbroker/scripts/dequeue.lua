@@ -69,9 +69,15 @@ local n = tonumber(ARGV[4])
 local lim = redis.call('HMGET', KEYS[12], 'c', 'r', 'per', 'gc', 'gr', 'gper', 'ord', 'gh', 'ct', 'cs', 'rs', 'ru')
 -- want is the reply of a call that starts nothing for want of slots: {'!'}
 -- asks the caller to rebalance the queue's slots (slots.lua) when tasks
--- wait here and the partition may get more (fair is not '1'), else nothing.
+-- wait here and the partition may get more (fair is not '1'), and when
+-- nothing waits here while it holds a free concurrency slot under a cap
+-- (other partitions want slots: refused for want of rate tokens, it would
+-- keep the slot idle, and a partition at its fair share does not ask for
+-- it), else nothing.
 local function want(fair)
-  if fair ~= '1' and (redis.call('LLEN', KEYS[2]) > 0 or redis.call('EXISTS', KEYS[14]) == 1) then return {'!'} end
+  local waits = redis.call('LLEN', KEYS[2]) > 0 or redis.call('EXISTS', KEYS[14]) == 1
+  if fair ~= '1' and waits then return {'!'} end
+  if not waits and lim[9] and lim[1] and tonumber(lim[1]) > redis.call('ZCARD', KEYS[3]) then return {'!'} end
   return {}
 end
 -- release_held puts back in the rotation the groups whose hold (a throttle,
