@@ -350,7 +350,10 @@ func (in *Inspector) PauseQueueFor(ctx context.Context, queue string, d time.Dur
 // without Rate.Limit. The limits are the queue's whatever its partition
 // count: any Concurrency or Rate.Limit of at least 1 is accepted. A server
 // started with Config.QueueLimits for the queue writes its own limits again
-// at Start.
+// at Start. An error does not always mean the limits are unchanged: one
+// that comes after the broker recorded them (a reply lost, a layout that
+// kept changing under a repartition) may leave them in force; calling
+// again with the same limits is safe.
 // It needs a broker that implements broker.Admin.
 func (in *Inspector) SetQueueLimits(ctx context.Context, queue string, l QueueLimits) error {
 	if err := ValidateQueueName(queue); err != nil {

@@ -85,7 +85,17 @@ func (b *Broker) SetQueueLimits(ctx context.Context, queue string, l tidetype.Qu
 	if h := limitsShared.Load(); h != nil {
 		(*h)(queue)
 	}
-	return b.rebalance(ctx, queue)
+	// A repartition may start between the settings and the rebalance, and
+	// the partitions it marks refuse the layout this process cached: read
+	// it again, as the settings step does, rather than report an error
+	// for limits that are recorded and given.
+	for attempt := 0; ; attempt++ {
+		err := b.rebalance(ctx, queue)
+		if err == nil || !errors.Is(err, broker.ErrLayout) || attempt == 2 {
+			return err
+		}
+		b.forgetLayout(queue)
+	}
 }
 
 // limitsShared, when set (by tests), runs in SetQueueLimits after every

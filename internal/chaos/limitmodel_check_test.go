@@ -84,6 +84,11 @@ type lmLimits struct {
 	// anew or with a longer Per counts only the starts made after it was
 	// (unlike Rate, which counts every start of its Per).
 	grFrom time.Time
+	// maybe marks a change whose SetQueueLimits returned an error: it may
+	// be in force all the same (recorded before a later step failed, or
+	// a reply lost after it ran), from b on, until the next change that
+	// returned ok; the limits before it may be in force until then too.
+	maybe bool
 }
 
 // lmWindow is a time span the idle check leaves out, with why.
@@ -198,8 +203,8 @@ func parseLimitLog(lines []modelLine) (*lmLog, error) {
 				if err != nil {
 					return nil, bad()
 				}
-				if op.result == "ok" {
-					c := lmLimits{l: lim, b: op.b, e: op.e, grFrom: op.e.Add(lmLag)}
+				if op.result == "ok" || op.result == "error" {
+					c := lmLimits{l: lim, b: op.b, e: op.e, grFrom: op.e.Add(lmLag), maybe: op.result != "ok"}
 					if ls := l.limits[op.queue]; len(ls) > 0 {
 						if p := ls[len(ls)-1]; p.l.GroupRate.Limit > 0 && lim.GroupRate.Limit > 0 && lim.GroupRate.Per <= p.l.GroupRate.Per {
 							c.grFrom = p.grFrom
@@ -363,10 +368,14 @@ func (l *lmLog) limitsIn(queue string, a, z time.Time) []lmLimits {
 	var out []lmLimits
 	for i, c := range ls {
 		// c is in force from some moment in [c.b, c.e] until the next one
-		// is, at the latest at its e.
+		// that surely came in is, at the latest at its e (one that
+		// returned an error may not have).
 		to := time.Time{}
-		if i+1 < len(ls) {
-			to = ls[i+1].e
+		for _, n := range ls[i+1:] {
+			if !n.maybe {
+				to = n.e
+				break
+			}
 		}
 		if !c.b.After(z) && (to.IsZero() || !to.Before(a)) {
 			out = append(out, c)
