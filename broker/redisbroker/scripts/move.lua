@@ -30,7 +30,7 @@
 --   14 token sequence  15 owner  16 paused flag  17 attempt histories hash
 --   18 minute counters hash  19..24 group keys (groups.lua)
 --   25 progress hash  26..28 waiter keys (w_keys in lib.lua)
---   retire only: 29 the partition's limits hash (slots.lua)
+-- KEYS (retire): 1..28 the keys of every op  29 limits hash (slots.lua)
 -- ARGV[1] layout (the caller's view of the partition's meta)  ARGV[2] op
 -- ARGV[3..] the op's arguments (below)
 --   groups (O)   after O holds nothing: a page of its groups' rate windows
