@@ -35,13 +35,7 @@ func TestReleaseSlotsWhileRebalancesGiveTokens(t *testing.T) {
 			b := slotBroker(t, addr, prefix, 2)
 			ctx := context.Background()
 			q := "release-" + c.name[:4]
-			if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 6, Per: time.Minute}}); err != nil {
-				t.Fatal(err)
-			}
-			fillQueue(t, b, q, append(idsIn("a", 0, 2, 2), idsIn("b", 1, 2, 2)...))
-			if n := leaseSettle(t, b, q, 3); n != 4 {
-				t.Fatalf("leased %d tasks under 6 per minute, want 4", n)
-			}
+			startFour(t, b, q)
 			var mu sync.Mutex
 			given := map[string]int{}
 			h := func(o part, attempt int) {
@@ -59,12 +53,7 @@ func TestReleaseSlotsWhileRebalancesGiveTokens(t *testing.T) {
 					return
 				}
 				given[o.base]++
-				pipe := b.rdb.TxPipeline()
-				pipe.HIncrBy(ctx, b.bankKey(q), "r", -1)
-				pipe.HIncrBy(ctx, o.k("lim"), "r", 1)
-				if _, err := pipe.Exec(ctx); err != nil {
-					t.Error(err)
-				}
+				bankTokenTo(t, b, o)
 			}
 			releaseRead.Store(&h)
 			err := b.Repartition(ctx, q, 3, nil)
@@ -77,15 +66,48 @@ func TestReleaseSlotsWhileRebalancesGiveTokens(t *testing.T) {
 				t.Fatal("no old partition was given a token while it was released")
 			}
 			mu.Unlock()
-			if _, r := slotTotals(t, b, q); r != 6 {
-				t.Fatalf("after the repartition the queue's nodes hold %d rate tokens, want 6", r)
-			}
-			// The 4 starts still count in the new span: 2 more start.
-			fillQueue(t, b, q, idsIn("c", 0, 3, 6))
-			if n := leaseAll(t, b, q, 3); n != 2 {
-				t.Fatalf("%d tasks started after the repartition with 4 starts in the minute under 6 per minute, want 2", n)
-			}
+			wantSixTokensFourStarts(t, b, q)
 		})
+	}
+}
+
+// startFour sets a Rate of 6 per minute on queue q of b (2 partitions) and
+// starts 4 tasks, 2 in each partition.
+func startFour(t *testing.T, b *Broker, q string) {
+	t.Helper()
+	if err := b.SetQueueLimits(context.Background(), q, tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 6, Per: time.Minute}}); err != nil {
+		t.Fatal(err)
+	}
+	fillQueue(t, b, q, append(idsIn("a", 0, 2, 2), idsIn("b", 1, 2, 2)...))
+	if n := leaseSettle(t, b, q, 3); n != 4 {
+		t.Fatalf("leased %d tasks under 6 per minute, want 4", n)
+	}
+}
+
+// bankTokenTo moves a rate token of o's queue from the bank to partition
+// o, as a completed transfer of a rebalance would.
+func bankTokenTo(t *testing.T, b *Broker, o part) {
+	t.Helper()
+	ctx := context.Background()
+	pipe := b.rdb.TxPipeline()
+	pipe.HIncrBy(ctx, b.bankKey(o.queue), "r", -1)
+	pipe.HIncrBy(ctx, o.k("lim"), "r", 1)
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Error(err)
+	}
+}
+
+// wantSixTokensFourStarts checks queue q after its repartition to 3
+// partitions (startFour): its nodes hold the 6 tokens, and the 4 starts
+// still count in the new span, so 2 more start.
+func wantSixTokensFourStarts(t *testing.T, b *Broker, q string) {
+	t.Helper()
+	if _, r := slotTotals(t, b, q); r != 6 {
+		t.Fatalf("after the repartition the queue's nodes hold %d rate tokens, want 6", r)
+	}
+	fillQueue(t, b, q, idsIn("c", 0, 3, 6))
+	if n := leaseAll(t, b, q, 3); n != 2 {
+		t.Fatalf("%d tasks started after the repartition with 4 starts in the minute under 6 per minute, want 2", n)
 	}
 }
 
@@ -100,13 +122,7 @@ func TestRetireRefusesAPartitionGivenATokenLate(t *testing.T) {
 	b := slotBroker(t, addr, prefix, 2)
 	ctx := context.Background()
 	q := "retire-late"
-	if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Rate: tidetype.Rate{Limit: 6, Per: time.Minute}}); err != nil {
-		t.Fatal(err)
-	}
-	fillQueue(t, b, q, append(idsIn("a", 0, 2, 2), idsIn("b", 1, 2, 2)...))
-	if n := leaseSettle(t, b, q, 3); n != 4 {
-		t.Fatalf("leased %d tasks under 6 per minute, want 4", n)
-	}
+	startFour(t, b, q)
 	var mu sync.Mutex
 	given, refusedOnce := 0, false
 	h := func(o part, retired bool) {
@@ -119,12 +135,7 @@ func TestRetireRefusesAPartitionGivenATokenLate(t *testing.T) {
 			return
 		}
 		given++
-		pipe := b.rdb.TxPipeline()
-		pipe.HIncrBy(ctx, b.bankKey(q), "r", -1)
-		pipe.HIncrBy(ctx, o.k("lim"), "r", 1)
-		if _, err := pipe.Exec(ctx); err != nil {
-			t.Error(err)
-		}
+		bankTokenTo(t, b, o)
 		refusedOnce = true
 	}
 	retireStep.Store(&h)
@@ -138,13 +149,7 @@ func TestRetireRefusesAPartitionGivenATokenLate(t *testing.T) {
 		t.Fatal("no old partition was given a token before its retire")
 	}
 	mu.Unlock()
-	if _, r := slotTotals(t, b, q); r != 6 {
-		t.Fatalf("after the repartition the queue's nodes hold %d rate tokens, want 6", r)
-	}
-	fillQueue(t, b, q, idsIn("c", 0, 3, 6))
-	if n := leaseAll(t, b, q, 3); n != 2 {
-		t.Fatalf("%d tasks started after the repartition with 4 starts in the minute under 6 per minute, want 2", n)
-	}
+	wantSixTokensFourStarts(t, b, q)
 }
 
 // A rebalance plans no token for an old partition of a running
