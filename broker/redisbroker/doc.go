@@ -295,9 +295,13 @@
 // and only while the partition holds nothing; the step that retires the
 // partition refuses while it holds a slot, a token or a transfer, and the
 // release runs again. Tokens a retired partition held would be lost to
-// the queue. The
-// limits hold over both sets of partitions together throughout, and any
-// limit fits any partition count.
+// the queue. A transfer given to it after the release's last look (a plan
+// read while it still ran a task no slot covered) and arriving once it is
+// retired goes to the bank instead: the retired partition's limits hash,
+// kept a day after the repartition finishes, records which transfers it
+// applied, so the bank counts each such part once however often it is
+// tried. The limits hold over both sets of partitions together
+// throughout, and any limit fits any partition count.
 //
 // Starts are recorded with a rate or without, for the longest period a rate
 // may have (broker.MaxRatePer; at most the newest broker.MaxQueueRate of

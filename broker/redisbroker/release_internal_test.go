@@ -180,3 +180,115 @@ func TestPlanGivesOldPartitionsNoToken(t *testing.T) {
 		t.Fatalf("the plan gives the current partition %d tokens, want 5", toCur)
 	}
 }
+
+// A concurrency slot given to an old partition after the repartition's
+// last look (a plan read while the partition still ran a task no slot
+// covered) arrives once the partition is retired: it goes to the bank, not
+// nowhere, and a second try of the same transfer (a process that read it
+// before it was completed) does not count it twice. The hook gives the
+// slot from the bank just after the first old partition is retired and
+// leaves the transfer outstanding, as a process that stalls after its give
+// would; the other old partition's release or the finish completes it.
+// Before, the queue was left with 3 of its 4 slots for good.
+func TestSlotGivenToARetiredPartitionGoesToTheBank(t *testing.T) {
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	b := slotBroker(t, addr, prefix, 2)
+	ctx := context.Background()
+	q := "retired-give"
+	if err := b.SetQueueLimits(ctx, q, tidetype.QueueLimits{Concurrency: 4}); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var given *transfer
+	h := func(o part, retired bool) {
+		if o.queue != q || !retired {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if given != nil {
+			return
+		}
+		// The give comes from the first node that holds a slot.
+		l, err := b.layoutOf(ctx, q)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		_, lim, _, err := b.readLimits(ctx, q)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		ns := b.slotNodes(q, l)
+		if err := b.readSlots(ctx, q, ns, lim); err != nil {
+			t.Error(err)
+			return
+		}
+		var src *slotNode
+		for _, n := range ns {
+			if !n.old && n.c > 0 && src == nil {
+				src = n
+			}
+		}
+		if src == nil {
+			t.Error("no node holds a concurrency slot of Concurrency 4")
+			return
+		}
+		c := b.slotCall(q, src, "give", src.id, b.nodeID(o), 1, 0, "")
+		b.run(ctx, []*call{c})
+		if c.err != nil {
+			t.Error(c.err)
+			return
+		}
+		v, _ := c.cmd.Slice()
+		if len(v) != 2 || v[0] != "ok" {
+			t.Errorf("the give of a free slot of node %s to the retired partition replied %v, want ok", src.id, v)
+			return
+		}
+		tr, err := parseTransfer(src, v[1].(string))
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		given = &tr
+	}
+	retireStep.Store(&h)
+	err := b.Repartition(ctx, q, 3, nil)
+	retireStep.Store(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	tr := given
+	mu.Unlock()
+	if tr == nil {
+		t.Fatal("no slot was given to a retired partition")
+	}
+	if c, _ := slotTotals(t, b, q); c != 4 {
+		t.Fatalf("after the repartition the queue's nodes hold %d concurrency slots, want 4", c)
+	}
+	// The same transfer tried again, as by a process that read it before
+	// it was completed: the retired partition still says it never applied
+	// it, and the bank has counted it once.
+	l, err := b.layoutOf(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := b.slotNodes(q, l)
+	for _, n := range ns {
+		if n.id == tr.src.id {
+			tr.src = n
+		}
+	}
+	if err := b.complete(ctx, q, ns, []transfer{*tr}); err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := slotTotals(t, b, q); c != 4 {
+		t.Fatalf("after the transfer was completed twice the queue's nodes hold %d concurrency slots, want 4", c)
+	}
+	fillQueue(t, b, q, idsIn("c", 0, 3, 6))
+	if n := leaseAll(t, b, q, 3); n != 4 {
+		t.Fatalf("%d tasks started under Concurrency 4 after the repartition, want 4", n)
+	}
+}

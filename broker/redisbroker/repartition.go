@@ -149,6 +149,12 @@ func (b *Broker) drainAll(ctx context.Context, l layout, old part, o int, moved 
 	}
 }
 
+// retiredLimitsKeep is how long a retired partition's limits hash is kept
+// after its repartition finished: it records which slot transfers reached
+// the partition (slots.lua apply), and a transfer still outstanding
+// after that long is dropped rather than risk counting it twice.
+const retiredLimitsKeep = 24 * time.Hour
+
 // finishRepartition ends the repartition of queue to l.cur once every old
 // partition is retired: it drops placeholders a crash may have left, records
 // the new span alone and gives it the whole limits. Another run that
@@ -173,11 +179,15 @@ func (b *Broker) finishRepartition(ctx context.Context, queue string, l layout) 
 	b.forgetLayout(queue)
 	b.rdb.Publish(ctx, b.channel(queue), "l")
 	// The old partitions hold nothing any more (releaseSlots gave their
-	// slots away before they were retired): their settings go.
+	// slots away before they were retired): their starts go, and their
+	// limits hashes expire after retiredLimitsKeep. Until then a transfer
+	// given to one after the repartition's last look finds there whether
+	// it arrived, and goes to the bank if not (complete).
 	pipe = b.rdb.Pipeline()
 	for i := range l.old.n {
 		p := b.partAt(queue, l, l.cur.n+i)
-		pipe.Del(ctx, p.k("lim"), p.k("starts"), p.k("forgot"))
+		pipe.Del(ctx, p.k("starts"), p.k("forgot"))
+		pipe.PExpire(ctx, p.k("lim"), retiredLimitsKeep)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return fmt.Errorf("tide: redisbroker: repartition %s: %w", queue, classify(err))

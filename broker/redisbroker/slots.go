@@ -198,7 +198,8 @@ func (b *Broker) destNode(queue string, ns []*slotNode, id string) *slotNode {
 // them at their sources.
 func (b *Broker) complete(ctx context.Context, queue string, ns []*slotNode, ts []transfer) error {
 	var applies []*call
-	owner := make([]int, 0)
+	var owner []int          // the transfer of each apply
+	var parts []transferPart // and its part
 	for ti, t := range ts {
 		for _, p := range t.parts {
 			d := b.destNode(queue, ns, p.dest)
@@ -208,6 +209,7 @@ func (b *Broker) complete(ctx context.Context, queue string, ns []*slotNode, ts 
 			}
 			applies = append(applies, b.slotCall(queue, d, "apply", t.src.id, t.seq, t.ce, t.re, p.dc, p.dr, p.ages, b.channel(queue), idx, broker.MaxRatePer.Milliseconds()))
 			owner = append(owner, ti)
+			parts = append(parts, p)
 		}
 	}
 	b.run(ctx, applies)
@@ -216,11 +218,39 @@ func (b *Broker) complete(ctx context.Context, queue string, ns []*slotNode, ts 
 		done[i] = true
 	}
 	var firstErr error
+	fail := func(ti int, err error) {
+		done[ti] = false
+		if firstErr == nil {
+			firstErr = callErr("rebalance "+queue, err)
+		}
+	}
+	// A part that reached its partition after the partition was retired
+	// (a plan read while it still ran a task no slot covered, given after
+	// the repartition's last look) goes to the bank, or the queue would
+	// have lost it for good. The bank counts it once whatever the number of
+	// tries: it keeps the last record applied per source and retired
+	// partition, and a retired partition replies gone only for a part it
+	// never applied. The starts that came with rate tokens are not
+	// recorded there (the bank keeps none); no plan gives an old partition
+	// rate tokens, so only transfers written before it did carry them.
+	var reroutes []*call
+	var rowner []int
 	for i, c := range applies {
 		if c.err != nil {
-			done[owner[i]] = false
-			if firstErr == nil {
-				firstErr = callErr("rebalance "+queue, c.err)
+			fail(owner[i], c.err)
+			continue
+		}
+		if v, _ := c.cmd.Val().(string); v == "gone" {
+			t, p := ts[owner[i]], parts[i]
+			reroutes = append(reroutes, b.slotCall(queue, ns[0], "apply", t.src.id+">"+p.dest, t.seq, t.ce, t.re, p.dc, p.dr, "", b.channel(queue), "", broker.MaxRatePer.Milliseconds()))
+			rowner = append(rowner, owner[i])
+		}
+	}
+	if len(reroutes) > 0 {
+		b.run(ctx, reroutes)
+		for i, c := range reroutes {
+			if c.err != nil {
+				fail(rowner[i], c.err)
 			}
 		}
 	}

@@ -360,12 +360,20 @@ if op == 'apply' then
   -- the used tokens ('.'-separated ms)  ARGV[11] event channel
   -- ARGV[12] partition index ('' for none)  ARGV[13] how long starts are
   -- kept, ms (broker.MaxRatePer; '' or missing: the rate's period).
-  -- Returns 'ok', 'dup' (applied before) or 'gone' (the node is retired:
-  -- the part is lost, never doubled).
-  if not alive() then return 'gone' end
+  -- Returns 'ok', 'dup' (applied before), 'gone' (the partition is
+  -- retired and never applied the part: the caller gives it to the bank,
+  -- see slots.go complete) or 'lost' (retired, and its limits hash, which
+  -- tells whether it applied the part, is gone: the part is dropped, never
+  -- doubled). A retired partition applies nothing more, so its xi fields,
+  -- kept with its limits hash until finishRepartition lets it expire, tell
+  -- for good whether a part reached it.
   local seq = tonumber(ARGV[5])
   local last = num('xi:' .. ARGV[4])
   if last and last >= seq then return 'dup' end
+  if not alive() then
+    if redis.call('EXISTS', L) == 1 then return 'gone' end
+    return 'lost'
+  end
   redis.call('HSET', L, 'xi:' .. ARGV[4], ARGV[5])
   local dc, dr = tonumber(ARGV[8]), tonumber(ARGV[9])
   local f = redis.call('HMGET', L, 'c', 'ce', 'r', 're')
