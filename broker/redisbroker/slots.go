@@ -183,7 +183,7 @@ func parseTransfer(src *slotNode, rec string) (transfer, error) {
 
 // destNode finds the node a transfer names among ns; a partition not in the
 // layout (a span retired since) gets a node of its own, on which the apply
-// step finds no partition and drops the part.
+// step finds the partition retired: the part goes to the bank (complete).
 func (b *Broker) destNode(queue string, ns []*slotNode, id string) *slotNode {
 	for _, n := range ns {
 		if n.id == id {
