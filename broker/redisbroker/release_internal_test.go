@@ -292,3 +292,55 @@ func TestSlotGivenToARetiredPartitionGoesToTheBank(t *testing.T) {
 		t.Fatalf("%d tasks started under Concurrency 4 after the repartition, want 4", n)
 	}
 }
+
+// The apply step on a retired partition tells a transfer it applied
+// before it was retired (dup: nothing more to do) from one it never
+// applied (gone: the caller gives it to the bank), and drops a part once
+// the partition's limits hash, its record of what it applied, has expired
+// (lost: never counted twice).
+func TestApplyOnARetiredPartition(t *testing.T) {
+	t.Parallel()
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	b := slotBroker(t, addr, prefix, 2)
+	ctx := context.Background()
+	q := "retired-apply"
+	l, err := b.layoutOf(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := b.slotNodes(q, l)[1]
+	t.Cleanup(func() { b.rdb.Del(context.Background(), n.p.k("meta"), n.p.k("lim")) })
+	if err := b.rdb.HSet(ctx, n.p.k("lim"), "c", 0, "ce", "1", "xi:B", "5").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.rdb.Set(ctx, n.p.k("meta"), "retired", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	apply := func(seq string) string {
+		t.Helper()
+		c := b.slotCall(q, n, "apply", "B", seq, "1", "0", 1, 0, "", b.channel(q), "")
+		b.run(ctx, []*call{c})
+		if c.err != nil {
+			t.Fatal(c.err)
+		}
+		v, _ := c.cmd.Text()
+		return v
+	}
+	for _, c := range []struct{ seq, want string }{{"5", "dup"}, {"4", "dup"}, {"6", "gone"}, {"6", "gone"}} {
+		if got := apply(c.seq); got != c.want {
+			t.Fatalf("apply of record %s on a retired partition that applied up to 5 = %q, want %q", c.seq, got, c.want)
+		}
+	}
+	if c, _ := b.rdb.HGet(ctx, n.p.k("lim"), "c").Int64(); c != 0 {
+		t.Fatalf("a retired partition holds %d slots after the applies, want 0", c)
+	}
+	if err := b.rdb.Del(ctx, n.p.k("lim")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := apply("6"); got != "lost" {
+		t.Fatalf("apply on a retired partition whose limits hash expired = %q, want lost", got)
+	}
+	if ex, _ := b.rdb.Exists(ctx, n.p.k("lim")).Result(); ex != 0 {
+		t.Fatal("the apply re-created the expired limits hash of a retired partition")
+	}
+}
