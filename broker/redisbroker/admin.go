@@ -462,6 +462,9 @@ func (b *Broker) DeleteQueue(ctx context.Context, queue string) error {
 	pipe.SRem(ctx, b.prefix+":queues", queue)
 	if !keep {
 		pipe.HDel(ctx, b.prefix+":partitions", queue)
+		if l.cur.epoch > 0 {
+			pipe.HSet(ctx, b.prefix+":"+epochsKey, queue, l.cur.epoch)
+		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return callErr("delete queue "+queue, classify(err))
