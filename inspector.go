@@ -294,10 +294,10 @@ func (in *Inspector) CancelProcessing(ctx context.Context, queue, id string) err
 // DeleteQueue forgets an empty queue: it disappears from Queues and its
 // counters, pause flag and partition count are deleted. It returns an error
 // wrapping ErrQueueNotEmpty while the queue holds a task in any state (delete
-// them first with DeleteAllTasks); a later Enqueue creates the queue again,
-// with the configured partition count (on partitions of its own when it was
-// repartitioned: the partitions a repartition retired are never used again).
-// The queue's limits (SetQueueLimits, Config.QueueLimits) are configuration
+// them first with DeleteAllTasks); a later Enqueue creates the queue again.
+// A queue that was repartitioned (Repartition) keeps the count it was given
+// (the partitions a repartition retired are never used again; repartition
+// the queue created again to change it). The queue's limits (SetQueueLimits, Config.QueueLimits) are configuration
 // and outlive the deletion, with what they count (a Rate's recent starts,
 // group throttles) and the partition count they are shared on, so that
 // running servers keep their limits when the queue comes back; set the zero

@@ -94,7 +94,9 @@ type Admin interface {
 	// (recent starts, group throttles and rate windows) and, where limits are
 	// shared among partitions, the partition count: servers started with
 	// limits for the queue keep them when it comes back. To forget them too,
-	// set the zero limits before deleting the queue.
+	// set the zero limits before deleting the queue. A broker whose queues
+	// can be repartitioned keeps a repartitioned queue's partition count
+	// (the partitions a repartition retired are never used again).
 	DeleteQueue(ctx context.Context, queue string) error
 
 	// CancelProcessing records the cancellation of an active task; the

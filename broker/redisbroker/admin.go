@@ -460,11 +460,12 @@ func (b *Broker) DeleteQueue(ctx context.Context, queue string) error {
 	}
 	pipe := b.rdb.Pipeline()
 	pipe.SRem(ctx, b.prefix+":queues", queue)
-	if !keep {
+	// A repartitioned queue keeps its layout too: recorded anew with the
+	// configured count, it would be on the partitions the repartition
+	// retired, whose meta keys refuse every layout for good.
+	keepLayout := keep || l.cur.epoch > 0
+	if !keepLayout {
 		pipe.HDel(ctx, b.prefix+":partitions", queue)
-		if l.cur.epoch > 0 {
-			pipe.HSet(ctx, b.prefix+":"+epochsKey, queue, l.cur.epoch)
-		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return callErr("delete queue "+queue, classify(err))
@@ -483,7 +484,7 @@ func (b *Broker) DeleteQueue(ctx context.Context, queue string) error {
 			}
 		}
 		// The events stream goes with the partition's other keys.
-		n, err := b.s.drop.Run(ctx, b.rdb, append(b.moveKeys(p), p.k(eventsKey)), p.layout, keepArg).Int()
+		n, err := b.s.drop.Run(ctx, b.rdb, append(b.moveKeys(p), p.k(eventsKey)), p.layout, keepArg, flag(keepLayout)).Int()
 		if err != nil {
 			restore()
 			return callErr("delete queue "+queue, classify(err))

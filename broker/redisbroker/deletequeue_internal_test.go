@@ -10,21 +10,21 @@ import (
 )
 
 // A queue deleted after a repartition and created again works: its
-// repartitions retired partitions whose meta keys say so for good, and the
-// queue created again used to be recorded on those very keys (the count
-// configured, epoch 0), so that every call on it failed with "partition 0
-// records layout retired". It is now recorded in an epoch of its own, each
-// time it is deleted and created again.
+// repartition retired partitions whose meta keys say so for good, and the
+// queue created again used to be recorded on those very keys (the
+// configured count, epoch 0), so that every call on it failed with
+// "partition 0 records layout retired". It now keeps its layout, as a
+// queue with limits does, each time it is deleted and created again.
 func TestQueueCreatedAgainAfterARepartition(t *testing.T) {
 	t.Parallel()
 	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
 	ctx := context.Background()
 	const q = "again"
 	for round := range 3 {
-		b := slotBroker(t, addr, prefix, 2) // a process started after the deletion
+		b := slotBroker(t, addr, prefix, 2)
 		ids := idsIn(fmt.Sprint("r", round, "-"), 0, 1, 4)
 		fillQueue(t, b, q, ids)
-		if err := b.Repartition(ctx, q, 3, nil); err != nil {
+		if err := b.Repartition(ctx, q, 3+round, nil); err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
 		ds, err := b.Dequeue(ctx, []string{q}, 10, time.Minute)
@@ -35,7 +35,7 @@ func TestQueueCreatedAgainAfterARepartition(t *testing.T) {
 		if err := b.DeleteQueue(ctx, q); err != nil {
 			t.Fatalf("round %d: DeleteQueue: %v", round, err)
 		}
-		again := slotBroker(t, addr, prefix, 2)
+		again := slotBroker(t, addr, prefix, 2) // a process started after the deletion
 		fillQueue(t, again, q, []string{"x", "y", "z"})
 		ds, err = again.Dequeue(ctx, []string{q}, 10, time.Minute)
 		if err != nil || len(ds) != 3 {
@@ -46,8 +46,8 @@ func TestQueueCreatedAgainAfterARepartition(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if l.cur.n != 2 {
-			t.Fatalf("round %d: the queue created again has %d partitions, want the configured 2", round, l.cur.n)
+		if l.cur.n != 3+round {
+			t.Fatalf("round %d: the queue created again has %d partitions, want the %d it was repartitioned to", round, l.cur.n, 3+round)
 		}
 	}
 }

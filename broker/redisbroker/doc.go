@@ -52,8 +52,6 @@
 //	<prefix>:{<queue>:<p>}:events     stream: task lifecycle events, entries 0-1, 0-2, ... (see Events below)
 //	<prefix>:queues                   set of known queue names
 //	<prefix>:partitions               hash: queue -> partition count
-//	<prefix>:epochs                   hash: queue -> the last layout epoch of a queue DeleteQueue forgot after a
-//	                                  repartition (created again, it is recorded in a later one)
 //	<prefix>:limits                   hash: queue -> "<version>:<concurrency>:<rate>:<per ms>:..." (Admin.SetQueueLimits)
 //	{<prefix>:limits}:bank:<queue>    hash: the slots of the queue's limits no partition holds (see Limits)
 //	<prefix>:events                   hash: queue -> "1" or "0": whether it records task events (SetEvents)

@@ -258,12 +258,6 @@ func (b *Broker) loadLayout(ctx context.Context, queue string) (layout, error) {
 	return l, nil
 }
 
-// epochsKey names (after the prefix) the hash of the last layout epoch of
-// each queue that DeleteQueue forgot after a repartition: a queue created
-// again is recorded in a later epoch, since the partitions its repartitions
-// retired keep their meta keys ("retired"), which refuse any layout.
-const epochsKey = "epochs"
-
 // readLayout reads queue's recorded layout (recording a new queue) and
 // checks the configuration and the partitions' meta keys against it. When a
 // meta key disagrees it reads the registry again: moved reports that the
@@ -276,26 +270,11 @@ func (b *Broker) readLayout(ctx context.Context, queue string) (l layout, moved 
 	reg := b.prefix + ":partitions"
 	pipe := b.rdb.Pipeline()
 	pipe.SAdd(ctx, b.prefix+":queues", queue)
+	pipe.HSetNX(ctx, reg, queue, want)
 	got := pipe.HGet(ctx, reg, queue)
-	last := pipe.HGet(ctx, b.prefix+":"+epochsKey, queue)
 	evFlag := pipe.HGet(ctx, b.prefix+":"+eventsKey, queue)
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return layout{}, false, fmt.Errorf("tide: redisbroker: register queue %q: %w", queue, classify(err))
-	}
-	if got.Err() != nil {
-		// A new queue, or one deleted (DeleteQueue): recorded with the
-		// configured count, in an epoch after any it had before, whose
-		// retired partitions' keys would refuse the layout.
-		tag := span{n: want}.tag()
-		if e, err := strconv.Atoi(last.Val()); err == nil && e >= 0 {
-			tag = span{n: want, epoch: e + 1}.tag()
-		}
-		pipe := b.rdb.Pipeline()
-		pipe.HSetNX(ctx, reg, queue, tag)
-		got = pipe.HGet(ctx, reg, queue)
-		if _, err := pipe.Exec(ctx); err != nil {
-			return layout{}, false, fmt.Errorf("tide: redisbroker: register queue %q: %w", queue, classify(err))
-		}
 	}
 	if l, err = parseLayout(got.Val()); err != nil {
 		return layout{}, false, fmt.Errorf("%w: queue %q: %v", broker.ErrLayout, queue, err)
