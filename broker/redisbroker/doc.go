@@ -168,7 +168,11 @@
 // a new one is written only after the last was applied everywhere and
 // cleared, so "applied here" is exactly "xi:<source> is at least this
 // number", however often and by whomever the step is run, and a late or
-// repeated apply adds nothing; clear drops only applied parts. A dequeue
+// repeated apply adds nothing; a part whose destination was retired before
+// it applied it (a retired partition applies nothing more, so its xi field
+// is final) goes to the bank instead, fenced there the same way by a field
+// of the source and the retired partition (xi:<source>><partition>), so it
+// too counts once; clear drops only applied parts. A dequeue
 // starts a task only into a free slot it holds. Each step is atomic, so a
 // process that dies between steps leaves either slots in an outstanding
 // record (held by no partition: nothing starts on them) or a record applied
