@@ -102,12 +102,25 @@ func bankTokenTo(t *testing.T, b *Broker, o part) {
 // still count in the new span, so 2 more start.
 func wantSixTokensFourStarts(t *testing.T, b *Broker, q string) {
 	t.Helper()
-	if _, r := slotTotals(t, b, q); r != 6 {
-		t.Fatalf("after the repartition the queue's nodes hold %d rate tokens, want 6", r)
+	wantHeldThenStarting(t, b, q, 'r', 6, 2)
+}
+
+// wantHeldThenStarting checks queue q after its repartition to 3
+// partitions: its nodes hold held concurrency slots (kind 'c') or rate
+// tokens ('r'), and of 6 tasks enqueued then, start start.
+func wantHeldThenStarting(t *testing.T, b *Broker, q string, kind byte, held int64, start int) {
+	t.Helper()
+	c, r := slotTotals(t, b, q)
+	what, got := "rate tokens", r
+	if kind == 'c' {
+		what, got = "concurrency slots", c
+	}
+	if got != held {
+		t.Fatalf("after the repartition the queue's nodes hold %d %s, want %d", got, what, held)
 	}
 	fillQueue(t, b, q, idsIn("c", 0, 3, 6))
-	if n := leaseAll(t, b, q, 3); n != 2 {
-		t.Fatalf("%d tasks started after the repartition with 4 starts in the minute under 6 per minute, want 2", n)
+	if n := leaseAll(t, b, q, 3); n != start {
+		t.Fatalf("%d tasks of 6 started after the repartition, want %d", n, start)
 	}
 }
 
@@ -284,13 +297,8 @@ func TestSlotGivenToARetiredPartitionGoesToTheBank(t *testing.T) {
 	if err := b.complete(ctx, q, ns, []transfer{*tr}); err != nil {
 		t.Fatal(err)
 	}
-	if c, _ := slotTotals(t, b, q); c != 4 {
-		t.Fatalf("after the transfer was completed twice the queue's nodes hold %d concurrency slots, want 4", c)
-	}
-	fillQueue(t, b, q, idsIn("c", 0, 3, 6))
-	if n := leaseAll(t, b, q, 3); n != 4 {
-		t.Fatalf("%d tasks started under Concurrency 4 after the repartition, want 4", n)
-	}
+	// Completed twice, it still counts once: 4 slots, 4 tasks start.
+	wantHeldThenStarting(t, b, q, 'c', 4, 4)
 }
 
 // The apply step on a retired partition tells a transfer it applied
