@@ -3,6 +3,7 @@ package redisbroker
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -55,12 +56,7 @@ func TestReleaseSlotsWhileRebalancesGiveTokens(t *testing.T) {
 				given[o.base]++
 				bankTokenTo(t, b, o)
 			}
-			releaseRead.Store(&h)
-			err := b.Repartition(ctx, q, 3, nil)
-			releaseRead.Store(nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			repartitionWithHook(t, b, q, &releaseRead, h)
 			mu.Lock()
 			if len(given) == 0 {
 				t.Fatal("no old partition was given a token while it was released")
@@ -68,6 +64,18 @@ func TestReleaseSlotsWhileRebalancesGiveTokens(t *testing.T) {
 			mu.Unlock()
 			wantSixTokensFourStarts(t, b, q)
 		})
+	}
+}
+
+// repartitionWithHook repartitions queue q of b to 3 partitions with hook
+// h set in p for the call.
+func repartitionWithHook[H any](t *testing.T, b *Broker, q string, p *atomic.Pointer[H], h H) {
+	t.Helper()
+	p.Store(&h)
+	err := b.Repartition(context.Background(), q, 3, nil)
+	p.Store(nil)
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -133,7 +141,6 @@ func wantHeldThenStarting(t *testing.T, b *Broker, q string, kind byte, held int
 func TestRetireRefusesAPartitionGivenATokenLate(t *testing.T) {
 	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
 	b := slotBroker(t, addr, prefix, 2)
-	ctx := context.Background()
 	q := "retire-late"
 	startFour(t, b, q)
 	var mu sync.Mutex
@@ -151,12 +158,7 @@ func TestRetireRefusesAPartitionGivenATokenLate(t *testing.T) {
 		bankTokenTo(t, b, o)
 		refusedOnce = true
 	}
-	retireStep.Store(&h)
-	err := b.Repartition(ctx, q, 3, nil)
-	retireStep.Store(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	repartitionWithHook(t, b, q, &retireStep, h)
 	mu.Lock()
 	if !refusedOnce {
 		t.Fatal("no old partition was given a token before its retire")
@@ -266,12 +268,7 @@ func TestSlotGivenToARetiredPartitionGoesToTheBank(t *testing.T) {
 		}
 		given = &tr
 	}
-	retireStep.Store(&h)
-	err := b.Repartition(ctx, q, 3, nil)
-	retireStep.Store(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	repartitionWithHook(t, b, q, &retireStep, h)
 	mu.Lock()
 	tr := given
 	mu.Unlock()
