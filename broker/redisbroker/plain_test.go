@@ -463,3 +463,53 @@ func TestSingleEnqueueAfterScriptFlush(t *testing.T) {
 		t.Fatalf("%d tasks stored, want 7", n)
 	}
 }
+
+// settle.lua reads a call's records with one command and deletes done
+// tasks' records with one after its loop; an ID settled twice in one call
+// still sees what the first settlement left: a done task is gone for the
+// second (not done again, not counted twice), a task set to retry is no
+// longer leased.
+func TestSettleLuaTwiceInOneCall(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for name, first := range map[string]broker.SettleKind{"Done": broker.SettleDone, "Retry": broker.SettleRetry} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e, calls := plainEnv(t)
+			if err := e.b.SetQueueLimits(ctx, "q", tidetype.QueueLimits{Concurrency: 4}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.b.Enqueue(ctx, []*tidetype.TaskInfo{pendingTask("t1")}, broker.EnqueueOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			d := lease1(t, e.b)
+			s := done(d)
+			s.Kind = first
+			if first == broker.SettleRetry {
+				s.RetryAt, s.Err = time.Now().Add(time.Hour), "boom"
+			}
+			errs, err := e.b.Settle(ctx, []broker.Settlement{s, done(d)})
+			if err != nil || errs[0] != nil || !errors.Is(errs[1], broker.ErrLeaseLost) {
+				t.Fatalf("%s then done in one call: %v, %v (want nil, ErrLeaseLost)", name, errs, err)
+			}
+			day := time.Now().UTC().Format(time.DateOnly)
+			if n, err := e.rdb.HGet(ctx, e.prefix+":{q:0}:stat", "p:"+day).Int(); err != nil || n != 1 {
+				t.Fatalf("processed today: %d, %v (want 1)", n, err)
+			}
+			info, err := e.b.GetTask(ctx, "q", "t1")
+			switch first {
+			case broker.SettleDone:
+				if !errors.Is(err, broker.ErrTaskNotFound) {
+					t.Fatalf("after done twice: %+v, %v (want it deleted)", info, err)
+				}
+			case broker.SettleRetry:
+				if err != nil || info.State != tidetype.StateRetry {
+					t.Fatalf("after retry then done: %+v, %v (want it in retry)", info, err)
+				}
+			}
+			if !calls.ran("settle.lua") {
+				t.Fatal("settle.lua did not run")
+			}
+		})
+	}
+}

@@ -329,11 +329,12 @@ local tok = next_tokens(KEYS[9], #ids)
 local first_tok = tok
 local E = ev_new(KEYS[20], ARGV[8])
 local out, leased = {}, {}
--- The leased records and their leases are written with one HSET and one
--- ZADD after the loop (call_many).
+-- The records are read with one HMGET, and the leased ones and their leases
+-- written with one HSET and one ZADD after the loop (call_many).
 local recs, act = {}, {}
-for _, id in ipairs(ids) do
-  local rec = redis.call('HGET', KEYS[1], id)
+local got = hget_many(KEYS[1], ids)
+for k, id in ipairs(ids) do
+  local rec = got[k]
   if rec_ok(rec) then
     rec = rec_patch(rec, 2, tok, nil, nil, nil, nil)
     recs[#recs + 1] = id

@@ -202,6 +202,19 @@ local function call_many(cmd, key, xs, step)
   return r
 end
 
+-- hget_many returns the values of fields xs of hash key, in order (false
+-- for a field absent), read with one HMGET per thousand fields: a
+-- redis.call costs Lua about as much again as the command, so a batch reads
+-- its tasks' records with one call, not one each.
+local function hget_many(key, xs)
+  local out = {}
+  for i = 1, #xs, 1000 do
+    local vs = redis.call('HMGET', key, unpack(xs, i, math.min(i + 999, #xs)))
+    for j = 1, #vs do out[i + j - 1] = vs[j] end
+  end
+  return out
+end
+
 -- next_tokens reserves n fencing tokens from the partition's sequence and
 -- returns the first. Tokens grow with Redis time in microseconds, so they
 -- never repeat, also not across the partitions of a new layout.

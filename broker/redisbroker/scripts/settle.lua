@@ -101,10 +101,24 @@ local F = {t = KEYS[1], p = KEYS[3], tag = ARGV[12]}
 -- Tasks leaving active, and done tasks whose results and histories go, are
 -- removed with one command each after the loop (call_many).
 local left, gone = {}, {}
+-- The records are read with one HMGET before the loop, and those of done
+-- tasks deleted with one HDEL after it (dels). A settlement of an ID met
+-- earlier in the call reads its record again, after the deletions so far,
+-- as if each had been read and deleted in turn.
+local want = {}
+for i = 14, #ARGV, 9 do want[#want + 1] = ARGV[i] end
+local got, seen, dels, k = hget_many(KEYS[1], want), {}, {}, 0
 for i = 13, #ARGV, 9 do
   local op, id, tok, a, b, c = ARGV[i], ARGV[i+1], tonumber(ARGV[i+2]), ARGV[i+3], ARGV[i+4], ARGV[i+5]
   local started, server = tonumber(ARGV[i+6]), ARGV[i+7]
-  local rec = redis.call('HGET', KEYS[1], id)
+  k = k + 1
+  local rec = got[k]
+  if seen[id] then
+    call_many('HDEL', KEYS[1], dels, 1)
+    dels = {}
+    rec = redis.call('HGET', KEYS[1], id)
+  end
+  seen[id] = true
   if rec_absent(rec) then
     out[#out + 1] = '3'
   elseif not (rec_ok(rec) and rec_state(rec) == 2 and rec_token(rec) == tok) then
@@ -132,7 +146,7 @@ for i = 13, #ARGV, 9 do
     if op == 'd' then
       if fu_end(F, E, id, rec, 'c', tonumber(c), nil, now) then followed = true end
       release_uniq(rec, KEYS[9], id)
-      redis.call('HDEL', KEYS[1], id)
+      dels[#dels + 1] = id
       gone[#gone + 1] = id -- its result, and history if retried or deferred
       gone[#gone + 1] = dur_field(id) -- and its durable records
       if progress then redis.call('HDEL', KEYS[22], id) end
@@ -195,6 +209,7 @@ for i = 13, #ARGV, 9 do
   end
 end
 call_many('ZREM', KEYS[2], left, 1)
+call_many('HDEL', KEYS[1], dels, 1)
 if G then call_many('HDEL', G.id, forgot, 1) end
 call_many('HDEL', KEYS[7], gone, 1)
 call_many('HDEL', KEYS[13], gone, 1)
