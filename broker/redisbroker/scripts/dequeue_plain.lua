@@ -61,8 +61,11 @@ if not cached then
   redis.call('SET', KEYS[7], string.format('%d', tok + #ids - 1))
   local first_tok = tok
   local out, recs, act, starts = {}, {}, {}, {}
-  for _, id in ipairs(ids) do
-    local rec = redis.call('HGET', KEYS[1], id)
+  -- The records are read with one HMGET (n is at most maxPlain), as
+  -- hget_many in lib.lua.
+  local rs = redis.call('HMGET', KEYS[1], unpack(ids))
+  for k, id in ipairs(ids) do
+    local rec = rs[k]
     if rec and #rec >= 24 and string.byte(rec, 1) == 2 then
       -- Active, with the token; the cancel and moving flags cleared.
       local b = string.byte(rec, 2)

@@ -37,9 +37,14 @@ local set_exp = exp_at > 0
 if not set_exp then exp_at = -exp_at end
 local out, ids, gone, seen = {}, {}, {}, {}
 local full = false
+-- The records are read with one HMGET (a call settles at most maxPlain
+-- tasks), as hget_many in lib.lua.
+local want = {}
+for i = 6, #ARGV, 2 do want[#want + 1] = ARGV[i] end
+local rs = #want > 0 and redis.call('HMGET', KEYS[1], unpack(want)) or {}
 for i = 6, #ARGV, 2 do
   local id = ARGV[i]
-  local rec = redis.call('HGET', KEYS[1], id)
+  local rec = rs[(i - 4) / 2]
   if not rec or rec == '\0mv' or seen[id] then
     out[#out + 1] = '3'
   elseif not (#rec >= 24 and string.byte(rec, 1) == 2 and string.byte(rec, 2) % 8 == 2 and struct.unpack('>I8', rec, 3) == tonumber(ARGV[i + 1])) then
